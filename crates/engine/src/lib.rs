@@ -1,0 +1,48 @@
+//! The idemgate engine: run each operation at most once per idempotency key.
+//!
+//! A timeout is the one failure that does not say whether the work happened.
+//! When the caller retries, this engine decides from a shared record whether
+//! the work already ran (replay its stored result), is running (wait, or say
+//! so), or must run now (claim the key first, atomically).
+//!
+//! # Layout
+//! - [`key`]: client keys (parsing, validation, minting), scoped keys, and
+//!   builders for keys that stay stable across retries.
+//! - [`fingerprint`]: what counts as "the same request" (canonical JSON).
+//! - [`record`]: the record, its lease, and the timeline of attempts.
+//! - [`store`]: the [`Store`] trait every backend implements.
+//! - [`memory`]: the in-memory store.
+//! - [`engine`]: [`Engine::execute`] and the lower-level [`Engine::begin`].
+//! - [`retry`]: retry-window arithmetic behind the TTL rule.
+//! - [`notify`]: per-key wake-ups used by stores for waiters.
+//!
+//! # The key decision
+//! A record is **absent → PENDING → DONE**, and PENDING → absent. PENDING is
+//! a *lease* (random owner token + fencing counter + expiry) rather than a
+//! flag: a short lease lets a crashed owner's claim rot within seconds, a
+//! heartbeat lets a live owner keep it for minutes, and fencing makes sure an
+//! owner that stalled past its lease cannot overwrite the result of the
+//! owner that took over. Every store operation is one atomic step, one round
+//! trip on a networked store.
+
+pub mod engine;
+pub mod fingerprint;
+pub mod key;
+pub mod memory;
+pub mod notify;
+pub mod record;
+pub mod retry;
+pub mod store;
+
+pub use engine::{
+    Begin, BeginError, Engine, ExecuteError, Executed, InFlight, LeaseGuard, OnInflight, Origin,
+    Policy, Settled, Unstored,
+};
+pub use fingerprint::Fingerprint;
+pub use key::{ClientKey, DerivedKey, KeyError, ScopedKey, natural_key};
+pub use memory::{Clock, ManualClock, MemoryStore, SystemClock};
+pub use record::{
+    Attempt, AttemptOutcome, Claim, Fenced, Lease, MAX_TIMELINE, Record, RecordState,
+};
+pub use retry::{Jitter, RetryPolicy, TtlTooShort, check_done_ttl};
+pub use store::{Store, StoreError, StoreErrorKind};

@@ -1,0 +1,177 @@
+//! The `Store` trait: the few atomic operations every backend provides.
+//!
+//! Each method is **one atomic step and, on a networked store, one round
+//! trip**: `claim` is an insert-or-read (a Lua script in Redis, one
+//! `INSERT … ON CONFLICT … RETURNING` in SQL), never a read followed by a
+//! write. Time is wall-clock milliseconds so that several processes sharing a
+//! store agree on lease expiry.
+//!
+//! The behaviour of every method is pinned down by the conformance suite in
+//! `idemgate-testkit`, which every store runs unchanged.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use crate::{Attempt, Claim, Fenced, Fingerprint, Lease, Record, ScopedKey};
+
+/// The kind of a [`StoreError`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The store could not be reached or did not answer in time.
+    Unavailable,
+    /// The store answered with data this version cannot read.
+    Corrupt,
+    /// The store refused the operation (schema, permissions, full disk).
+    Rejected,
+    /// The store was closed by its owner.
+    Closed,
+}
+
+/// An error from a store backend. Driver error types never leak: the source is
+/// kept for logs, the kind says what the caller may do about it.
+#[derive(Debug, thiserror::Error)]
+#[error("{backend} store {kind:?}: {message}")]
+pub struct StoreError {
+    kind: StoreErrorKind,
+    backend: &'static str,
+    message: String,
+    #[source]
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl StoreError {
+    /// A new error of `kind` from `backend`.
+    pub fn new(kind: StoreErrorKind, backend: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            backend,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Attaches the underlying driver error.
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.source = Some(Box::new(source));
+        self
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> StoreErrorKind {
+        self.kind
+    }
+
+    /// Which backend reported it (`memory`, `sqlite`, `redis`, `postgres`).
+    pub fn backend(&self) -> &'static str {
+        self.backend
+    }
+
+    /// Whether retrying the same operation later may succeed.
+    pub fn is_temporary(&self) -> bool {
+        matches!(self.kind, StoreErrorKind::Unavailable)
+    }
+}
+
+/// A place to keep idempotency records.
+///
+/// Implementations must be safe to share between tasks (and, for the
+/// persistent ones, between processes).
+#[async_trait]
+pub trait Store: Send + Sync + std::fmt::Debug {
+    /// Short backend name for metrics and errors.
+    fn backend(&self) -> &'static str;
+
+    /// Claims `key` for work, or returns what is there.
+    ///
+    /// # Behavior
+    /// Atomically: if the key is absent, or PENDING with a lease that has
+    /// expired, writes PENDING with `fingerprint`, a fresh random token, a
+    /// fence greater than any the store remembers for the key, and a lease
+    /// expiry of now + `pending_ttl`, and returns [`Claim::Acquired`].
+    /// Otherwise returns the record ([`Claim::Existing`]) without changing
+    /// it — whatever its fingerprint (mismatch is the caller's decision).
+    /// An expired DONE record counts as absent.
+    async fn claim(
+        &self,
+        key: &ScopedKey,
+        fingerprint: &Fingerprint,
+        pending_ttl: Duration,
+    ) -> Result<Claim, StoreError>;
+
+    /// Extends the lease (heartbeat).
+    ///
+    /// # Behavior
+    /// If the record is PENDING with `lease`'s token and fence, sets the lease
+    /// expiry to now + `pending_ttl`, updates `lease.expires_at_ms` and
+    /// returns [`Fenced::Applied`]; otherwise changes nothing and returns
+    /// [`Fenced::Stale`].
+    async fn renew(&self, lease: &mut Lease, pending_ttl: Duration) -> Result<Fenced, StoreError>;
+
+    /// Stores the result: PENDING → DONE.
+    ///
+    /// # Behavior
+    /// If the record is PENDING with `lease`'s token and fence, replaces it by
+    /// DONE holding `payload` (and the claim's fingerprint), expiring after
+    /// `done_ttl`, appends `attempt` to the key's timeline in the same step,
+    /// and returns [`Fenced::Applied`]. Otherwise writes nothing and returns
+    /// [`Fenced::Stale`]. A store acknowledges only once the write is durable
+    /// to the store's own standard.
+    async fn complete(
+        &self,
+        lease: &Lease,
+        payload: Bytes,
+        done_ttl: Duration,
+        attempt: &Attempt,
+    ) -> Result<Fenced, StoreError>;
+
+    /// Gives the key up: PENDING → absent.
+    ///
+    /// # Behavior
+    /// If the record is PENDING with `lease`'s token and fence, deletes it,
+    /// appends `attempt` to the timeline (kept for `timeline_ttl`) and returns
+    /// [`Fenced::Applied`]; otherwise changes nothing and returns
+    /// [`Fenced::Stale`].
+    async fn release(
+        &self,
+        lease: &Lease,
+        attempt: &Attempt,
+        timeline_ttl: Duration,
+    ) -> Result<Fenced, StoreError>;
+
+    /// Reads the record.
+    ///
+    /// # Behavior
+    /// Returns DONE records before their expiry and PENDING records whose
+    /// lease has not expired; `None` otherwise.
+    async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError>;
+
+    /// Appends an attempt that did not change the record (a replay, a
+    /// conflict, a mismatch) to the key's timeline, kept for `ttl`.
+    ///
+    /// # Behavior
+    /// Best effort: a store may batch these and acknowledge before they are
+    /// durable. At most [`crate::MAX_TIMELINE`] entries are kept per key.
+    async fn record_attempt(
+        &self,
+        key: &ScopedKey,
+        attempt: &Attempt,
+        ttl: Duration,
+    ) -> Result<(), StoreError>;
+
+    /// The key's attempts, oldest first.
+    async fn timeline(&self, key: &ScopedKey) -> Result<Vec<Attempt>, StoreError>;
+
+    /// Waits until the key's record may have changed, or `max` has passed.
+    ///
+    /// # Behavior
+    /// A hint, not a guarantee: callers re-read with [`Store::get`] after it
+    /// returns. The default sleeps for `max` capped at 50 ms (polling); stores
+    /// with notifications return as soon as the record changes.
+    async fn changed(&self, key: &ScopedKey, max: Duration) {
+        let _ = key;
+        tokio::time::sleep(max.min(Duration::from_millis(50))).await;
+    }
+}
