@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs what the test suites need beyond cargo, on a fresh machine of this
+# project's kind: promtool (Debian `prometheus`) for the alert-rule tests.
+# Idempotent: does nothing when everything is present.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "setup: installing ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
