@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the test suites need beyond cargo, on a fresh machine of this
-# project's kind: promtool (Debian `prometheus`) for the alert-rule tests.
+# project's kind: promtool (Debian `prometheus`) for the alert-rule tests, and
+# a Python venv (.venv) with the official openai/anthropic clients for the
+# end-to-end tests.
 # Idempotent: does nothing when everything is present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,4 +14,10 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+if ! .venv/bin/python -c "import openai, anthropic, pytest" 2>/dev/null; then
+  echo "setup: creating .venv with tests/e2e/requirements.txt"
+  python3 -m venv .venv
+  .venv/bin/pip install -q --disable-pip-version-check -r tests/e2e/requirements.txt
 fi
