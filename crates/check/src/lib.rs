@@ -1,0 +1,571 @@
+//! `idemgate check`: the seed's pre-launch checklist, as findings.
+//!
+//! Idempotency fails quietly: a TTL a little too short, a timeout a little too
+//! tight, a key that changes between retries — nothing errors, and duplicates
+//! slip through at 2 a.m. This crate turns the checklist at the end of the
+//! design notes into rules over a [`Plan`] (what a deployment is configured to
+//! do, independent of how the configuration is written), each producing a
+//! [`Finding`] with a severity, what is wrong in figures, and how to fix it.
+//!
+//! # Layout
+//! - [`Plan`] / [`RoutePlan`]: the facts the rules need.
+//! - [`check`]: runs every rule; [`has_errors`] decides the exit status.
+//!
+//! The rules are plain functions over the plan, one per checklist item, so a
+//! test can show each one firing and staying quiet.
+
+use std::fmt;
+use std::time::Duration;
+
+use idemgate_engine::RetryPolicy;
+use serde::Serialize;
+
+/// How bad a finding is. `Error` makes `idemgate check` exit non-zero.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// Worth knowing.
+    Info,
+    /// Likely a mistake; duplicates are possible in some situations.
+    Warning,
+    /// Duplicates (or lost results) will happen; fix before launch.
+    Error,
+}
+
+impl fmt::Display for Severity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Info => "info",
+            Self::Warning => "warning",
+            Self::Error => "error",
+        })
+    }
+}
+
+/// One result of the checklist.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    /// Stable identifier of the rule (e.g. `done-ttl-short`).
+    pub rule: &'static str,
+    /// How bad it is.
+    pub severity: Severity,
+    /// The route concerned, if any.
+    pub route: Option<String>,
+    /// What is wrong, with the figures.
+    pub message: String,
+    /// What to change.
+    pub fix: String,
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.route {
+            Some(r) => write!(
+                f,
+                "{:<7} [{}] route {r}: {}",
+                self.severity, self.rule, self.message
+            )?,
+            None => write!(f, "{:<7} [{}] {}", self.severity, self.rule, self.message)?,
+        }
+        write!(f, "\n        fix: {}", self.fix)
+    }
+}
+
+/// The kind of store a deployment uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreKind {
+    /// In-process memory: lost on restart, not shared between replicas.
+    Memory,
+    /// Embedded SQLite file.
+    Sqlite,
+    /// Redis (single node or cluster).
+    Redis,
+    /// PostgreSQL.
+    Postgres,
+}
+
+/// One dimension of a derived key template.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyPart {
+    /// The tenant (an organisation or API credential, not a person).
+    Tenant,
+    /// A request header naming the user, session, order… (`x-user-id`).
+    Header(String),
+    /// Hash of the canonical request body.
+    BodyHash,
+    /// A time window the key is bucketed into.
+    Window(Duration),
+}
+
+/// How a route gets its keys.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyPlan {
+    /// The client must send `Idempotency-Key`.
+    Require,
+    /// Keyed requests are protected; others pass through.
+    Optional,
+    /// The gateway derives the key from these parts.
+    Derive(Vec<KeyPart>),
+}
+
+/// What the rules need to know about one route.
+#[derive(Clone, Debug)]
+pub struct RoutePlan {
+    /// Route name or path prefix.
+    pub name: String,
+    /// The retry policy of the route's clients (attempts, backoff, timeout,
+    /// compensation delay).
+    pub client_retry: RetryPolicy,
+    /// How long DONE records are kept.
+    pub done_ttl: Duration,
+    /// Lease length.
+    pub pending_ttl: Duration,
+    /// Lease renewal interval while work runs, if any.
+    pub heartbeat: Option<Duration>,
+    /// Upstream connect timeout.
+    pub connect_timeout: Duration,
+    /// Upstream time-to-first-byte timeout.
+    pub first_byte_timeout: Duration,
+    /// Upstream total timeout.
+    pub total_timeout: Duration,
+    /// The longest generation expected on this route, if declared.
+    pub longest_generation: Option<Duration>,
+    /// Key source.
+    pub key: KeyPlan,
+    /// Whether the route charges, bills or otherwise has side effects that
+    /// must never repeat.
+    pub charges: bool,
+    /// Whether store errors forward requests unprotected.
+    pub fail_open: bool,
+    /// Upstream statuses that release the key for a retry.
+    pub retryable_statuses: Vec<u16>,
+}
+
+/// What the rules need to know about a deployment.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// The store.
+    pub store: StoreKind,
+    /// Whether alert rules for the hit ratio and conflicts are deployed
+    /// (a rules file was found, or the operator declared them).
+    pub alert_rules: bool,
+    /// Routes.
+    pub routes: Vec<RoutePlan>,
+}
+
+/// Runs every rule. Findings are sorted, errors first.
+pub fn check(plan: &Plan) -> Vec<Finding> {
+    let mut out = Vec::new();
+    if !plan.alert_rules {
+        out.push(Finding {
+            rule: "alert-rules-missing",
+            severity: Severity::Warning,
+            route: None,
+            message: "no alert rules for the idempotency hit ratio and in-flight conflicts".into(),
+            fix: "deploy ops/alerts.yml to Prometheus and point `alert_rules` at it; the hit ratio rises minutes before the error rate".into(),
+        });
+    }
+    for route in &plan.routes {
+        done_ttl_covers_retry_window(route, &mut out);
+        total_timeout_covers_generation(route, &mut out);
+        pending_ttl_vs_operation(route, &mut out);
+        timeouts_are_layered(route, &mut out);
+        key_template(route, &mut out);
+        store_for_charges(plan.store, route, &mut out);
+        retryable_statuses(route, &mut out);
+    }
+    out.sort_by(|a, b| b.severity.cmp(&a.severity).then(a.rule.cmp(b.rule)));
+    out
+}
+
+/// Whether any finding is an error (`idemgate check` then exits non-zero).
+pub fn has_errors(findings: &[Finding]) -> bool {
+    findings.iter().any(|f| f.severity == Severity::Error)
+}
+
+fn finding(
+    rule: &'static str,
+    severity: Severity,
+    route: &RoutePlan,
+    message: String,
+    fix: String,
+) -> Finding {
+    Finding {
+        rule,
+        severity,
+        route: Some(route.name.clone()),
+        message,
+        fix,
+    }
+}
+
+fn secs(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s >= 3600.0 {
+        format!("{:.1}h", s / 3600.0)
+    } else if s >= 60.0 {
+        format!("{:.1}m", s / 60.0)
+    } else {
+        format!("{s:.1}s")
+    }
+}
+
+/// Seed §2: the record must outlive the longest retry path, twice.
+fn done_ttl_covers_retry_window(r: &RoutePlan, out: &mut Vec<Finding>) {
+    if let Err(e) = idemgate_engine::check_done_ttl(r.done_ttl, &r.client_retry) {
+        out.push(finding(
+            "done-ttl-short",
+            Severity::Error,
+            r,
+            format!(
+                "done_ttl {} is shorter than 2 x the longest retry window {} ({} attempts x {} timeout + backoff + {} compensation)",
+                secs(e.done_ttl),
+                secs(e.window),
+                r.client_retry.attempts,
+                secs(r.client_retry.attempt_timeout),
+                secs(r.client_retry.compensation_delay)
+            ),
+            format!("set done_ttl to at least {}", secs(e.needed)),
+        ));
+    }
+}
+
+/// Seed §3: the total timeout must cover the longest legitimate generation,
+/// or every long answer is paid for and then thrown away.
+fn total_timeout_covers_generation(r: &RoutePlan, out: &mut Vec<Finding>) {
+    match r.longest_generation {
+        Some(g) if r.total_timeout < g => out.push(finding(
+            "total-timeout-short",
+            Severity::Error,
+            r,
+            format!(
+                "total_timeout {} is shorter than the longest expected generation {}: long answers are billed, then cut off and retried",
+                secs(r.total_timeout),
+                secs(g)
+            ),
+            format!("raise total_timeout above {}", secs(g)),
+        )),
+        Some(_) => {}
+        None => out.push(finding(
+            "longest-generation-unknown",
+            Severity::Info,
+            r,
+            "the longest expected generation is not declared, so total_timeout cannot be checked".into(),
+            "set longest_generation for the route".into(),
+        )),
+    }
+    if r.client_retry.attempt_timeout < r.longest_generation.unwrap_or_default() {
+        out.push(finding(
+            "client-timeout-short",
+            Severity::Warning,
+            r,
+            format!(
+                "the client's timeout {} is shorter than the longest generation: every long request times out and retries (the gateway replays it, but the user waits)",
+                secs(r.client_retry.attempt_timeout)
+            ),
+            "raise the client timeout, or stream the response".into(),
+        ));
+    }
+}
+
+/// A lease without a heartbeat must outlast the whole operation; with a
+/// heartbeat it must survive a few missed beats.
+fn pending_ttl_vs_operation(r: &RoutePlan, out: &mut Vec<Finding>) {
+    match r.heartbeat {
+        None if r.pending_ttl < r.total_timeout => out.push(finding(
+            "pending-ttl-short",
+            Severity::Error,
+            r,
+            format!(
+                "pending_ttl {} without heartbeat is shorter than the operation (total_timeout {}): a slow run loses its lease and a retry runs it again",
+                secs(r.pending_ttl),
+                secs(r.total_timeout)
+            ),
+            format!("enable the heartbeat, or set pending_ttl above {}", secs(r.total_timeout)),
+        )),
+        Some(beat) if beat.saturating_mul(2) > r.pending_ttl => out.push(finding(
+            "heartbeat-slow",
+            Severity::Warning,
+            r,
+            format!(
+                "heartbeat every {} leaves less than two beats inside pending_ttl {}",
+                secs(beat),
+                secs(r.pending_ttl)
+            ),
+            "renew at most every pending_ttl / 3".into(),
+        )),
+        _ => {}
+    }
+}
+
+/// Seed §3: connect short, first byte medium, total long.
+fn timeouts_are_layered(r: &RoutePlan, out: &mut Vec<Finding>) {
+    if !(r.connect_timeout <= r.first_byte_timeout && r.first_byte_timeout <= r.total_timeout) {
+        out.push(finding(
+            "timeouts-not-layered",
+            Severity::Warning,
+            r,
+            format!(
+                "timeouts should grow connect ≤ first byte ≤ total; got {} / {} / {}",
+                secs(r.connect_timeout),
+                secs(r.first_byte_timeout),
+                secs(r.total_timeout)
+            ),
+            "connect in seconds, first byte for queueing, total for the longest generation".into(),
+        ));
+    }
+}
+
+/// Seed §2: a content hash alone merges two legitimate identical questions;
+/// a derived key without a window merges them until done_ttl.
+fn key_template(r: &RoutePlan, out: &mut Vec<Finding>) {
+    let KeyPlan::Derive(parts) = &r.key else {
+        return;
+    };
+    let has_body = parts.contains(&KeyPart::BodyHash);
+    let has_person = parts.iter().any(|p| matches!(p, KeyPart::Header(_)));
+    if has_body && !has_person {
+        out.push(finding(
+            "content-hash-only-key",
+            Severity::Error,
+            r,
+            "the derived key is a content hash without a user or session: two users (or one user asking twice) get one answer".into(),
+            "add the user and session headers to the template (user + session + body hash + window)".into(),
+        ));
+    }
+    if !parts.iter().any(|p| matches!(p, KeyPart::Window(_))) {
+        out.push(finding(
+            "key-without-window",
+            Severity::Warning,
+            r,
+            format!(
+                "the derived key has no time window: the same request is merged for the whole done_ttl ({})",
+                secs(r.done_ttl)
+            ),
+            "add a window (e.g. 10m) to the template".into(),
+        ));
+    }
+    if !has_body && !has_person {
+        out.push(finding(
+            "key-too-coarse",
+            Severity::Error,
+            r,
+            "the derived key names neither the user nor the request: unrelated operations share one key".into(),
+            "include a user/session header and the body hash".into(),
+        ));
+    }
+}
+
+/// Seed §2: a store guarding charges must not lose data.
+fn store_for_charges(store: StoreKind, r: &RoutePlan, out: &mut Vec<Finding>) {
+    if !r.charges {
+        return;
+    }
+    if store == StoreKind::Memory {
+        out.push(finding(
+            "memory-store-charges",
+            Severity::Error,
+            r,
+            "a charging route uses the in-memory store: a restart forgets every key and the next retry charges again".into(),
+            "use sqlite (one machine), postgres or redis with persistence".into(),
+        ));
+    }
+    if r.fail_open {
+        out.push(finding(
+            "fail-open-charges",
+            Severity::Error,
+            r,
+            "a charging route forwards requests unprotected when the store fails (fail_open)"
+                .into(),
+            "use on_store_error = \"fail_closed\" on charging routes".into(),
+        ));
+    }
+}
+
+/// 2xx and most 4xx are final outcomes; marking them retryable re-executes.
+fn retryable_statuses(r: &RoutePlan, out: &mut Vec<Finding>) {
+    let wrong: Vec<u16> = r
+        .retryable_statuses
+        .iter()
+        .copied()
+        .filter(|s| (200..300).contains(s) || ((400..500).contains(s) && *s != 408 && *s != 429))
+        .collect();
+    if !wrong.is_empty() {
+        out.push(finding(
+            "retryable-final-status",
+            Severity::Warning,
+            r,
+            format!("statuses {wrong:?} are final outcomes but are configured as retryable: the work runs again on retry"),
+            "keep retryable statuses to 408, 429 and 5xx".into(),
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn good_route() -> RoutePlan {
+        RoutePlan {
+            name: "/v1".into(),
+            client_retry: RetryPolicy {
+                attempts: 3,
+                attempt_timeout: Duration::from_secs(120),
+                compensation_delay: Duration::from_secs(60),
+                ..RetryPolicy::default()
+            },
+            done_ttl: Duration::from_secs(24 * 3600),
+            pending_ttl: Duration::from_secs(30),
+            heartbeat: Some(Duration::from_secs(10)),
+            connect_timeout: Duration::from_secs(3),
+            first_byte_timeout: Duration::from_secs(30),
+            total_timeout: Duration::from_secs(300),
+            longest_generation: Some(Duration::from_secs(90)),
+            key: KeyPlan::Require,
+            charges: true,
+            fail_open: false,
+            retryable_statuses: vec![408, 429, 500, 502, 503, 504],
+        }
+    }
+
+    fn plan(route: RoutePlan) -> Plan {
+        Plan {
+            store: StoreKind::Sqlite,
+            alert_rules: true,
+            routes: vec![route],
+        }
+    }
+
+    fn rules(p: &Plan) -> Vec<&'static str> {
+        check(p).into_iter().map(|f| f.rule).collect()
+    }
+
+    #[test]
+    fn a_sound_plan_has_no_findings() {
+        assert_eq!(check(&plan(good_route())), vec![]);
+    }
+
+    #[test]
+    fn done_ttl_shorter_than_twice_the_window_is_an_error() {
+        let mut r = good_route();
+        r.done_ttl = Duration::from_secs(60);
+        let f = check(&plan(r));
+        assert_eq!(f[0].rule, "done-ttl-short");
+        assert_eq!(f[0].severity, Severity::Error);
+        // 3 x 120 s + 0.5 s + 1 s backoff + 60 s compensation = 421.5 s; doubled 843 s.
+        assert!(f[0].fix.contains("14.1m"), "{}", f[0].fix);
+        assert!(has_errors(&f));
+    }
+
+    #[test]
+    fn total_timeout_shorter_than_the_longest_generation_is_an_error() {
+        let mut r = good_route();
+        r.total_timeout = Duration::from_secs(60);
+        r.first_byte_timeout = Duration::from_secs(20);
+        assert_eq!(rules(&plan(r)), vec!["total-timeout-short"]);
+    }
+
+    #[test]
+    fn undeclared_generation_length_is_informational() {
+        let mut r = good_route();
+        r.longest_generation = None;
+        let f = check(&plan(r));
+        assert_eq!(f.len(), 1);
+        assert_eq!(
+            (f[0].rule, f[0].severity),
+            ("longest-generation-unknown", Severity::Info)
+        );
+        assert!(!has_errors(&f));
+    }
+
+    #[test]
+    fn client_timeout_shorter_than_generation_warns() {
+        let mut r = good_route();
+        r.client_retry.attempt_timeout = Duration::from_secs(30);
+        assert_eq!(rules(&plan(r)), vec!["client-timeout-short"]);
+    }
+
+    #[test]
+    fn pending_ttl_without_heartbeat_shorter_than_the_operation_is_an_error() {
+        let mut r = good_route();
+        r.heartbeat = None;
+        assert_eq!(rules(&plan(r.clone())), vec!["pending-ttl-short"]);
+        r.pending_ttl = Duration::from_secs(400);
+        assert_eq!(rules(&plan(r)), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn slow_heartbeat_warns() {
+        let mut r = good_route();
+        r.heartbeat = Some(Duration::from_secs(20));
+        assert_eq!(rules(&plan(r)), vec!["heartbeat-slow"]);
+    }
+
+    #[test]
+    fn unlayered_timeouts_warn() {
+        let mut r = good_route();
+        r.connect_timeout = Duration::from_secs(60);
+        assert_eq!(rules(&plan(r)), vec!["timeouts-not-layered"]);
+    }
+
+    #[test]
+    fn content_hash_only_template_is_an_error_and_missing_window_warns() {
+        let mut r = good_route();
+        r.key = KeyPlan::Derive(vec![KeyPart::Tenant, KeyPart::BodyHash]);
+        assert_eq!(
+            rules(&plan(r.clone())),
+            vec!["content-hash-only-key", "key-without-window"]
+        );
+        r.key = KeyPlan::Derive(vec![
+            KeyPart::Header("x-user-id".into()),
+            KeyPart::Header("x-session-id".into()),
+            KeyPart::BodyHash,
+            KeyPart::Window(Duration::from_secs(600)),
+        ]);
+        assert_eq!(rules(&plan(r.clone())), Vec::<&str>::new());
+        r.key = KeyPlan::Derive(vec![
+            KeyPart::Tenant,
+            KeyPart::Window(Duration::from_secs(600)),
+        ]);
+        assert_eq!(rules(&plan(r)), vec!["key-too-coarse"]);
+    }
+
+    #[test]
+    fn memory_store_or_fail_open_on_a_charging_route_is_an_error() {
+        let mut p = plan(good_route());
+        p.store = StoreKind::Memory;
+        assert_eq!(rules(&p), vec!["memory-store-charges"]);
+        p.routes[0].charges = false;
+        assert_eq!(rules(&p), Vec::<&str>::new());
+        let mut p = plan(good_route());
+        p.routes[0].fail_open = true;
+        assert_eq!(rules(&p), vec!["fail-open-charges"]);
+    }
+
+    #[test]
+    fn final_statuses_marked_retryable_warn() {
+        let mut r = good_route();
+        r.retryable_statuses = vec![200, 400, 408, 429, 503];
+        let f = check(&plan(r));
+        assert_eq!(f[0].rule, "retryable-final-status");
+        assert!(f[0].message.contains("[200, 400]"));
+    }
+
+    #[test]
+    fn missing_alert_rules_warn() {
+        let mut p = plan(good_route());
+        p.alert_rules = false;
+        assert_eq!(rules(&p), vec!["alert-rules-missing"]);
+    }
+
+    #[test]
+    fn errors_sort_before_warnings() {
+        let mut r = good_route();
+        r.done_ttl = Duration::from_secs(1);
+        r.connect_timeout = Duration::from_secs(60);
+        let f = check(&plan(r));
+        assert_eq!(f[0].severity, Severity::Error);
+        assert_eq!(f[1].severity, Severity::Warning);
+        assert!(f[0].to_string().contains("fix:"));
+    }
+}
