@@ -1,0 +1,31 @@
+//! Every metric name idemgate exports. The first five are the seed's own.
+
+/// Requests answered from a stored (or live) result without their own
+/// upstream call.
+pub const HIT: &str = "idempotency_hit_total";
+/// Requests that met a PENDING key.
+pub const INFLIGHT_CONFLICT: &str = "idempotency_inflight_conflict_total";
+/// Hits / keyed requests over a sliding five-minute window.
+pub const HIT_RATIO: &str = "idempotency_hit_ratio";
+/// Keyed requests by `outcome`.
+pub const REQUESTS: &str = "idempotency_requests_total";
+/// Requests per key over the last ten minutes, by `quantile` (0.5, 0.9, 0.99).
+pub const REQUESTS_PER_KEY: &str = "idempotency_requests_per_key";
+/// Keys seen in the requests-per-key window.
+pub const KEYS_TRACKED: &str = "idempotency_keys_tracked";
+/// Completions refused because the lease had been taken over.
+pub const FENCED: &str = "idempotency_fenced_total";
+/// Tokens not billed again thanks to replays (from stored `usage`).
+pub const TOKENS_SAVED: &str = "idempotency_tokens_saved_total";
+/// SSE events lost when an upstream stream broke mid-way (not stored).
+pub const STREAM_EVENTS_LOST: &str = "idempotency_stream_events_lost_total";
+/// Store operation latency by `backend` and `op`.
+pub const STORE_OPERATION: &str = "idemgate_store_operation_seconds";
+/// Store operations that failed, by `backend` and `op`.
+pub const STORE_ERRORS: &str = "idemgate_store_errors_total";
+/// Time a request waited behind the route's concurrency limit.
+pub const UPSTREAM_QUEUE: &str = "idemgate_upstream_queue_seconds";
+/// Upstream phase durations by `phase` (first_byte, total).
+pub const UPSTREAM_PHASE: &str = "idemgate_upstream_phase_seconds";
+/// Upstream timeouts by `phase` (connect, first_byte, idle, total).
+pub const UPSTREAM_TIMEOUTS: &str = "idemgate_upstream_timeouts_total";

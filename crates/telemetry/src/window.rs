@@ -1,0 +1,211 @@
+//! The two windows behind the derived gauges: a sliding hit ratio and the
+//! distribution of requests per key. Both are plain data structures driven by
+//! an explicit `now`, so their tests step time exactly.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// Hits and totals in a ring of time buckets; the ratio covers the last
+/// `buckets × bucket length`.
+#[derive(Debug)]
+pub struct RatioWindow {
+    origin: Instant,
+    bucket: Duration,
+    /// (bucket number since origin, hits, total)
+    slots: Vec<(u64, u64, u64)>,
+}
+
+impl RatioWindow {
+    /// A window of `span` split into `buckets` buckets.
+    pub fn new(span: Duration, buckets: u32, origin: Instant) -> Self {
+        let buckets = buckets.max(1);
+        Self {
+            origin,
+            bucket: (span / buckets).max(Duration::from_millis(1)),
+            slots: vec![(u64::MAX, 0, 0); buckets as usize],
+        }
+    }
+
+    fn index(&self, now: Instant) -> u64 {
+        let elapsed = now.saturating_duration_since(self.origin);
+        u64::try_from(elapsed.as_nanos() / self.bucket.as_nanos().max(1)).unwrap_or(u64::MAX)
+    }
+
+    /// Counts one request.
+    pub fn record(&mut self, hit: bool, now: Instant) {
+        let n = self.index(now);
+        let len = self.slots.len() as u64;
+        let slot = &mut self.slots[(n % len) as usize];
+        if slot.0 != n {
+            *slot = (n, 0, 0);
+        }
+        slot.1 += u64::from(hit);
+        slot.2 += 1;
+    }
+
+    /// Hits / requests over the window (0 when there were none).
+    pub fn ratio(&self, now: Instant) -> f64 {
+        let n = self.index(now);
+        let len = self.slots.len() as u64;
+        let (hits, total) = self
+            .slots
+            .iter()
+            .filter(|(b, _, _)| *b != u64::MAX && *b <= n && n - *b < len)
+            .fold((0u64, 0u64), |(h, t), (_, sh, st)| (h + sh, t + st));
+        if total == 0 {
+            0.0
+        } else {
+            hits as f64 / total as f64
+        }
+    }
+}
+
+/// Requests per key over a window, kept as two generations of half the
+/// window each (so old keys age out without a timer per key), bounded in
+/// the number of keys tracked.
+#[derive(Debug)]
+pub struct KeyCounts {
+    half: Duration,
+    generation_start: Instant,
+    current: HashMap<u64, u32>,
+    previous: HashMap<u64, u32>,
+    max_keys: usize,
+}
+
+impl KeyCounts {
+    /// Counts over `window`, tracking at most `max_keys` keys per generation.
+    pub fn new(window: Duration, max_keys: usize, now: Instant) -> Self {
+        Self {
+            half: (window / 2).max(Duration::from_millis(1)),
+            generation_start: now,
+            current: HashMap::new(),
+            previous: HashMap::new(),
+            max_keys,
+        }
+    }
+
+    fn rotate(&mut self, now: Instant) {
+        let age = now.saturating_duration_since(self.generation_start);
+        if age >= self.half * 2 {
+            self.previous.clear();
+            self.current.clear();
+            self.generation_start = now;
+        } else if age >= self.half {
+            self.previous = std::mem::take(&mut self.current);
+            self.generation_start += self.half;
+        }
+    }
+
+    /// Counts one request for key `id`.
+    pub fn record(&mut self, id: u64, now: Instant) {
+        self.rotate(now);
+        if let Some(c) = self.current.get_mut(&id) {
+            *c += 1;
+        } else if self.current.len() < self.max_keys {
+            self.current.insert(id, 1);
+        }
+    }
+
+    fn counts(&self, now: Instant) -> Vec<u32> {
+        let age = now.saturating_duration_since(self.generation_start);
+        let mut merged: HashMap<u64, u32> = if age >= self.half * 2 {
+            HashMap::new()
+        } else if age >= self.half {
+            self.current.clone()
+        } else {
+            let mut m = self.previous.clone();
+            for (k, c) in &self.current {
+                *m.entry(*k).or_default() += c;
+            }
+            m
+        };
+        let mut v: Vec<u32> = merged.drain().map(|(_, c)| c).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The `q` quantile (nearest rank) of requests per key; 0 with no keys.
+    pub fn quantile(&self, q: f64, now: Instant) -> f64 {
+        let v = self.counts(now);
+        if v.is_empty() {
+            return 0.0;
+        }
+        let rank = (q.clamp(0.0, 1.0) * v.len() as f64).ceil() as usize;
+        f64::from(v[rank.saturating_sub(1).min(v.len() - 1)])
+    }
+
+    /// Keys in the window.
+    pub fn tracked(&self, now: Instant) -> usize {
+        self.counts(now).len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ratio_covers_the_window_and_forgets_older_buckets() {
+        let t0 = Instant::now();
+        let mut w = RatioWindow::new(Duration::from_secs(300), 10, t0);
+        for i in 0..100 {
+            w.record(i % 4 == 0, t0 + Duration::from_secs(1));
+        }
+        assert!((w.ratio(t0 + Duration::from_secs(2)) - 0.25).abs() < 1e-9);
+        // Five minutes later the first bucket has left the window.
+        for _ in 0..10 {
+            w.record(true, t0 + Duration::from_secs(301));
+        }
+        assert!((w.ratio(t0 + Duration::from_secs(302)) - 1.0).abs() < 1e-9);
+        assert_eq!(w.ratio(t0 + Duration::from_secs(1000)), 0.0);
+    }
+
+    #[test]
+    fn ten_keys_three_sends_each() {
+        let t0 = Instant::now();
+        let mut k = KeyCounts::new(Duration::from_secs(600), 1000, t0);
+        for key in 0..10u64 {
+            for _ in 0..3 {
+                k.record(key, t0);
+            }
+        }
+        assert_eq!(k.quantile(0.5, t0), 3.0);
+        assert_eq!(k.quantile(0.99, t0), 3.0);
+        assert_eq!(k.tracked(t0), 10);
+    }
+
+    #[test]
+    fn skewed_distribution_quantiles() {
+        let t0 = Instant::now();
+        let mut k = KeyCounts::new(Duration::from_secs(600), 1000, t0);
+        for key in 0..99u64 {
+            k.record(key, t0);
+        }
+        for _ in 0..7 {
+            k.record(1000, t0);
+        }
+        assert_eq!(k.quantile(0.5, t0), 1.0);
+        assert_eq!(k.quantile(0.99, t0), 1.0);
+        assert_eq!(k.quantile(1.0, t0), 7.0);
+    }
+
+    #[test]
+    fn counts_span_generations_then_age_out() {
+        let t0 = Instant::now();
+        let mut k = KeyCounts::new(Duration::from_secs(600), 1000, t0);
+        k.record(1, t0);
+        k.record(1, t0 + Duration::from_secs(301)); // next generation
+        assert_eq!(k.quantile(0.5, t0 + Duration::from_secs(302)), 2.0);
+        assert_eq!(k.tracked(t0 + Duration::from_secs(1300)), 0);
+    }
+
+    #[test]
+    fn key_cap_bounds_memory() {
+        let t0 = Instant::now();
+        let mut k = KeyCounts::new(Duration::from_secs(600), 5, t0);
+        for key in 0..100u64 {
+            k.record(key, t0);
+        }
+        assert_eq!(k.tracked(t0), 5);
+    }
+}
