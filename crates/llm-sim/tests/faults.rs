@@ -91,13 +91,13 @@ fn token_events(text: &str) -> usize {
 #[tokio::test]
 async fn reset_after_breaks_the_stream() {
     let sim = sim().await;
-    for n in [0, 3] {
+    for (n, interval) in [(0, "2"), (3, "2"), (3, "0")] {
         let fail = format!("reset-after:{n}");
         let response = post(
             &sim,
             PATH,
             &openai_body("x", true),
-            &[("x-sim-fail", &fail)],
+            &[("x-sim-fail", &fail), ("x-sim-token-interval-ms", interval)],
         )
         .await;
         assert_eq!(response.status(), 200, "headers arrive");
@@ -110,10 +110,10 @@ async fn reset_after_breaks_the_stream() {
         events(&text);
     }
     let stats = sim.stats();
-    assert_eq!(stats.executions, 2);
+    assert_eq!(stats.executions, 3);
     assert_eq!(stats.completed, 0);
-    assert_eq!(stats.failures_injected, 2);
-    assert_eq!(stats.completion_tokens_billed, 3);
+    assert_eq!(stats.failures_injected, 3);
+    assert_eq!(stats.completion_tokens_billed, 6);
 }
 
 #[tokio::test]
