@@ -242,6 +242,12 @@ where
         (None, KeyMode::Derive(template)) => Some(template),
         (None, KeyMode::Require) => return refuse_key(cfg, &KeyRefusal::Missing),
         (None, KeyMode::Optional) => {
+            // Unprotected, but the route's size limit still holds where the
+            // size is declared (the body is streamed through, not read here).
+            if declared_length(req.headers()).is_some_and(|n| exceeds(n, cfg.body_limit)) {
+                telemetry::request(&cfg.namespace, outcome::BAD_BODY);
+                return Problem::body_too_large(cfg.body_limit).into_response();
+            }
             telemetry::request(&cfg.namespace, outcome::UNKEYED);
             return call_inner(inner, req).await;
         }
@@ -392,11 +398,7 @@ where
 
 /// Reads the request body up to `limit`.
 async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, Problem> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|s| s.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > u64::try_from(limit).unwrap_or(u64::MAX)) {
+    if declared_length(headers).is_some_and(|n| exceeds(n, limit)) {
         return Err(Problem::body_too_large(limit));
     }
     match http_body_util::Limited::new(body, limit).collect().await {
@@ -404,6 +406,17 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
         Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(Problem::body_too_large(limit)),
         Err(_) => Err(Problem::request_body_unreadable()),
     }
+}
+
+fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| s.parse::<u64>().ok())
+}
+
+fn exceeds(n: u64, limit: usize) -> bool {
+    n > u64::try_from(limit).unwrap_or(u64::MAX)
 }
 
 fn prefers_async(headers: &HeaderMap) -> bool {

@@ -50,6 +50,7 @@ async fn json_handler(State(s): State<AppState>, req: axum::extract::Request) ->
         .await
         .unwrap_or_default();
     wait_as_told(&s, &headers).await;
+    assert!(!headers.contains_key("x-panic"), "handler told to panic");
     if let Some(status) = headers
         .get("x-fail")
         .and_then(|v| v.to_str().ok()?.parse::<u16>().ok())
@@ -65,6 +66,7 @@ async fn json_handler(State(s): State<AppState>, req: axum::extract::Request) ->
         "echo": String::from_utf8_lossy(&body),
         "key_seen": ctx_key,
         "usage": {"prompt_tokens": 11, "completion_tokens": 22},
+        "padding": "p".repeat(headers.get("x-pad").map_or(0, |_| 4096)),
     });
     (
         StatusCode::CREATED,
@@ -649,6 +651,63 @@ async fn an_attached_client_sees_the_owner_stream_break() {
     assert_eq!(h.executions(), 2);
 }
 
+#[tokio::test]
+async fn a_panicking_handler_answers_500_and_releases_the_key() {
+    let h = Harness::start(config(InflightMode::Reject)).await;
+    let a = send(h.post("/json", Some("p"), "{}").header("x-panic", "1")).await;
+    assert_eq!(a.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(a.problem_type(), problem("internal"));
+    h.until("the key is released", |h| h.layer.detached() == 0)
+        .await;
+    let key = ScopedKey::new(
+        tenant_id(b"Bearer tenant-a"),
+        "test",
+        ClientKey::parse("p").unwrap(),
+    );
+    for _ in 0..2000 {
+        if h.layer.engine().store().get(&key).await.unwrap().is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let retry = send(h.post("/json", Some("p"), "{}")).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert_eq!(h.executions(), 2);
+}
+
+#[tokio::test]
+async fn work_past_the_completion_timeout_is_abandoned_and_released() {
+    let h = Harness::start(LayerConfig {
+        completion_timeout: Duration::from_millis(100),
+        ..config(InflightMode::Reject)
+    })
+    .await;
+    let a = send(h.post("/json", Some("t"), "{}").header("x-gate", "1")).await;
+    assert_eq!(a.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(a.problem_type(), problem("upstream-timeout"));
+    h.open_gate();
+    let retry = send(h.post("/json", Some("t"), "{}")).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert_eq!(retry.replayed(), Some("false"));
+    assert_eq!(h.executions(), 2);
+}
+
+#[tokio::test]
+async fn a_response_too_large_to_store_is_delivered_but_not_stored() {
+    let h = Harness::start(LayerConfig {
+        max_stored_body: 1024,
+        ..config(InflightMode::Reject)
+    })
+    .await;
+    let a = send(h.post("/json", Some("big"), "{}").header("x-pad", "1")).await;
+    assert_eq!(a.status, StatusCode::CREATED);
+    assert_eq!(a.replayed(), Some("false"));
+    assert_eq!(a.json()["padding"].as_str().unwrap().len(), 4096);
+    let retry = send(h.post("/json", Some("big"), "{}").header("x-pad", "1")).await;
+    assert_eq!(retry.replayed(), Some("false"));
+    assert_eq!(h.executions(), 2);
+}
+
 // ---------------------------------------------------------------- keys and tenants
 
 #[tokio::test]
@@ -721,6 +780,13 @@ async fn optional_routes_pass_unkeyed_requests_through_unmerged() {
     assert_eq!(a.status, StatusCode::CREATED);
     assert_eq!(a.replayed(), None);
     assert_ne!(a.body, b.body);
+    assert_eq!(h.executions(), 2);
+    let big = format!(
+        "{{\"x\":\"{}\"}}",
+        "y".repeat(LayerConfig::default().body_limit)
+    );
+    let too_big = send(h.post("/json", None, &big)).await;
+    assert_eq!(too_big.status, StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(h.executions(), 2);
     // A key still protects.
     send(h.post("/json", Some("k"), "{}")).await;
