@@ -96,6 +96,14 @@ async fn sse_handler(State(s): State<AppState>, headers: HeaderMap) -> Response 
         .get("x-break-after")
         .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
     let gated = headers.contains_key("x-gate");
+    // Time to the first byte: duplicates arriving now find the owner
+    // before its response head exists.
+    if let Some(ms) = headers
+        .get("x-sleep-ms")
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+    {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(4);
     let mut gate = s.gate.clone();
     tokio::spawn(async move {
@@ -416,6 +424,32 @@ async fn an_attached_duplicate_joins_the_live_stream() {
     assert_eq!(h.layer.live_streams(), 0);
 }
 
+#[tokio::test]
+async fn attaching_on_another_replica_waits_for_done_and_replays() {
+    // Two replicas (two layers, two servers) sharing one store: the second
+    // has no live entry for the stream, so it waits for DONE.
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let mode = config(InflightMode::Attach(Duration::from_secs(20)));
+    let a = Harness::start_with(Arc::clone(&store), mode.clone()).await;
+    let b = Harness::start_with(store, mode).await;
+    let mut owner = a
+        .post("/sse", Some("x"), "{}")
+        .header("x-gate", "1")
+        .send()
+        .await
+        .unwrap();
+    let mut owner_bytes = read_events(&mut owner, 3).await;
+    let other = tokio::spawn(send(b.post("/sse", Some("x"), "{}")));
+    a.open_gate();
+    while let Some(c) = owner.chunk().await.unwrap() {
+        owner_bytes.extend_from_slice(&c);
+    }
+    let other = other.await.unwrap();
+    assert_eq!(other.replayed(), Some("true"));
+    assert_eq!(other.body, owner_bytes);
+    assert_eq!((a.executions(), b.executions()), (1, 0));
+}
+
 // ---------------------------------------------------------------- races
 
 async fn duplicates(h: &Harness, path: &'static str, key: String, n: usize) -> Vec<Answer> {
@@ -500,6 +534,38 @@ async fn concurrent_duplicates_under_attach_execute_once_and_all_get_the_stream(
             json.iter()
                 .all(|a| a.status == StatusCode::CREATED && a.body == json[0].body)
         );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_duplicates_across_two_replicas_execute_once() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let mode = config(InflightMode::Attach(Duration::from_secs(30)));
+    let a = Harness::start_with(Arc::clone(&store), mode.clone()).await;
+    let b = Harness::start_with(store, mode).await;
+    for round in 0..5 {
+        let key = format!("multi-{round}");
+        let barrier = Arc::new(tokio::sync::Barrier::new(32));
+        let tasks: Vec<_> = (0..32)
+            .map(|i| {
+                let h = if i % 2 == 0 { &a } else { &b };
+                let req = h.post("/sse", Some(&key), "{}").header("x-sleep-ms", "30");
+                let barrier = Arc::clone(&barrier);
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    send(req).await
+                })
+            })
+            .collect();
+        let mut answers = Vec::new();
+        for t in tasks {
+            answers.push(t.await.unwrap());
+        }
+        assert_eq!(a.executions() + b.executions(), round + 1);
+        for ans in &answers {
+            assert_eq!(ans.status, StatusCode::OK);
+            assert_eq!(ans.body, answers[0].body);
+        }
     }
 }
 
