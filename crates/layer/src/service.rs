@@ -936,7 +936,10 @@ const NEVER_STORED: [HeaderName; 5] = [
 
 fn kept_headers(headers: &HeaderMap, cfg: &LayerConfig) -> HeaderMap {
     let mut out = HeaderMap::new();
-    let wanted = std::iter::once(&header::CONTENT_TYPE).chain(cfg.stored_headers.iter());
+    // The body is stored as sent: its type and encoding go with it.
+    let wanted = [&header::CONTENT_TYPE, &header::CONTENT_ENCODING]
+        .into_iter()
+        .chain(cfg.stored_headers.iter());
     for name in wanted {
         if NEVER_STORED.contains(name) || out.contains_key(name) {
             continue;
@@ -994,8 +997,10 @@ mod tests {
         h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("5"));
         h.insert("x-request-id", HeaderValue::from_static("r1"));
         h.insert("set-cookie", HeaderValue::from_static("s=1"));
+        h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
         let kept = kept_headers(&h, &cfg);
-        assert_eq!(kept.len(), 2);
+        assert_eq!(kept.len(), 3);
+        assert_eq!(kept[header::CONTENT_ENCODING], "gzip");
         assert_eq!(kept["x-request-id"], "r1");
         assert!(kept.get(header::CONTENT_LENGTH).is_none());
     }

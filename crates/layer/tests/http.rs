@@ -450,6 +450,20 @@ async fn attaching_on_another_replica_waits_for_done_and_replays() {
     assert_eq!((a.executions(), b.executions()), (1, 0));
 }
 
+#[tokio::test]
+async fn a_wait_that_runs_out_answers_409() {
+    let h = Harness::start(config(InflightMode::Wait(Duration::from_millis(50)))).await;
+    let first = tokio::spawn(send(h.post("/json", Some("k"), "{}").header("x-gate", "1")));
+    h.until("the first request runs", |h| h.executions() == 1)
+        .await;
+    let dup = send(h.post("/json", Some("k"), "{}")).await;
+    assert_eq!(dup.status, StatusCode::CONFLICT);
+    assert_eq!(dup.problem_type(), problem("in-flight"));
+    h.open_gate();
+    assert_eq!(first.await.unwrap().status, StatusCode::CREATED);
+    assert_eq!(h.executions(), 1);
+}
+
 // ---------------------------------------------------------------- races
 
 async fn duplicates(h: &Harness, path: &'static str, key: String, n: usize) -> Vec<Answer> {
