@@ -1,0 +1,16 @@
+//! The idemgate HTTP gateway: a reverse proxy in front of LLM APIs (or any
+//! HTTP service) that runs each keyed request at most once.
+//!
+//! # Layout
+//! - [`config`]: configuration in two phases (raw TOML/env/flags, then typed
+//!   and validated [`GatewayConfig`]).
+//!
+//! # The key decision
+//! Configuration is validated once, up front, into typed values: a bad file
+//! is a startup error naming the field, never a surprise on the first request.
+//!
+//! [`GatewayConfig`]: config::GatewayConfig
+
+pub mod config;
+
+pub use config::{ConfigError, GatewayConfig, Overrides, RouteConfig, StoreUrl};
