@@ -1,5 +1,8 @@
 //! Configuration: defaults, TOML, environment, flags, and every refusal.
 
+// `figment::Jail` closures return `figment::Error`, which is large.
+#![allow(clippy::result_large_err)]
+
 use std::path::Path;
 use std::time::Duration;
 
