@@ -1,0 +1,161 @@
+//! Counters of what the simulated provider did, shared by every request.
+//!
+//! All counters sit behind one std `Mutex` (never held across `.await`), so
+//! a [`StatsSnapshot`] is one consistent cut: a test that sees
+//! `completed == 1` also sees the tokens that generation billed.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use serde::{Deserialize, Serialize};
+
+/// A copy of the counters at one instant.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatsSnapshot {
+    /// HTTP requests received on the two generation endpoints
+    /// (`/v1/chat/completions`, `/v1/messages`), whatever became of them.
+    pub requests: u64,
+    /// Generations started: requests that reached the model (see the crate
+    /// docs for which injected failures count).
+    pub executions: u64,
+    /// Generations that ran to the end, even if the client had left.
+    pub completed: u64,
+    /// Responses the client abandoned before they were fully produced.
+    pub client_disconnects: u64,
+    /// Requests that carried an `x-sim-fail` instruction.
+    pub failures_injected: u64,
+    /// Prompt tokens billed (once per generation that started producing).
+    pub prompt_tokens_billed: u64,
+    /// Completion tokens billed: every token generated, delivered or not.
+    pub completion_tokens_billed: u64,
+}
+
+/// The live counters. Share it as `Arc<Stats>`; read it with
+/// [`Stats::snapshot`].
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// One lock for everything: each update is a few integer additions.
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    counters: StatsSnapshot,
+    /// Executions per idempotency key ("" for requests without one).
+    per_key: HashMap<String, u64>,
+    /// Source of response ids. Never reset, so that ids stay unique for the
+    /// life of the process even across [`Stats::reset`].
+    sequence: u64,
+}
+
+impl Stats {
+    /// Fresh counters, all zero.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding this lock cannot leave the integers torn in
+        // a way that matters; keep counting.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A copy of all counters.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        self.lock().counters.clone()
+    }
+
+    /// Executions counted under `idempotency_key` ("" = requests without a
+    /// key).
+    pub fn executions_for(&self, idempotency_key: &str) -> u64 {
+        self.lock()
+            .per_key
+            .get(idempotency_key)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Executions of every key seen since the last reset.
+    pub fn executions_by_key(&self) -> BTreeMap<String, u64> {
+        self.lock()
+            .per_key
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect()
+    }
+
+    /// Zeroes every counter and forgets every key. Response ids keep
+    /// growing.
+    pub fn reset(&self) {
+        let mut inner = self.lock();
+        inner.counters = StatsSnapshot::default();
+        inner.per_key.clear();
+    }
+
+    pub(crate) fn request(&self) {
+        self.lock().counters.requests += 1;
+    }
+
+    pub(crate) fn failure_injected(&self) {
+        self.lock().counters.failures_injected += 1;
+    }
+
+    /// Counts one execution under `key` and returns its process-wide
+    /// sequence number (used in response ids).
+    pub(crate) fn execution(&self, key: &str) -> u64 {
+        let mut inner = self.lock();
+        inner.counters.executions += 1;
+        *inner.per_key.entry(key.to_owned()).or_insert(0) += 1;
+        inner.sequence += 1;
+        inner.sequence
+    }
+
+    pub(crate) fn bill(&self, prompt_tokens: u64, completion_tokens: u64) {
+        let mut inner = self.lock();
+        inner.counters.prompt_tokens_billed += prompt_tokens;
+        inner.counters.completion_tokens_billed += completion_tokens;
+    }
+
+    /// Bills the last `completion_tokens` and counts the generation as
+    /// completed, in one step.
+    pub(crate) fn complete(&self, completion_tokens: u64) {
+        let mut inner = self.lock();
+        inner.counters.completion_tokens_billed += completion_tokens;
+        inner.counters.completed += 1;
+    }
+
+    pub(crate) fn client_disconnect(&self) {
+        self.lock().counters.client_disconnects += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reset_zeroes_counters_but_not_the_sequence() {
+        let stats = Stats::new();
+        stats.request();
+        assert_eq!(stats.execution("a"), 1);
+        assert_eq!(stats.execution("a"), 2);
+        stats.bill(3, 4);
+        stats.complete(5);
+        assert_eq!(stats.executions_for("a"), 2);
+        assert_eq!(
+            stats.snapshot(),
+            StatsSnapshot {
+                requests: 1,
+                executions: 2,
+                completed: 1,
+                prompt_tokens_billed: 3,
+                completion_tokens_billed: 9,
+                ..StatsSnapshot::default()
+            }
+        );
+        stats.reset();
+        assert_eq!(stats.snapshot(), StatsSnapshot::default());
+        assert_eq!(stats.executions_for("a"), 0);
+        assert_eq!(stats.execution("a"), 3);
+    }
+}
