@@ -4,6 +4,8 @@
 //! # Layout
 //! - [`config`]: configuration in two phases (raw TOML/env/flags, then typed
 //!   and validated [`GatewayConfig`]).
+//! - [`proxy`]: the upstream proxy service with layered timeouts.
+//! - [`problem`]: the gateway's own RFC 9457 problem responses.
 //!
 //! # The key decision
 //! Configuration is validated once, up front, into typed values: a bad file
@@ -12,5 +14,8 @@
 //! [`GatewayConfig`]: config::GatewayConfig
 
 pub mod config;
+pub mod problem;
+pub mod proxy;
 
 pub use config::{ConfigError, GatewayConfig, Overrides, RouteConfig, StoreUrl};
+pub use proxy::{Proxy, RetryableFailure, UpstreamBodyError};
