@@ -1,0 +1,2 @@
+//! Placeholder; the credits example follows with the service.
+fn main() {}

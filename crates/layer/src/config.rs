@@ -1,0 +1,242 @@
+//! What one protected route does: where its key comes from, what a duplicate
+//! of an in-flight request gets, which upstream outcomes count as final.
+//!
+//! One [`LayerConfig`] per route (namespace). The defaults are the safe ones
+//! for a handler with side effects: a key is required, POST is protected,
+//! a store outage refuses the request rather than running it unprotected.
+
+use std::time::Duration;
+
+use http::{HeaderName, Method};
+
+/// Where the idempotency key of a request comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyMode {
+    /// The `Idempotency-Key` header is required; a request without it is
+    /// refused with 400.
+    Require,
+    /// The header is used when present; a request without it is passed
+    /// through unprotected (never merged with another by content).
+    Optional,
+    /// The key is built from natural dimensions of the request; the
+    /// `Idempotency-Key` header, when present, still wins.
+    Derive(DeriveTemplate),
+}
+
+/// One dimension of a derived key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DerivePart {
+    /// The caller's tenant (hash of its credential).
+    Tenant,
+    /// The value of a request header; a request without it is refused (400).
+    Header(HeaderName),
+    /// A hash of the canonical JSON body (ignored pointers removed).
+    BodyHash,
+}
+
+/// How to build a key from a request when the client sent none.
+///
+/// The default is the seed's recommendation: tenant + `x-user-id` +
+/// `x-session-id` + body hash + a ten-minute window. A template made of
+/// [`DerivePart::BodyHash`] alone would merge two identical questions from
+/// different users, and one without a window would merge the same question
+/// asked again tomorrow; [`DeriveTemplate::warnings`] says so.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeriveTemplate {
+    /// The dimensions, in order.
+    pub parts: Vec<DerivePart>,
+    /// Requests in the same window (of this length, aligned to the Unix
+    /// epoch) with the same dimensions share a key; `None` means forever.
+    pub window: Option<Duration>,
+}
+
+impl Default for DeriveTemplate {
+    fn default() -> Self {
+        Self {
+            parts: vec![
+                DerivePart::Tenant,
+                DerivePart::Header(HeaderName::from_static("x-user-id")),
+                DerivePart::Header(HeaderName::from_static("x-session-id")),
+                DerivePart::BodyHash,
+            ],
+            window: Some(Duration::from_secs(600)),
+        }
+    }
+}
+
+impl DeriveTemplate {
+    /// Whether the template identifies requests by content alone (no tenant
+    /// and no header dimension): two users asking the same question would
+    /// share a result.
+    pub fn is_content_only(&self) -> bool {
+        !self
+            .parts
+            .iter()
+            .any(|p| matches!(p, DerivePart::Tenant | DerivePart::Header(_)))
+    }
+
+    /// Human-readable problems with the template (empty when it is sound).
+    pub fn warnings(&self) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        if self.parts.is_empty() {
+            out.push("the template has no dimensions: every request would share one key");
+        } else if self.is_content_only() {
+            out.push("the key depends on the content alone: identical requests of different users or sessions would be merged");
+        }
+        if self.window.is_none() {
+            out.push("the template has no time window: the same request repeated much later would be merged with the first");
+        }
+        out
+    }
+}
+
+/// What a request gets when its key is PENDING (another request holds it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InflightMode {
+    /// 409 at once, with `Retry-After` and `x-should-retry: true`.
+    Reject,
+    /// Wait up to the bound for the other request's result, then return it
+    /// (or 409 if it is still running).
+    Wait(Duration),
+    /// Streaming responses: join the live stream (events so far, then live
+    /// ones) when the owner runs in this process; otherwise as [`Self::Wait`].
+    Attach(Duration),
+}
+
+/// Whose records a request may see.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TenantSource {
+    /// A hash of the `Authorization` header value.
+    Authorization,
+    /// A hash of the value of this header.
+    Header(HeaderName),
+}
+
+/// What to do when the store cannot be reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreErrorMode {
+    /// 503; nothing is forwarded. Right for anything with side effects.
+    FailClosed,
+    /// Forward the request unprotected and count it. Right where
+    /// availability matters more than a possible duplicate.
+    FailOpen,
+}
+
+/// Configuration of one protected route.
+#[derive(Clone, Debug)]
+pub struct LayerConfig {
+    /// Route id: part of the scoped key, so two routes never share records.
+    pub namespace: String,
+    /// Where the key comes from.
+    pub key_mode: KeyMode,
+    /// What a duplicate of an in-flight request gets.
+    pub on_inflight: InflightMode,
+    /// Methods that are protected; others pass through untouched.
+    pub methods: Vec<Method>,
+    /// Largest accepted request body, in bytes (413 beyond).
+    pub body_limit: usize,
+    /// Where the tenant comes from.
+    pub tenant: TenantSource,
+    /// JSON pointers removed from the body before fingerprinting (fields a
+    /// client legitimately changes between retries, e.g. a send time).
+    pub fingerprint_ignore: Vec<String>,
+    /// Response statuses that release the key instead of storing the
+    /// response, so a retry runs again.
+    pub retryable_statuses: Vec<u16>,
+    /// Response headers kept for replay (`content-type` is always kept).
+    pub stored_headers: Vec<HeaderName>,
+    /// What to do when the store fails.
+    pub on_store_error: StoreErrorMode,
+    /// Longest a detached execution may take (the route's total timeout);
+    /// past it the key is released.
+    pub completion_timeout: Duration,
+    /// Largest response body (or event stream) that is stored; a bigger
+    /// one is passed to the client but not stored, and the key released.
+    pub max_stored_body: usize,
+    /// Path prefix of operation resources (`Prefer: respond-async`).
+    pub operations_path: String,
+}
+
+impl Default for LayerConfig {
+    fn default() -> Self {
+        Self {
+            namespace: "default".to_owned(),
+            key_mode: KeyMode::Require,
+            on_inflight: InflightMode::Attach(Duration::from_secs(30)),
+            methods: vec![Method::POST],
+            body_limit: 10 * 1024 * 1024,
+            tenant: TenantSource::Authorization,
+            fingerprint_ignore: Vec::new(),
+            retryable_statuses: default_retryable_statuses(),
+            stored_headers: Vec::new(),
+            on_store_error: StoreErrorMode::FailClosed,
+            completion_timeout: Duration::from_secs(600),
+            max_stored_body: 32 * 1024 * 1024,
+            operations_path: "/idemgate/operations/".to_owned(),
+        }
+    }
+}
+
+/// 408, 429 and every 5xx.
+pub fn default_retryable_statuses() -> Vec<u16> {
+    let mut v = vec![408, 429];
+    v.extend(500..=599);
+    v
+}
+
+impl LayerConfig {
+    /// The default configuration for `namespace`.
+    pub fn new(namespace: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Whether a response with `status` releases the key (not stored).
+    pub fn is_retryable(&self, status: u16) -> bool {
+        self.retryable_statuses.contains(&status)
+    }
+
+    /// Whether requests with `method` are protected.
+    pub fn protects(&self, method: &Method) -> bool {
+        self.methods.contains(method)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_safe_ones() {
+        let c = LayerConfig::new("charges");
+        assert_eq!(c.namespace, "charges");
+        assert_eq!(c.key_mode, KeyMode::Require);
+        assert_eq!(c.on_store_error, StoreErrorMode::FailClosed);
+        assert!(c.protects(&Method::POST));
+        assert!(!c.protects(&Method::GET));
+        for s in [408, 429, 500, 502, 503, 504, 599] {
+            assert!(c.is_retryable(s), "{s}");
+        }
+        for s in [200, 201, 400, 404, 409, 422] {
+            assert!(!c.is_retryable(s), "{s}");
+        }
+    }
+
+    #[test]
+    fn template_warnings() {
+        assert!(DeriveTemplate::default().warnings().is_empty());
+        let content_only = DeriveTemplate {
+            parts: vec![DerivePart::BodyHash],
+            window: None,
+        };
+        assert!(content_only.is_content_only());
+        assert_eq!(content_only.warnings().len(), 2);
+        let empty = DeriveTemplate {
+            parts: vec![],
+            window: Some(Duration::from_secs(60)),
+        };
+        assert_eq!(empty.warnings().len(), 1);
+    }
+}

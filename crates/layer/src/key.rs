@@ -1,0 +1,238 @@
+//! Who is asking (tenant) and which operation it is (key).
+//!
+//! The tenant is a hash of a credential, never the credential: records and
+//! logs may then be read by operators without leaking API keys. The key is
+//! the client's `Idempotency-Key` (bare token or quoted sf-string, the same
+//! key either way), or one derived from natural dimensions of the request.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::{HeaderMap, HeaderName};
+use idemgate_engine::fingerprint::canonical_content_hash;
+use idemgate_engine::{ClientKey, KeyError, natural_key};
+use sha2::{Digest, Sha256};
+
+use crate::config::{DerivePart, DeriveTemplate, TenantSource};
+
+/// The request header that carries the key.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// Tenant of requests without a credential.
+pub const ANONYMOUS: &str = "anonymous";
+
+/// The tenant id of a credential: the first 32 hex digits of its SHA-256.
+pub fn tenant_id(credential: &[u8]) -> String {
+    let digest = Sha256::digest(credential);
+    hex::encode(&digest[..16])
+}
+
+/// The tenant of a request: [`tenant_id`] of the configured header's value,
+/// or [`ANONYMOUS`] when the header is absent.
+pub fn tenant_of(headers: &HeaderMap, source: &TenantSource) -> String {
+    let name = match source {
+        TenantSource::Authorization => &http::header::AUTHORIZATION,
+        TenantSource::Header(name) => name,
+    };
+    headers
+        .get(name)
+        .map_or_else(|| ANONYMOUS.to_owned(), |v| tenant_id(v.as_bytes()))
+}
+
+/// Why a request's key could not be determined.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyRefusal {
+    /// The route requires a key and none was sent.
+    #[error("the Idempotency-Key header is required on this route")]
+    Missing,
+    /// The key was sent but is not valid.
+    #[error(transparent)]
+    Malformed(KeyError),
+    /// The header was sent more than once.
+    #[error("the Idempotency-Key header was sent more than once")]
+    Repeated,
+    /// A header the derived key is built from is missing.
+    #[error("the {0} header is required to derive the idempotency key")]
+    MissingDimension(HeaderName),
+}
+
+/// The client's key, if it sent one.
+///
+/// # Errors
+/// [`KeyRefusal::Malformed`] or [`KeyRefusal::Repeated`].
+pub fn client_key(headers: &HeaderMap) -> Result<Option<ClientKey>, KeyRefusal> {
+    let mut values = headers.get_all(&IDEMPOTENCY_KEY).iter();
+    let Some(first) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(KeyRefusal::Repeated);
+    }
+    ClientKey::parse_bytes(first.as_bytes())
+        .map(Some)
+        .map_err(KeyRefusal::Malformed)
+}
+
+/// A key built from `template` for a request.
+///
+/// Readable (`d:…` with the dimensions joined) when the dimensions make a
+/// valid key; otherwise (too long, or a header value that is not printable
+/// ASCII) the dimensions are hashed into `dh:<hex>`. The choice depends only
+/// on the request, so retries land on the same key.
+///
+/// # Errors
+/// [`KeyRefusal::MissingDimension`] when a header of the template is absent.
+pub fn derive_key(
+    template: &DeriveTemplate,
+    tenant: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+    ignore: &[String],
+    now: SystemTime,
+) -> Result<ClientKey, KeyRefusal> {
+    let mut parts: Vec<Vec<u8>> = vec![b"d".to_vec()];
+    for part in &template.parts {
+        match part {
+            DerivePart::Tenant => parts.push(tenant.as_bytes().to_vec()),
+            DerivePart::Header(name) => {
+                let value = headers
+                    .get(name)
+                    .ok_or_else(|| KeyRefusal::MissingDimension(name.clone()))?;
+                parts.push(value.as_bytes().to_vec());
+            }
+            DerivePart::BodyHash => {
+                let h = canonical_content_hash(body, ignore);
+                parts.push(hex::encode(&h[..12]).into_bytes());
+            }
+        }
+    }
+    if let Some(window) = template.window {
+        parts.push(window_label(window, now).into_bytes());
+    }
+    let readable = parts
+        .iter()
+        .map(|p| std::str::from_utf8(p).ok())
+        .collect::<Option<Vec<&str>>>()
+        .and_then(|strs| natural_key(strs).ok());
+    if let Some(key) = readable {
+        return Ok(key);
+    }
+    let mut h = Sha256::new();
+    for p in &parts {
+        h.update(u64::try_from(p.len()).unwrap_or(u64::MAX).to_be_bytes());
+        h.update(p);
+    }
+    ClientKey::parse(&format!("dh:{}", hex::encode(h.finalize()))).map_err(KeyRefusal::Malformed)
+}
+
+/// `{window}s{bucket}`: the same label for every instant of one window.
+fn window_label(window: Duration, now: SystemTime) -> String {
+    let secs = now.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
+    let w = window.as_secs().max(1);
+    format!("{w}s{}", secs / w)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn headers(pairs: &[(&str, &[u8])]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_bytes(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn tenant_is_a_hash_never_the_credential() {
+        let h = headers(&[("authorization", b"Bearer sk-secret")]);
+        let t = tenant_of(&h, &TenantSource::Authorization);
+        assert_eq!(t.len(), 32);
+        assert!(!t.contains("secret"));
+        assert_eq!(t, tenant_id(b"Bearer sk-secret"));
+        assert_ne!(t, tenant_id(b"Bearer sk-other"));
+        assert_eq!(
+            tenant_of(&HeaderMap::new(), &TenantSource::Authorization),
+            ANONYMOUS
+        );
+        let custom = TenantSource::Header(HeaderName::from_static("x-tenant"));
+        assert_eq!(tenant_of(&h, &custom), ANONYMOUS);
+        let h2 = headers(&[("x-tenant", b"acme")]);
+        assert_eq!(tenant_of(&h2, &custom), tenant_id(b"acme"));
+    }
+
+    #[test]
+    fn client_key_forms_and_refusals() {
+        assert_eq!(client_key(&HeaderMap::new()), Ok(None));
+        let bare = client_key(&headers(&[("idempotency-key", b"k-1")])).unwrap();
+        let quoted = client_key(&headers(&[("idempotency-key", b"\"k-1\"")])).unwrap();
+        assert_eq!(bare, quoted);
+        assert_eq!(
+            client_key(&headers(&[
+                ("idempotency-key", b"a"),
+                ("idempotency-key", b"b")
+            ])),
+            Err(KeyRefusal::Repeated)
+        );
+        for bad in [
+            &b""[..],
+            b"\"\"",
+            b"\"open",
+            b"caf\xc3\xa9",
+            &[b'x'; 256][..],
+        ] {
+            assert!(
+                matches!(
+                    client_key(&headers(&[("idempotency-key", bad)])),
+                    Err(KeyRefusal::Malformed(_))
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn derived_keys_follow_their_dimensions() {
+        let t = DeriveTemplate::default();
+        let at = UNIX_EPOCH + Duration::from_secs(6_000_000);
+        let h = headers(&[("x-user-id", b"u1"), ("x-session-id", b"s1")]);
+        let k = derive_key(&t, "ten", &h, br#"{"q":1,"r":2}"#, &[], at).unwrap();
+        assert!(k.as_str().starts_with("d:ten:u1:s1:"), "{k}");
+        let reordered = derive_key(&t, "ten", &h, br#"{"r":2,"q":1}"#, &[], at).unwrap();
+        assert_eq!(k, reordered);
+        let other_user = headers(&[("x-user-id", b"u2"), ("x-session-id", b"s1")]);
+        assert_ne!(
+            k,
+            derive_key(&t, "ten", &other_user, br#"{"q":1,"r":2}"#, &[], at).unwrap()
+        );
+        let later = at + Duration::from_secs(600);
+        assert_ne!(
+            k,
+            derive_key(&t, "ten", &h, br#"{"q":1,"r":2}"#, &[], later).unwrap()
+        );
+        let missing = headers(&[("x-user-id", b"u1")]);
+        assert_eq!(
+            derive_key(&t, "ten", &missing, b"{}", &[], at),
+            Err(KeyRefusal::MissingDimension(HeaderName::from_static(
+                "x-session-id"
+            )))
+        );
+    }
+
+    #[test]
+    fn unprintable_or_long_dimensions_are_hashed_stably() {
+        let t = DeriveTemplate::default();
+        let at = UNIX_EPOCH;
+        let long = vec![b'u'; 300];
+        let h = headers(&[("x-user-id", &long), ("x-session-id", b"s\xff")]);
+        let a = derive_key(&t, "ten", &h, b"{}", &[], at).unwrap();
+        let b = derive_key(&t, "ten", &h, b"{}", &[], at).unwrap();
+        assert_eq!(a, b);
+        assert!(a.as_str().starts_with("dh:"));
+    }
+}

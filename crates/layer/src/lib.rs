@@ -1,0 +1,62 @@
+//! A tower [`Layer`](tower::Layer) that makes any axum service's handlers
+//! idempotent: each operation runs at most once per idempotency key, and a
+//! retry gets the stored response (JSON or a whole SSE stream) instead of
+//! running the handler again.
+//!
+//! ```no_run
+//! # use std::sync::Arc;
+//! # use axum::{Router, routing::post};
+//! use idemgate_engine::{Engine, MemoryStore};
+//! use idemgate_layer::{IdempotencyLayer, LayerConfig};
+//!
+//! let engine = Engine::new(Arc::new(MemoryStore::new()));
+//! let app: Router = Router::new()
+//!     .route("/charge", post(|| async { "charged" }))
+//!     .layer(IdempotencyLayer::new(engine, LayerConfig::new("charges")));
+//! ```
+//!
+//! # Layout
+//! - [`config`]: [`LayerConfig`] and its modes (key, in-flight, tenant,
+//!   store errors), with safe defaults.
+//! - [`key`]: tenant (a hash of the credential) and key extraction or
+//!   derivation.
+//! - [`problem`]: RFC 9457 problem responses, one constructor per case.
+//! - [`stored`]: the versioned binary form of a stored response and token
+//!   usage extraction.
+//! - [`sse`]: event boundary scanner, id rewriting, `Last-Event-ID`.
+//! - `live`: this process's streams in progress, for duplicates that attach.
+//! - `service`: [`IdempotencyLayer`], the [`Idempotency`] service and the
+//!   detached execution.
+//! - [`operations`]: `Prefer: respond-async` and the operation resource.
+//! - [`telemetry`]: metric names and outcomes.
+//!
+//! # The key decision
+//! The owner's work runs in a **detached task** that holds the lease, not in
+//! the client's request future: the inner service call and the reading of
+//! its response body continue when the client times out or disconnects, and
+//! the result is stored, so the client's retry is a replay rather than a
+//! second execution (and a second bill). The client is fed from that task
+//! through a channel; results are stored before the client hears the end,
+//! so a retry that follows an answer always finds the key settled.
+//! A stream that breaks, a retryable status, a timeout or a shutdown
+//! releases the key, so the retry runs again instead of waiting for a TTL.
+
+pub mod config;
+pub mod key;
+mod live;
+pub mod operations;
+pub mod problem;
+mod service;
+pub mod sse;
+pub mod stored;
+pub mod telemetry;
+
+pub use config::{
+    DerivePart, DeriveTemplate, InflightMode, KeyMode, LayerConfig, StoreErrorMode, TenantSource,
+};
+pub use problem::Problem;
+pub use service::{
+    IDEMPOTENT_REPLAYED, Idempotency, IdempotencyContext, IdempotencyLayer, RetryableFailure,
+    ShutdownReport,
+};
+pub use stored::{StoredBody, StoredResponse, StreamUsage, Usage};

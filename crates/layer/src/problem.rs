@@ -1,0 +1,290 @@
+//! RFC 9457 problem details: every refusal the layer (and the gateway's
+//! proxy) makes, one constructor per case.
+//!
+//! The `type` URI of each case is stable: clients and dashboards match on it,
+//! so a case is never renamed, only added.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use http::{HeaderName, HeaderValue, StatusCode, header};
+
+/// Prefix of every problem `type` URI.
+pub const TYPE_BASE: &str = "https://idemgate.dev/problems/";
+
+/// Media type of problem bodies.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// Header telling SDKs (OpenAI's and Anthropic's honour it) that a retry is
+/// the right move.
+pub const SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
+
+/// A problem response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    status: StatusCode,
+    slug: &'static str,
+    title: &'static str,
+    detail: String,
+    retry_after: Option<Duration>,
+}
+
+impl Problem {
+    fn new(status: StatusCode, slug: &'static str, title: &'static str, detail: String) -> Self {
+        Self {
+            status,
+            slug,
+            title,
+            detail,
+            retry_after: None,
+        }
+    }
+
+    /// 400 `missing-key`: the route requires a key (or a dimension of a
+    /// derived key) and the request has none.
+    pub fn missing_key(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "missing-key",
+            "Idempotency key missing",
+            detail.into(),
+        )
+    }
+
+    /// 400 `malformed-key`: empty, longer than 255 characters, not printable
+    /// ASCII, badly quoted, or sent twice.
+    pub fn malformed_key(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "malformed-key",
+            "Idempotency key malformed",
+            detail.into(),
+        )
+    }
+
+    /// 413 `body-too-large`.
+    pub fn body_too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body-too-large",
+            "Request body too large",
+            format!("the request body exceeds the limit of {limit} bytes"),
+        )
+    }
+
+    /// 400 `request-body-unreadable`: the request body failed while it was
+    /// being read.
+    pub fn request_body_unreadable() -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "request-body-unreadable",
+            "Request body unreadable",
+            "the request body could not be read".to_owned(),
+        )
+    }
+
+    /// 422 `key-mismatch`: the key was used for a different request.
+    pub fn key_mismatch() -> Self {
+        Self::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "key-mismatch",
+            "Idempotency key reused",
+            "this idempotency key was used with a different request (method, path or body)"
+                .to_owned(),
+        )
+    }
+
+    /// 409 `in-flight`, with `Retry-After` and `x-should-retry: true`.
+    pub fn in_flight(retry_after: Duration) -> Self {
+        let mut p = Self::new(
+            StatusCode::CONFLICT,
+            "in-flight",
+            "Request in flight",
+            "a request with this idempotency key is still being processed; retry later".to_owned(),
+        );
+        p.retry_after = Some(retry_after);
+        p
+    }
+
+    /// 503 `store-unavailable`: the idempotency store could not be reached;
+    /// nothing was forwarded.
+    pub fn store_unavailable() -> Self {
+        let mut p = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store-unavailable",
+            "Idempotency store unavailable",
+            "the idempotency store cannot be reached; the request was not processed".to_owned(),
+        );
+        p.retry_after = Some(Duration::from_secs(1));
+        p
+    }
+
+    /// 504 `upstream-timeout`: the upstream did not answer within `phase`'s
+    /// budget.
+    pub fn upstream_timeout(phase: &str) -> Self {
+        let mut p = Self::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "upstream-timeout",
+            "Upstream timeout",
+            format!("the upstream did not answer in time ({phase})"),
+        );
+        p.retry_after = Some(Duration::from_secs(1));
+        p
+    }
+
+    /// 502 `upstream-unavailable`: the upstream could not be reached or its
+    /// response broke.
+    pub fn upstream_unavailable(detail: impl Into<String>) -> Self {
+        let mut p = Self::new(
+            StatusCode::BAD_GATEWAY,
+            "upstream-unavailable",
+            "Upstream unavailable",
+            detail.into(),
+        );
+        p.retry_after = Some(Duration::from_secs(1));
+        p
+    }
+
+    /// 503 `shutting-down`: the server stopped before the work finished;
+    /// the key was released.
+    pub fn shutting_down() -> Self {
+        let mut p = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting-down",
+            "Shutting down",
+            "the server is shutting down; the request was not completed".to_owned(),
+        );
+        p.retry_after = Some(Duration::from_secs(1));
+        p
+    }
+
+    /// 500 `stored-result-unreadable`: the stored result cannot be decoded.
+    pub fn stored_result_unreadable() -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "stored-result-unreadable",
+            "Stored result unreadable",
+            "the stored result of this idempotency key cannot be decoded".to_owned(),
+        )
+    }
+
+    /// 500 `internal`: the work ended without an answer (it panicked).
+    pub fn internal() -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "Internal error",
+            "the request ended without a response; the key was released".to_owned(),
+        )
+    }
+
+    /// 404 `operation-not-found`: no operation under this id (for this
+    /// credential).
+    pub fn operation_not_found() -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "operation-not-found",
+            "Operation not found",
+            "no operation with this id exists for this credential".to_owned(),
+        )
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The stable `type` URI.
+    pub fn type_uri(&self) -> String {
+        format!("{TYPE_BASE}{}", self.slug)
+    }
+
+    /// The last segment of the `type` URI (`in-flight`, …).
+    pub fn slug(&self) -> &'static str {
+        self.slug
+    }
+
+    /// The human-readable explanation.
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> serde_json::Value {
+        serde_json::json!({
+            "type": self.type_uri(),
+            "title": self.title,
+            "status": self.status.as_u16(),
+            "detail": self.detail,
+        })
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let body = self.body().to_string();
+        let mut res = Response::new(Body::from(body));
+        *res.status_mut() = self.status;
+        let h = res.headers_mut();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        if let Some(after) = self.retry_after {
+            h.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(after.as_secs().max(1)),
+            );
+            h.insert(SHOULD_RETRY, HeaderValue::from_static("true"));
+        }
+        res
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[tokio::test]
+    async fn in_flight_carries_retry_headers_and_a_stable_type() {
+        let res = Problem::in_flight(Duration::from_secs(3)).into_response();
+        assert_eq!(res.status(), StatusCode::CONFLICT);
+        assert_eq!(res.headers()[header::RETRY_AFTER], "3");
+        assert_eq!(res.headers()[SHOULD_RETRY], "true");
+        assert_eq!(res.headers()[header::CONTENT_TYPE], PROBLEM_JSON);
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["type"], "https://idemgate.dev/problems/in-flight");
+        assert_eq!(v["status"], 409);
+    }
+
+    #[test]
+    fn every_case_has_its_own_type() {
+        let all = [
+            Problem::missing_key("x"),
+            Problem::malformed_key("x"),
+            Problem::body_too_large(1),
+            Problem::request_body_unreadable(),
+            Problem::key_mismatch(),
+            Problem::in_flight(Duration::ZERO),
+            Problem::store_unavailable(),
+            Problem::upstream_timeout("connect"),
+            Problem::upstream_unavailable("x"),
+            Problem::shutting_down(),
+            Problem::stored_result_unreadable(),
+            Problem::internal(),
+            Problem::operation_not_found(),
+        ];
+        let mut slugs: Vec<_> = all.iter().map(Problem::slug).collect();
+        slugs.sort_unstable();
+        slugs.dedup();
+        assert_eq!(slugs.len(), all.len());
+        assert_eq!(
+            Problem::key_mismatch().status(),
+            StatusCode::UNPROCESSABLE_ENTITY
+        );
+        assert_eq!(
+            Problem::body_too_large(1).status(),
+            StatusCode::PAYLOAD_TOO_LARGE
+        );
+    }
+}

@@ -1,0 +1,989 @@
+//! The [`Idempotency`] service: what happens to one protected request.
+//!
+//! The work of an owner runs **detached**: the inner service call and the
+//! reading of its response body happen in a spawned task that owns the
+//! lease, and the client's response is fed from that task through a channel.
+//! A client that times out or disconnects therefore does not cancel the
+//! work: it finishes (bounded by `completion_timeout`), is stored DONE, and
+//! the client's retry is a replay instead of a second execution — the
+//! seed's central scenario. A non-streaming result is stored *before* the
+//! client is answered, and a stream's end is sent only after it is stored,
+//! so a retry sent right after an answer always replays.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
+use http::request::Parts;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, header};
+use http_body_util::BodyExt;
+use idemgate_engine::{
+    AttemptOutcome, Begin, BeginError, ClientKey, Engine, Fenced, Fingerprint, InFlight,
+    LeaseGuard, Record, ScopedKey, Settled, StoreError,
+};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tower::{Layer, Service, ServiceExt};
+use tracing::Instrument;
+
+use crate::config::{InflightMode, KeyMode, LayerConfig, StoreErrorMode};
+use crate::key::{KeyRefusal, client_key, derive_key, tenant_of};
+use crate::live::{Follow, Head, LiveRegistry, Next, Publisher};
+use crate::operations;
+use crate::problem::Problem;
+use crate::sse::{EventScanner, is_event_stream, parse_last_event_id, rewrite_id};
+use crate::stored::{StoredBody, StoredResponse, StreamUsage, usage_of_json};
+use crate::telemetry::{self, outcome};
+
+/// Response header saying whether the response was replayed.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+const LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
+const PREFER: HeaderName = HeaderName::from_static("prefer");
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+
+/// The key of the request being served, in the request extensions seen by
+/// the inner service (a proxy forwards `key` upstream).
+#[derive(Debug, Clone)]
+pub struct IdempotencyContext {
+    /// The client's (or derived) key.
+    pub key: ClientKey,
+    /// The record's address.
+    pub scoped: ScopedKey,
+}
+
+/// Response extension marking a synthetic failure (connect error, connect
+/// or first-byte timeout) whatever its status: the layer releases the key.
+#[derive(Debug, Clone, Copy)]
+pub struct RetryableFailure {
+    /// Which phase failed (`connect`, `first_byte`, …), for logs.
+    pub phase: &'static str,
+}
+
+/// What a graceful shutdown found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Detached executions still running when the grace period ran out;
+    /// they were cancelled and their keys released.
+    pub cancelled: usize,
+}
+
+/// State shared by every clone of the layer and its services.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) engine: Engine,
+    pub(crate) config: LayerConfig,
+    /// Streams being generated in this process, for `Attach`.
+    live: LiveRegistry,
+    /// Detached executions, so shutdown can wait for them.
+    tracker: TaskTracker,
+    /// Cancels detached executions once the shutdown grace has run out.
+    cancel: CancellationToken,
+}
+
+/// The idempotency layer. Cheap to clone (clones share state).
+#[derive(Debug, Clone)]
+pub struct IdempotencyLayer {
+    shared: Arc<Shared>,
+}
+
+impl IdempotencyLayer {
+    /// A layer protecting a route with `config`, keeping records in `engine`.
+    pub fn new(engine: Engine, config: LayerConfig) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                engine,
+                config,
+                live: LiveRegistry::default(),
+                tracker: TaskTracker::new(),
+                cancel: CancellationToken::new(),
+            }),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &LayerConfig {
+        &self.shared.config
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine {
+        &self.shared.engine
+    }
+
+    /// Detached executions running now.
+    pub fn detached(&self) -> usize {
+        self.shared.tracker.len()
+    }
+
+    /// Streams of this process that duplicates can attach to now.
+    pub fn live_streams(&self) -> usize {
+        self.shared.live.len()
+    }
+
+    /// Graceful shutdown: waits up to `grace` for detached executions to
+    /// finish (and be stored), then cancels the rest and waits until each
+    /// has released its key. Requests arriving afterwards are answered 503.
+    pub async fn shutdown(&self, grace: Duration) -> ShutdownReport {
+        let s = &self.shared;
+        s.tracker.close();
+        if tokio::time::timeout(grace, s.tracker.wait()).await.is_ok() {
+            s.cancel.cancel();
+            return ShutdownReport { cancelled: 0 };
+        }
+        let cancelled = s.tracker.len();
+        s.cancel.cancel();
+        s.tracker.wait().await;
+        ShutdownReport { cancelled }
+    }
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = Idempotency<S>;
+
+    fn layer(&self, inner: S) -> Idempotency<S> {
+        Idempotency {
+            inner,
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+/// The service made by [`IdempotencyLayer`].
+#[derive(Debug, Clone)]
+pub struct Idempotency<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S> Service<Request<Body>> for Idempotency<S>
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Response, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // The inner service is driven to readiness where it is called
+        // (possibly in a detached task), with `oneshot`.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let shared = Arc::clone(&self.shared);
+        let inner = self.inner.clone();
+        Box::pin(async move { Ok(handle(shared, inner, req).await) })
+    }
+}
+
+async fn call_inner<S>(inner: S, req: Request<Body>) -> Response
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible>,
+{
+    match inner.oneshot(req).await {
+        Ok(res) => res,
+        Err(never) => match never {},
+    }
+}
+
+/// A protected request after its key, body and fingerprint are known.
+struct Keyed {
+    parts: Parts,
+    body: Bytes,
+    scoped: ScopedKey,
+    fingerprint: Fingerprint,
+    /// Events to skip on a stream (`Last-Event-ID`).
+    skip: usize,
+    prefer_async: bool,
+}
+
+impl Keyed {
+    /// The request to give the inner service, with the key in its extensions.
+    fn request(&self) -> Request<Body> {
+        let mut req = Request::from_parts(self.parts.clone(), Body::from(self.body.clone()));
+        req.extensions_mut().insert(IdempotencyContext {
+            key: self.scoped.key.clone(),
+            scoped: self.scoped.clone(),
+        });
+        req
+    }
+}
+
+async fn handle<S>(shared: Arc<Shared>, inner: S, req: Request<Body>) -> Response
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    let cfg = &shared.config;
+    if req.method() == Method::GET && req.uri().path().starts_with(&cfg.operations_path) {
+        if let Some(res) = operations::get(&shared, req.uri().path(), req.headers()).await {
+            return res;
+        }
+    }
+    if !cfg.protects(req.method()) {
+        return call_inner(inner, req).await;
+    }
+    let explicit = match client_key(req.headers()) {
+        Ok(k) => k,
+        Err(refusal) => return refuse_key(cfg, &refusal),
+    };
+    let derive = match (&explicit, &cfg.key_mode) {
+        (Some(_), _) => None,
+        (None, KeyMode::Derive(template)) => Some(template),
+        (None, KeyMode::Require) => return refuse_key(cfg, &KeyRefusal::Missing),
+        (None, KeyMode::Optional) => {
+            telemetry::request(&cfg.namespace, outcome::UNKEYED);
+            return call_inner(inner, req).await;
+        }
+    };
+    let tenant = tenant_of(req.headers(), &cfg.tenant);
+    let (parts, body) = req.into_parts();
+    let body = match read_body(&parts.headers, body, cfg.body_limit).await {
+        Ok(b) => b,
+        Err(problem) => {
+            telemetry::request(&cfg.namespace, outcome::BAD_BODY);
+            return problem.into_response();
+        }
+    };
+    let key = match (explicit, derive) {
+        (Some(k), _) => k,
+        (None, Some(template)) => match derive_key(
+            template,
+            &tenant,
+            &parts.headers,
+            &body,
+            &cfg.fingerprint_ignore,
+            SystemTime::now(),
+        ) {
+            Ok(k) => k,
+            Err(refusal) => return refuse_key(cfg, &refusal),
+        },
+        (None, None) => return refuse_key(cfg, &KeyRefusal::Missing),
+    };
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| parts.uri.path(), |p| p.as_str());
+    let fingerprint =
+        Fingerprint::of_request(parts.method.as_str(), path, &body, &cfg.fingerprint_ignore);
+    let skip = parts
+        .headers
+        .get(LAST_EVENT_ID)
+        .and_then(parse_last_event_id)
+        .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX));
+    let prefer_async = prefers_async(&parts.headers);
+    let span = tracing::info_span!(
+        "idempotency",
+        idempotency_key = %key,
+        trace_id = tracing::field::Empty,
+        route = %cfg.namespace,
+    );
+    if let Some(trace_id) = trace_id(&parts.headers) {
+        span.record("trace_id", trace_id);
+    }
+    let keyed = Keyed {
+        parts,
+        body,
+        scoped: ScopedKey::new(tenant, cfg.namespace.clone(), key),
+        fingerprint,
+        skip,
+        prefer_async,
+    };
+    protected(Arc::clone(&shared), inner, keyed)
+        .instrument(span)
+        .await
+}
+
+async fn protected<S>(shared: Arc<Shared>, inner: S, keyed: Keyed) -> Response
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    let cfg = &shared.config;
+    let engine = &shared.engine;
+    let begun = match cfg.on_inflight {
+        InflightMode::Wait(max) if !keyed.prefer_async => {
+            engine
+                .begin_waiting(&keyed.scoped, &keyed.fingerprint, max)
+                .await
+        }
+        _ => engine.begin(&keyed.scoped, &keyed.fingerprint).await,
+    };
+    match begun {
+        Ok(Begin::Owner(guard)) => own(shared, inner, keyed, guard).await,
+        Ok(Begin::Done(record)) => replay_record(&shared, &record, keyed.skip, outcome::REPLAYED),
+        Ok(Begin::InFlight(inflight)) => {
+            if keyed.prefer_async {
+                telemetry::request(&cfg.namespace, outcome::ACCEPTED);
+                return operations::accepted(&operations::location(
+                    &cfg.operations_path,
+                    &cfg.namespace,
+                    &keyed.scoped.key,
+                ));
+            }
+            match cfg.on_inflight {
+                InflightMode::Attach(max) => attach(shared, inner, keyed, inflight, max).await,
+                InflightMode::Reject | InflightMode::Wait(_) => conflict(cfg, &inflight).await,
+            }
+        }
+        Err(BeginError::Mismatch) => mismatch(cfg),
+        Err(BeginError::Store(e)) => store_failed(&shared, inner, &keyed, &e).await,
+        Err(other) => {
+            tracing::error!(error = %other, "unexpected engine error");
+            telemetry::request(&cfg.namespace, outcome::STORE_UNAVAILABLE);
+            Problem::store_unavailable().into_response()
+        }
+    }
+}
+
+fn refuse_key(cfg: &LayerConfig, refusal: &KeyRefusal) -> Response {
+    telemetry::request(&cfg.namespace, outcome::BAD_KEY);
+    match refusal {
+        KeyRefusal::Missing | KeyRefusal::MissingDimension(_) => {
+            Problem::missing_key(refusal.to_string())
+        }
+        _ => Problem::malformed_key(refusal.to_string()),
+    }
+    .into_response()
+}
+
+fn mismatch(cfg: &LayerConfig) -> Response {
+    telemetry::request(&cfg.namespace, outcome::MISMATCH);
+    tracing::info!("idempotency key reused with a different request");
+    Problem::key_mismatch().into_response()
+}
+
+async fn conflict(cfg: &LayerConfig, inflight: &InFlight) -> Response {
+    inflight.record_conflict().await;
+    telemetry::request(&cfg.namespace, outcome::CONFLICT);
+    telemetry::conflict(&cfg.namespace);
+    Problem::in_flight(inflight.retry_after()).into_response()
+}
+
+async fn store_failed<S>(shared: &Shared, inner: S, keyed: &Keyed, e: &StoreError) -> Response
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible>,
+{
+    let cfg = &shared.config;
+    telemetry::store_error(&cfg.namespace, "claim");
+    match cfg.on_store_error {
+        StoreErrorMode::FailClosed => {
+            tracing::warn!(error = %e, "store unavailable; request refused");
+            telemetry::request(&cfg.namespace, outcome::STORE_UNAVAILABLE);
+            Problem::store_unavailable().into_response()
+        }
+        StoreErrorMode::FailOpen => {
+            tracing::warn!(error = %e, "store unavailable; request forwarded unprotected");
+            telemetry::request(&cfg.namespace, outcome::FAIL_OPEN);
+            call_inner(inner, keyed.request()).await
+        }
+    }
+}
+
+/// Reads the request body up to `limit`.
+async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, Problem> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| s.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > u64::try_from(limit).unwrap_or(u64::MAX)) {
+        return Err(Problem::body_too_large(limit));
+    }
+    match http_body_util::Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(Problem::body_too_large(limit)),
+        Err(_) => Err(Problem::request_body_unreadable()),
+    }
+}
+
+fn prefers_async(headers: &HeaderMap) -> bool {
+    headers.get_all(PREFER).iter().any(|v| {
+        v.to_str().is_ok_and(|s| {
+            s.split(',').any(|pref| {
+                pref.split(';')
+                    .next()
+                    .is_some_and(|t| t.trim().eq_ignore_ascii_case("respond-async"))
+            })
+        })
+    })
+}
+
+/// The trace id of a W3C `traceparent` header.
+fn trace_id(headers: &HeaderMap) -> Option<&str> {
+    let v = headers.get(TRACEPARENT)?.to_str().ok()?;
+    let id = v.split('-').nth(1)?;
+    (id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())).then_some(id)
+}
+
+/// Answers from a DONE record.
+pub(crate) fn replay_record(
+    shared: &Shared,
+    record: &Record,
+    skip: usize,
+    outcome_label: &'static str,
+) -> Response {
+    let route = &shared.config.namespace;
+    let decoded = record
+        .payload()
+        .ok_or(crate::stored::DecodeError::Truncated)
+        .and_then(StoredResponse::decode);
+    match decoded {
+        Ok(stored) => {
+            telemetry::request(route, outcome_label);
+            telemetry::hit(route, stored.usage);
+            replay_response(&stored, skip)
+        }
+        Err(e) => {
+            telemetry::request(route, outcome::UNREADABLE);
+            tracing::error!(error = %e, "stored result cannot be decoded");
+            Problem::stored_result_unreadable().into_response()
+        }
+    }
+}
+
+fn replay_response(stored: &StoredResponse, skip: usize) -> Response {
+    let mut res = Response::new(Body::from(stored.body_bytes(skip)));
+    *res.status_mut() = stored.status;
+    *res.headers_mut() = stored.headers.clone();
+    res.headers_mut()
+        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    res
+}
+
+/// Joins an execution in flight: its live stream if this process runs it
+/// and it streams, otherwise its stored result once DONE. Takes the key over
+/// if that execution fails.
+async fn attach<S>(
+    shared: Arc<Shared>,
+    inner: S,
+    keyed: Keyed,
+    mut inflight: InFlight,
+    max: Duration,
+) -> Response
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    let cfg = &shared.config;
+    let deadline = Instant::now() + max;
+    let id = keyed.scoped.storage_id();
+    loop {
+        // Another process (or the instant before the owner registers):
+        // look at the store in short slices, and at the registry between.
+        let mut slice = Duration::from_millis(100);
+        if let Some(sub) = shared.live.get(&id) {
+            match sub.head(deadline).await {
+                Head::Streaming {
+                    status,
+                    headers,
+                    follow,
+                } => {
+                    inflight
+                        .note(AttemptOutcome::Attached, Some(status.as_u16()))
+                        .await;
+                    telemetry::request(&cfg.namespace, outcome::ATTACHED);
+                    telemetry::hit(&cfg.namespace, None);
+                    return attached_response(status, headers, follow, keyed.skip);
+                }
+                // The owner stores before answering: wait for DONE.
+                Head::NotStreaming => slice = max,
+                Head::Gone => {}
+            }
+        }
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        if remaining.is_zero() {
+            return conflict(cfg, &inflight).await;
+        }
+        match inflight.settled(slice.min(remaining)).await {
+            Ok(Settled::StillPending) => {}
+            Ok(Settled::Done(record)) if record.fingerprint == keyed.fingerprint => {
+                inflight.note(AttemptOutcome::Attached, None).await;
+                return replay_record(&shared, &record, keyed.skip, outcome::ATTACHED);
+            }
+            Ok(Settled::Done(_)) => return mismatch(cfg),
+            Ok(Settled::Free) => {
+                match shared.engine.begin(&keyed.scoped, &keyed.fingerprint).await {
+                    Ok(Begin::Owner(guard)) => return own(shared, inner, keyed, guard).await,
+                    Ok(Begin::Done(record)) => {
+                        return replay_record(&shared, &record, keyed.skip, outcome::REPLAYED);
+                    }
+                    Ok(Begin::InFlight(next)) => inflight = next,
+                    Err(BeginError::Mismatch) => return mismatch(cfg),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "store failed while attaching");
+                        telemetry::store_error(&cfg.namespace, "claim");
+                        telemetry::request(&cfg.namespace, outcome::STORE_UNAVAILABLE);
+                        return Problem::store_unavailable().into_response();
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "store failed while attaching");
+                telemetry::store_error(&cfg.namespace, "get");
+                telemetry::request(&cfg.namespace, outcome::STORE_UNAVAILABLE);
+                return Problem::store_unavailable().into_response();
+            }
+        }
+    }
+}
+
+/// The error a client's stream ends with when the stream it follows broke:
+/// the key was released, and the client should retry.
+#[derive(Debug, thiserror::Error)]
+#[error("the response stream broke before its end; the idempotency key was released")]
+struct StreamBroken;
+
+fn attached_response(
+    status: StatusCode,
+    headers: HeaderMap,
+    follow: Follow,
+    skip: usize,
+) -> Response {
+    let stream = futures_util::stream::unfold(Some((follow, skip)), |state| async move {
+        let (mut follow, mut cursor) = state?;
+        match follow.next(&mut cursor).await {
+            Next::Events(chunk) => Some((Ok(chunk), Some((follow, cursor)))),
+            Next::End => None,
+            Next::Failed => Some((Err(StreamBroken), None)),
+        }
+    });
+    let mut res = Response::new(Body::from_stream(stream));
+    *res.status_mut() = status;
+    *res.headers_mut() = headers;
+    res.headers_mut()
+        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    res
+}
+
+/// What the client's streaming body receives from the detached execution.
+enum Chunk {
+    Data(Bytes),
+    /// The stream is stored: end the body cleanly.
+    End,
+    /// The stream broke: end the body with an error.
+    Abort,
+}
+
+/// A body fed by the detached execution. Ends with an error unless told
+/// the stream completed, so an execution that dies (panics) never looks
+/// like a complete stream to the client.
+fn channel_body(rx: mpsc::UnboundedReceiver<Chunk>) -> Body {
+    let stream = futures_util::stream::unfold(Some(rx), |rx| async move {
+        let mut rx = rx?;
+        match rx.recv().await {
+            Some(Chunk::Data(b)) => Some((Ok(b), Some(rx))),
+            Some(Chunk::End) => None,
+            Some(Chunk::Abort) | None => Some((Err(StreamBroken), None)),
+        }
+    });
+    Body::from_stream(stream)
+}
+
+/// Runs the work as the key's owner, detached from the client.
+async fn own<S>(shared: Arc<Shared>, inner: S, keyed: Keyed, guard: LeaseGuard) -> Response
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    let cfg = &shared.config;
+    let publisher = matches!(cfg.on_inflight, InflightMode::Attach(_))
+        .then(|| shared.live.publish(keyed.scoped.storage_id()));
+    let (reply_tx, reply_rx) = oneshot::channel();
+    let request = keyed.request();
+    let task = Detached {
+        shared: Arc::clone(&shared),
+        reply: Some(reply_tx),
+        pending: None,
+        body_tx: None,
+        publisher,
+        events: 0,
+        status: None,
+    };
+    shared
+        .tracker
+        .spawn(task.run(inner, request, guard).in_current_span());
+    if keyed.prefer_async {
+        telemetry::request(&cfg.namespace, outcome::ACCEPTED);
+        return operations::accepted(&operations::location(
+            &cfg.operations_path,
+            &cfg.namespace,
+            &keyed.scoped.key,
+        ));
+    }
+    telemetry::request(&cfg.namespace, outcome::EXECUTED);
+    match reply_rx.await {
+        Ok(res) => res,
+        Err(_) => Problem::internal().into_response(),
+    }
+}
+
+/// How a detached execution ends for the store.
+enum Decision {
+    /// Store this response (PENDING → DONE).
+    Store(StoredResponse),
+    /// Give the key back, for this reason (a metric label).
+    Release(&'static str),
+}
+
+/// The state of one detached execution.
+struct Detached {
+    shared: Arc<Shared>,
+    /// The client's response, until it is sent.
+    reply: Option<oneshot::Sender<Response>>,
+    /// A response to send once the store has been written.
+    pending: Option<Response>,
+    /// The client's streaming body, once the head is sent.
+    body_tx: Option<mpsc::UnboundedSender<Chunk>>,
+    /// Live state for duplicates that attach (Attach mode only).
+    publisher: Option<Publisher>,
+    /// Events relayed so far (stream responses).
+    events: usize,
+    /// The inner service's status, for the timeline.
+    status: Option<u16>,
+}
+
+impl Detached {
+    async fn run<S>(mut self, inner: S, request: Request<Body>, guard: LeaseGuard)
+    where
+        S: Service<Request<Body>, Response = Response, Error = Infallible> + Send,
+        S::Future: Send,
+    {
+        let shared = Arc::clone(&self.shared);
+        let decision = {
+            let work = self.execute(inner, request);
+            tokio::select! {
+                d = work => d,
+                () = tokio::time::sleep(shared.config.completion_timeout) => Decision::Release("completion_timeout"),
+                () = shared.cancel.cancelled() => Decision::Release("shutdown"),
+            }
+        };
+        self.finish(decision, guard).await;
+    }
+
+    /// Calls the inner service and reads its response; returns what to do
+    /// with the key. Relays stream events to the client as they arrive.
+    async fn execute<S>(&mut self, inner: S, request: Request<Body>) -> Decision
+    where
+        S: Service<Request<Body>, Response = Response, Error = Infallible>,
+    {
+        let res = call_inner(inner, request).await;
+        let status = res.status();
+        self.status = Some(status.as_u16());
+        let cfg = &self.shared.config;
+        if let Some(failure) = res.extensions().get::<RetryableFailure>() {
+            tracing::info!(phase = failure.phase, "upstream failed; key released");
+            self.not_streaming();
+            self.pending = Some(fresh(res));
+            return Decision::Release("retryable_failure");
+        }
+        if cfg.is_retryable(status.as_u16()) {
+            tracing::info!(status = status.as_u16(), "retryable status; key released");
+            self.not_streaming();
+            self.pending = Some(fresh(res));
+            return Decision::Release("retryable_status");
+        }
+        let (mut parts, body) = res.into_parts();
+        parts.headers.remove(header::CONTENT_LENGTH);
+        parts.headers.remove(header::TRANSFER_ENCODING);
+        if is_event_stream(parts.headers.get(header::CONTENT_TYPE)) {
+            return self.stream(parts, body).await;
+        }
+        self.not_streaming();
+        let max = cfg.max_stored_body;
+        let mut data = body.into_data_stream();
+        let mut buf = BytesMut::new();
+        while let Some(chunk) = data.next().await {
+            match chunk {
+                Ok(chunk) if buf.len().saturating_add(chunk.len()) > max => {
+                    // Too large to store: give the client the response as it
+                    // comes (after the key is released), not stored.
+                    buf.extend_from_slice(&chunk);
+                    let head =
+                        futures_util::stream::once(
+                            async move { Ok::<_, axum::Error>(buf.freeze()) },
+                        );
+                    let body = Body::from_stream(head.chain(data));
+                    self.pending = Some(fresh(Response::from_parts(parts, body)));
+                    tracing::warn!(max, "response body too large to store; key released");
+                    return Decision::Release("too_large");
+                }
+                Ok(chunk) => buf.extend_from_slice(&chunk),
+                Err(e) => {
+                    tracing::warn!(error = %e, "response body failed; key released");
+                    self.pending = Some(
+                        Problem::upstream_unavailable("the response body broke before its end")
+                            .into_response(),
+                    );
+                    return Decision::Release("body_error");
+                }
+            }
+        }
+        let body = buf.freeze();
+        let stored = StoredResponse {
+            status,
+            headers: kept_headers(&parts.headers, cfg),
+            usage: usage_of_json(&body),
+            body: StoredBody::Bytes(body.clone()),
+        };
+        self.pending = Some(fresh(Response::from_parts(parts, Body::from(body))));
+        Decision::Store(stored)
+    }
+
+    /// Relays an event stream: each event gets a sequential id, is sent to
+    /// the client, published for attachers and recorded.
+    async fn stream(&mut self, parts: http::response::Parts, body: Body) -> Decision {
+        let cfg = &self.shared.config;
+        let status = parts.status;
+        let stored_headers = kept_headers(&parts.headers, cfg);
+        if let Some(p) = &self.publisher {
+            let mut attached = parts.headers.clone();
+            attached.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+            p.streaming(status, attached);
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.body_tx = Some(tx);
+        let head = fresh(Response::from_parts(parts, channel_body(rx)));
+        if let Some(reply) = self.reply.take() {
+            // The client may be gone already; the work goes on regardless.
+            let _ = reply.send(head);
+        }
+        let max = cfg.max_stored_body;
+        let mut scanner = EventScanner::new();
+        let mut usage = StreamUsage::default();
+        let mut recorded: Vec<Bytes> = Vec::new();
+        let mut size = 0usize;
+        let mut over = false;
+        let mut data = body.into_data_stream();
+        let mut blocks = Vec::new();
+        loop {
+            let end = match data.next().await {
+                Some(Ok(chunk)) => {
+                    scanner.push(&chunk, &mut blocks);
+                    false
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, events = self.events, "response stream broke; key released");
+                    return Decision::Release("stream_error");
+                }
+                None => {
+                    blocks.extend(scanner.finish());
+                    true
+                }
+            };
+            for block in blocks.drain(..) {
+                self.events += 1;
+                let event = rewrite_id(&block, u64::try_from(self.events).unwrap_or(u64::MAX));
+                usage.add_event(&event);
+                size = size.saturating_add(event.len());
+                if !over && size > max {
+                    over = true;
+                    recorded = Vec::new();
+                    tracing::warn!(
+                        max,
+                        "event stream too large to store; it will not be replayable"
+                    );
+                    if let Some(p) = self.publisher.take() {
+                        p.fail();
+                    }
+                }
+                if !over {
+                    recorded.push(event.clone());
+                    if let Some(p) = &self.publisher {
+                        p.event(event.clone());
+                    }
+                }
+                self.send(Chunk::Data(event));
+            }
+            if end {
+                break;
+            }
+        }
+        if over {
+            return Decision::Release("too_large");
+        }
+        Decision::Store(StoredResponse {
+            status,
+            headers: stored_headers,
+            body: StoredBody::Events(recorded),
+            usage: usage.finish(),
+        })
+    }
+
+    fn not_streaming(&self) {
+        if let Some(p) = &self.publisher {
+            p.not_streaming();
+        }
+    }
+
+    fn send(&mut self, chunk: Chunk) {
+        if let Some(tx) = &self.body_tx {
+            if tx.send(chunk).is_err() {
+                tracing::debug!("client went away; the execution goes on");
+                self.body_tx = None;
+            }
+        }
+    }
+
+    /// Writes the outcome to the store, then tells the client (and
+    /// attachers): a retry arriving after the answer finds the key settled.
+    async fn finish(mut self, decision: Decision, guard: LeaseGuard) {
+        let route = self.shared.config.namespace.clone();
+        match decision {
+            Decision::Store(stored) => {
+                match stored.encode() {
+                    Ok(payload) => match guard.complete(payload, self.status).await {
+                        Ok(Fenced::Applied) => {}
+                        Ok(Fenced::Stale) => {
+                            telemetry::fenced(&route);
+                            tracing::warn!("lease lost before completion; result not stored");
+                        }
+                        Err(e) => {
+                            telemetry::store_error(&route, "complete");
+                            tracing::warn!(error = %e, "result not stored; key released");
+                        }
+                    },
+                    Err(e) => {
+                        tracing::warn!(error = %e, "result cannot be encoded; key released");
+                        release(guard, self.status).await;
+                        telemetry::released(&route, "encode");
+                    }
+                }
+                if let Some(p) = self.publisher.take() {
+                    p.complete();
+                }
+                self.send(Chunk::End);
+                self.answer(None);
+            }
+            Decision::Release(reason) => {
+                release(guard, self.status).await;
+                telemetry::released(&route, reason);
+                if self.events > 0 {
+                    telemetry::events_lost(&route, self.events);
+                }
+                if let Some(p) = self.publisher.take() {
+                    p.fail();
+                }
+                self.send(Chunk::Abort);
+                let fallback = match reason {
+                    "completion_timeout" => Problem::upstream_timeout("total"),
+                    "shutdown" => Problem::shutting_down(),
+                    _ => Problem::upstream_unavailable("the upstream response failed"),
+                };
+                self.answer(Some(fallback));
+            }
+        }
+    }
+
+    /// Sends the pending response (or `fallback`) if the client has not
+    /// been answered yet.
+    fn answer(&mut self, fallback: Option<Problem>) {
+        let Some(reply) = self.reply.take() else {
+            return;
+        };
+        let res = match (self.pending.take(), fallback) {
+            (Some(res), _) => res,
+            (None, Some(p)) => p.into_response(),
+            (None, None) => Problem::internal().into_response(),
+        };
+        let _ = reply.send(res);
+    }
+}
+
+async fn release(guard: LeaseGuard, status: Option<u16>) {
+    if let Err(e) = guard.release(status).await {
+        tracing::warn!(error = %e, "release failed; the key frees itself when its lease expires");
+    }
+}
+
+/// Marks a response as executed now.
+fn fresh(mut res: Response) -> Response {
+    res.headers_mut()
+        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("false"));
+    res
+}
+
+/// Headers of hop-by-hop or framing nature are never stored.
+const NEVER_STORED: [HeaderName; 5] = [
+    header::CONNECTION,
+    header::CONTENT_LENGTH,
+    header::TRANSFER_ENCODING,
+    header::TRAILER,
+    header::UPGRADE,
+];
+
+fn kept_headers(headers: &HeaderMap, cfg: &LayerConfig) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    let wanted = std::iter::once(&header::CONTENT_TYPE).chain(cfg.stored_headers.iter());
+    for name in wanted {
+        if NEVER_STORED.contains(name) || out.contains_key(name) {
+            continue;
+        }
+        for v in headers.get_all(name) {
+            out.append(name.clone(), v.clone());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefer_parsing() {
+        let mut h = HeaderMap::new();
+        assert!(!prefers_async(&h));
+        h.insert(
+            PREFER,
+            HeaderValue::from_static("return=minimal, Respond-Async; wait=5"),
+        );
+        assert!(prefers_async(&h));
+        h.insert(PREFER, HeaderValue::from_static("respond-asyncx"));
+        assert!(!prefers_async(&h));
+    }
+
+    #[test]
+    fn traceparent_parsing() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            TRACEPARENT,
+            HeaderValue::from_static("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+        );
+        assert_eq!(trace_id(&h), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
+        h.insert(TRACEPARENT, HeaderValue::from_static("garbage"));
+        assert_eq!(trace_id(&h), None);
+    }
+
+    #[test]
+    fn stored_headers_keep_content_type_and_the_configured_ones() {
+        let cfg = LayerConfig {
+            stored_headers: vec![
+                HeaderName::from_static("x-request-id"),
+                header::CONTENT_LENGTH,
+            ],
+            ..LayerConfig::default()
+        };
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("5"));
+        h.insert("x-request-id", HeaderValue::from_static("r1"));
+        h.insert("set-cookie", HeaderValue::from_static("s=1"));
+        let kept = kept_headers(&h, &cfg);
+        assert_eq!(kept.len(), 2);
+        assert_eq!(kept["x-request-id"], "r1");
+        assert!(kept.get(header::CONTENT_LENGTH).is_none());
+    }
+}
