@@ -18,4 +18,5 @@ pub mod problem;
 pub mod proxy;
 
 pub use config::{ConfigError, GatewayConfig, Overrides, RouteConfig, StoreUrl};
-pub use proxy::{Proxy, RetryableFailure, UpstreamBodyError};
+pub use idemgate_layer::RetryableFailure;
+pub use proxy::{Proxy, UpstreamBodyError};

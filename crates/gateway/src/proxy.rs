@@ -13,7 +13,7 @@
 //! | total | one deadline for the whole body (`timeout_at` on each chunk) | body error |
 //!
 //! A refused connection is a 502 problem, retryable. Synthetic 502/504
-//! responses carry a [`RetryableFailure`] marker so the layer releases the
+//! responses carry a [`RetryableFailure`](idemgate_layer::RetryableFailure) marker so the layer releases the
 //! key whatever the route's retryable statuses say.
 
 use std::convert::Infallible;
@@ -34,6 +34,8 @@ use tokio::time::Instant;
 use tower::Service;
 use url::Url;
 
+use idemgate_layer::{IdempotencyContext, RetryableFailure};
+
 use crate::config::{RouteConfig, Timeouts};
 use crate::problem::problem;
 
@@ -44,15 +46,6 @@ pub struct ProxyBuildError {
     route: String,
     #[source]
     source: reqwest::Error,
-}
-
-/// Marks a synthetic response made for a failure that must release the key
-/// (a connect error, a connect or first-byte timeout): the upstream's answer
-/// never arrived, so a retry must be allowed to run again.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RetryableFailure {
-    /// `connect`, `first_byte` or `send`.
-    pub phase: &'static str,
 }
 
 /// A body error from the upstream response stream: the response was cut.
@@ -70,20 +63,13 @@ pub enum UpstreamBodyError {
     Upstream(#[source] reqwest::Error),
 }
 
-/// Where a request's idempotency key is found for forwarding upstream.
-///
-/// The layer puts the key it used (client-sent or derived) into the request
-/// extensions as `K`; when absent the client's own `Idempotency-Key` header
-/// is forwarded as is.
-pub type KeyLookup = fn(&http::Extensions) -> Option<String>;
-
 /// The upstream proxy of one route. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Proxy {
     inner: Arc<Inner>,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 struct Inner {
     client: reqwest::Client,
     route: Arc<str>,
@@ -96,7 +82,6 @@ struct Inner {
     /// Bounds concurrent upstream requests; the permit lives as long as the
     /// response body, so a long stream holds its slot until it ends.
     limit: Option<Arc<Semaphore>>,
-    key_lookup: Option<KeyLookup>,
 }
 
 /// Headers that belong to one connection, never forwarded (RFC 9110 §7.6.1).
@@ -152,20 +137,8 @@ impl Proxy {
                 key_header: route.upstream_key_header.clone(),
                 body_limit: route.body_limit,
                 limit: route.concurrency_limit.map(|n| Arc::new(Semaphore::new(n))),
-                key_lookup: None,
             }),
         })
-    }
-
-    /// Forwards under the route's upstream key header the key `lookup`
-    /// finds in the request extensions (set by the idempotency layer).
-    #[must_use]
-    pub fn with_key_lookup(self, lookup: KeyLookup) -> Self {
-        let mut inner = Arc::unwrap_or_clone(self.inner);
-        inner.key_lookup = Some(lookup);
-        Self {
-            inner: Arc::new(inner),
-        }
     }
 
     /// Forwards one request and returns the upstream's response (its body
@@ -284,13 +257,18 @@ impl Inner {
         // reqwest sets Host from the upstream URL and the length from the body.
         headers.remove(header::HOST);
         headers.remove(header::CONTENT_LENGTH);
-        let key = self.key_lookup.and_then(|f| f(ext)).or_else(|| {
-            incoming
-                .get("idempotency-key")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|raw| idemgate_engine::ClientKey::parse(raw).ok())
-                .map(|k| k.as_str().to_owned())
-        });
+        // The key the idempotency layer used (sent or derived); without the
+        // layer, the client's own header.
+        let key = ext
+            .get::<IdempotencyContext>()
+            .map(|c| c.key.as_str().to_owned())
+            .or_else(|| {
+                incoming
+                    .get("idempotency-key")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|raw| idemgate_engine::ClientKey::parse(raw).ok())
+                    .map(|k| k.as_str().to_owned())
+            });
         if let Some(value) = key.and_then(|k| HeaderValue::from_str(&k).ok()) {
             headers.insert(self.key_header.clone(), value);
         }

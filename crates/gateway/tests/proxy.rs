@@ -195,8 +195,8 @@ async fn connection_refused_is_a_retryable_502() {
     let resp = proxy(&r).forward(chat(false, &[])).await;
     assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
     assert_eq!(
-        resp.extensions().get::<RetryableFailure>(),
-        Some(&RetryableFailure { phase: "connect" })
+        resp.extensions().get::<RetryableFailure>().map(|f| f.phase),
+        Some("connect")
     );
     assert_eq!(
         resp.headers().get("content-type").map(|v| v.as_bytes()),
@@ -225,10 +225,8 @@ async fn a_hanging_upstream_hits_the_first_byte_timeout() {
         .await;
     assert_eq!(resp.status(), StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(
-        resp.extensions().get::<RetryableFailure>(),
-        Some(&RetryableFailure {
-            phase: "first_byte"
-        })
+        resp.extensions().get::<RetryableFailure>().map(|f| f.phase),
+        Some("first_byte")
     );
     let (body, _) = read_all(resp.into_body()).await;
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_else(|e| panic!("{e}"));
