@@ -6,6 +6,8 @@
 //!   and validated [`GatewayConfig`]).
 //! - [`proxy`]: the upstream proxy service with layered timeouts.
 //! - [`problem`]: the gateway's own RFC 9457 problem responses.
+//! - [`serve`](mod@serve): [`serve()`]: store, per-route engine + idempotency
+//!   layer + proxy, the router, the admin listener and graceful shutdown.
 //!
 //! # The key decision
 //! Configuration is validated once, up front, into typed values: a bad file
@@ -16,7 +18,9 @@
 pub mod config;
 pub mod problem;
 pub mod proxy;
+pub mod serve;
 
 pub use config::{ConfigError, GatewayConfig, Overrides, RouteConfig, StoreUrl};
 pub use idemgate_layer::RetryableFailure;
 pub use proxy::{Proxy, UpstreamBodyError};
+pub use serve::{GatewayError, serve};
