@@ -124,6 +124,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         done_ttl: args.done_ttl,
     };
     let config = GatewayConfig::load(args.config.as_deref(), &overrides)?;
+    if let Err(e) = idemgate_gateway::telemetry::install_prometheus() {
+        tracing::warn!(error = %e, "metrics disabled");
+    }
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;

@@ -248,6 +248,24 @@ async fn healthz(State(s): State<AdminState>) -> (StatusCode, &'static str) {
     }
 }
 
+async fn metrics_text() -> Response<Body> {
+    match crate::telemetry::handle() {
+        Some(h) => {
+            let mut resp = Response::new(Body::from(h.render()));
+            resp.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("text/plain; version=0.0.4"),
+            );
+            resp
+        }
+        None => {
+            let mut resp = Response::new(Body::from("metrics recorder not installed\n"));
+            *resp.status_mut() = StatusCode::NOT_FOUND;
+            resp
+        }
+    }
+}
+
 async fn readyz(State(s): State<AdminState>) -> (StatusCode, &'static str) {
     if s.ready.load(Ordering::Relaxed) {
         (StatusCode::OK, "ready\n")
@@ -292,6 +310,7 @@ pub async fn serve(
     let admin_app = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
         .with_state(AdminState {
             store: Arc::clone(&store),
             ready: Arc::clone(&ready),
@@ -318,6 +337,8 @@ pub async fn serve(
             .with_graceful_shutdown(stopped(stop_rx))
             .into_future(),
     );
+
+    let upkeep = crate::telemetry::handle().map(|h| tokio::spawn(crate::telemetry::upkeep(h)));
 
     let mut failure: Option<GatewayError> = None;
     tokio::select! {
@@ -366,6 +387,9 @@ pub async fn serve(
             .is_err()
     {
         admin_task.abort();
+    }
+    if let Some(u) = upkeep {
+        u.abort();
     }
     opened.close();
     tracing::info!(

@@ -680,10 +680,41 @@ async fn an_oversized_body_is_413_and_no_route_is_404() {
 }
 
 #[tokio::test]
-async fn admin_endpoints_report_health_and_readiness() {
+async fn admin_endpoints_report_health_readiness_and_metrics() {
+    idemgate_gateway::telemetry::install_prometheus().unwrap_or_else(|e| panic!("{e}"));
     let sim = sim().await;
-    let gw = Gateway::start(config("memory:", &sim.url(), |_| {})).await;
+    let gw = Gateway::start(config("memory:", &sim.url(), |r| {
+        r.id = Some("metrics-route".into());
+    }))
+    .await;
     let client = reqwest::Client::new();
+    let r = post(&client, &gw, Some("metered"), chat_body(false, "count me"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status(), 200);
+    let _ = r.bytes().await;
+    let text = client
+        .get(format!("{}/metrics", gw.admin))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .text()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    for name in [
+        "idemgate_upstream_queue_seconds_bucket",
+        "idemgate_upstream_first_byte_seconds_bucket",
+        "idemgate_upstream_total_seconds_bucket",
+        "idemgate_upstream_connect_seconds_bucket",
+    ] {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(name) && l.contains("route=\"metrics-route\"")),
+            "{name} missing:\n{text}"
+        );
+    }
+    assert!(!text.contains("metered"), "no key in labels");
     for path in ["/healthz", "/readyz"] {
         let r = client
             .get(format!("{}{path}", gw.admin))
