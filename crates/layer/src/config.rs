@@ -143,7 +143,8 @@ pub struct LayerConfig {
     /// Response statuses that release the key instead of storing the
     /// response, so a retry runs again.
     pub retryable_statuses: Vec<u16>,
-    /// Response headers kept for replay (`content-type` is always kept).
+    /// Response headers kept for replay (`content-type` and
+    /// `content-encoding` are always kept).
     pub stored_headers: Vec<HeaderName>,
     /// What to do when the store fails.
     pub on_store_error: StoreErrorMode,

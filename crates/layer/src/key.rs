@@ -27,15 +27,24 @@ pub fn tenant_id(credential: &[u8]) -> String {
 }
 
 /// The tenant of a request: [`tenant_id`] of the configured header's value,
-/// or [`ANONYMOUS`] when the header is absent.
+/// or [`ANONYMOUS`] when the header is absent. A header sent several times
+/// counts with all its values (joined by `, `), so adding a second value
+/// never lands a request in the first value's tenant.
 pub fn tenant_of(headers: &HeaderMap, source: &TenantSource) -> String {
     let name = match source {
         TenantSource::Authorization => &http::header::AUTHORIZATION,
         TenantSource::Header(name) => name,
     };
-    headers
-        .get(name)
-        .map_or_else(|| ANONYMOUS.to_owned(), |v| tenant_id(v.as_bytes()))
+    let mut values = headers.get_all(name).iter();
+    let Some(first) = values.next() else {
+        return ANONYMOUS.to_owned();
+    };
+    let mut joined = first.as_bytes().to_vec();
+    for v in values {
+        joined.extend_from_slice(b", ");
+        joined.extend_from_slice(v.as_bytes());
+    }
+    tenant_id(&joined)
 }
 
 /// Why a request's key could not be determined.
@@ -95,10 +104,16 @@ pub fn derive_key(
         match part {
             DerivePart::Tenant => parts.push(tenant.as_bytes().to_vec()),
             DerivePart::Header(name) => {
-                let value = headers
-                    .get(name)
+                let mut values = headers.get_all(name).iter();
+                let first = values
+                    .next()
                     .ok_or_else(|| KeyRefusal::MissingDimension(name.clone()))?;
-                parts.push(value.as_bytes().to_vec());
+                let mut joined = first.as_bytes().to_vec();
+                for v in values {
+                    joined.extend_from_slice(b", ");
+                    joined.extend_from_slice(v.as_bytes());
+                }
+                parts.push(joined);
             }
             DerivePart::BodyHash => {
                 let h = canonical_content_hash(body, ignore);
@@ -164,6 +179,8 @@ mod tests {
         assert_eq!(tenant_of(&h, &custom), ANONYMOUS);
         let h2 = headers(&[("x-tenant", b"acme")]);
         assert_eq!(tenant_of(&h2, &custom), tenant_id(b"acme"));
+        let twice = headers(&[("x-tenant", b"acme"), ("x-tenant", b"evil")]);
+        assert_ne!(tenant_of(&twice, &custom), tenant_id(b"acme"));
     }
 
     #[test]

@@ -242,6 +242,12 @@ where
         (None, KeyMode::Derive(template)) => Some(template),
         (None, KeyMode::Require) => return refuse_key(cfg, &KeyRefusal::Missing),
         (None, KeyMode::Optional) => {
+            // Unprotected, but the route's size limit still holds where the
+            // size is declared (the body is streamed through, not read here).
+            if declared_length(req.headers()).is_some_and(|n| exceeds(n, cfg.body_limit)) {
+                telemetry::request(&cfg.namespace, outcome::BAD_BODY);
+                return Problem::body_too_large(cfg.body_limit).into_response();
+            }
             telemetry::request(&cfg.namespace, outcome::UNKEYED);
             return call_inner(inner, req).await;
         }
@@ -392,11 +398,7 @@ where
 
 /// Reads the request body up to `limit`.
 async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, Problem> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|s| s.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > u64::try_from(limit).unwrap_or(u64::MAX)) {
+    if declared_length(headers).is_some_and(|n| exceeds(n, limit)) {
         return Err(Problem::body_too_large(limit));
     }
     match http_body_util::Limited::new(body, limit).collect().await {
@@ -404,6 +406,17 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
         Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(Problem::body_too_large(limit)),
         Err(_) => Err(Problem::request_body_unreadable()),
     }
+}
+
+fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| s.parse::<u64>().ok())
+}
+
+fn exceeds(n: u64, limit: usize) -> bool {
+    n > u64::try_from(limit).unwrap_or(u64::MAX)
 }
 
 fn prefers_async(headers: &HeaderMap) -> bool {
@@ -923,7 +936,10 @@ const NEVER_STORED: [HeaderName; 5] = [
 
 fn kept_headers(headers: &HeaderMap, cfg: &LayerConfig) -> HeaderMap {
     let mut out = HeaderMap::new();
-    let wanted = std::iter::once(&header::CONTENT_TYPE).chain(cfg.stored_headers.iter());
+    // The body is stored as sent: its type and encoding go with it.
+    let wanted = [&header::CONTENT_TYPE, &header::CONTENT_ENCODING]
+        .into_iter()
+        .chain(cfg.stored_headers.iter());
     for name in wanted {
         if NEVER_STORED.contains(name) || out.contains_key(name) {
             continue;
@@ -981,8 +997,10 @@ mod tests {
         h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("5"));
         h.insert("x-request-id", HeaderValue::from_static("r1"));
         h.insert("set-cookie", HeaderValue::from_static("s=1"));
+        h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
         let kept = kept_headers(&h, &cfg);
-        assert_eq!(kept.len(), 2);
+        assert_eq!(kept.len(), 3);
+        assert_eq!(kept[header::CONTENT_ENCODING], "gzip");
         assert_eq!(kept["x-request-id"], "r1");
         assert!(kept.get(header::CONTENT_LENGTH).is_none());
     }

@@ -1,0 +1,140 @@
+//! The metrics the layer records (SPEC §5), read back through a recorder
+//! installed for this test binary, over real HTTP.
+#![allow(clippy::unwrap_used)] // test helpers: failing loudly is their job
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::post;
+use idemgate_engine::{Engine, MemoryStore};
+use idemgate_layer::{IdempotencyLayer, InflightMode, LayerConfig};
+use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+
+/// Counters by `name{label=value,…}` (labels sorted).
+#[derive(Debug, Default)]
+struct Counters(Mutex<HashMap<String, Arc<AtomicU64>>>);
+
+impl Recorder for &'static Counters {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        let mut labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        labels.sort();
+        let id = format!("{}{{{}}}", key.name(), labels.join(","));
+        let c = Arc::clone(self.0.lock().unwrap().entry(id).or_default());
+        Counter::from_arc(c)
+    }
+    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::noop()
+    }
+    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+        Histogram::noop()
+    }
+}
+
+fn counters() -> &'static Counters {
+    static C: OnceLock<&'static Counters> = OnceLock::new();
+    C.get_or_init(|| {
+        let c: &'static Counters = Box::leak(Box::default());
+        metrics::set_global_recorder(c).unwrap();
+        c
+    })
+}
+
+fn value(id: &str) -> u64 {
+    counters()
+        .0
+        .lock()
+        .unwrap()
+        .get(id)
+        .map_or(0, |c| c.load(Ordering::SeqCst))
+}
+
+#[tokio::test]
+async fn replays_count_hits_and_saved_tokens_conflicts_and_outcomes() {
+    counters();
+    let engine = Engine::new(Arc::new(MemoryStore::new()));
+    let layer = IdempotencyLayer::new(
+        engine,
+        LayerConfig {
+            on_inflight: InflightMode::Reject,
+            ..LayerConfig::new("metrics")
+        },
+    );
+    let (gate, gate_rx) = tokio::sync::watch::channel(false);
+    let app = Router::new()
+        .route(
+            "/v1/chat",
+            post(|body: String| async move {
+                if body.contains("slow") {
+                    let mut open = gate_rx.clone();
+                    let _ = open.wait_for(|o| *o).await;
+                }
+                (
+                    [("content-type", "application/json")],
+                    r#"{"usage":{"prompt_tokens":11,"completion_tokens":22}}"#,
+                )
+            }),
+        )
+        .layer(layer.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1/chat", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let client = reqwest::Client::new();
+    let post = |key: &str, body: &'static str| {
+        client
+            .post(&url)
+            .header("idempotency-key", key)
+            .body(body)
+            .send()
+    };
+
+    post("a", "{}").await.unwrap();
+    post("a", "{}").await.unwrap();
+    post("a", "{}").await.unwrap();
+    assert_eq!(value("idempotency_hit_total{route=metrics}"), 2);
+    assert_eq!(value("idempotency_tokens_saved_total{route=metrics}"), 66);
+    assert_eq!(
+        value("idempotency_requests_total{outcome=executed,route=metrics}"),
+        1
+    );
+    assert_eq!(
+        value("idempotency_requests_total{outcome=replayed,route=metrics}"),
+        2
+    );
+
+    post("a", r#"{"other":1}"#).await.unwrap();
+    assert_eq!(
+        value("idempotency_requests_total{outcome=mismatch,route=metrics}"),
+        1
+    );
+
+    let slow = tokio::spawn(post("b", r#"{"slow":1}"#));
+    while layer.detached() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let dup = post("b", r#"{"slow":1}"#).await.unwrap();
+    assert_eq!(dup.status(), 409);
+    gate.send_replace(true);
+    slow.await.unwrap().unwrap();
+    assert_eq!(
+        value("idempotency_inflight_conflict_total{route=metrics}"),
+        1
+    );
+    let keyed: Vec<String> = counters()
+        .0
+        .lock()
+        .unwrap()
+        .keys()
+        .filter(|k| k.contains("=a") || k.contains("=b"))
+        .cloned()
+        .collect();
+    assert!(keyed.is_empty(), "no key in any label: {keyed:?}");
+}
