@@ -42,7 +42,7 @@ pub const FIRST_TOKEN_HEADER: &str = "x-sim-first-token-ms";
 pub const TOKEN_INTERVAL_HEADER: &str = "x-sim-token-interval-ms";
 /// Header: override [`SimConfig::completion_tokens`].
 pub const TOKENS_HEADER: &str = "x-sim-tokens";
-/// Header: inject a failure (see [`Fault`] for the values).
+/// Header: inject a failure (values in the crate docs, "Failure injection").
 pub const FAIL_HEADER: &str = "x-sim-fail";
 
 /// An injected failure, from the `x-sim-fail` header.

@@ -74,6 +74,13 @@
 //! (or `max_completion_tokens`) caps the output, with finish reason
 //! `length` / `max_tokens`.
 //!
+//! # Checked against the official clients
+//! `tests/clients/official_clients.py` drives the simulator binary with the
+//! official `openai` and `anthropic` Python clients (plain, streaming,
+//! stream helpers, every error status, a broken stream, model lists, and a
+//! too-short client timeout whose retries each execute and bill). It needs
+//! `pip install openai anthropic` and is run by hand, not by `cargo test`.
+//!
 //! # Counting
 //! `requests` counts requests to the two generation endpoints only (not
 //! `/sim/*` polling). Prompt tokens are whitespace-separated words of all

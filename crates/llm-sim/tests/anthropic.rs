@@ -1,0 +1,148 @@
+//! Anthropic Messages shapes, as a client parses them.
+
+#![allow(clippy::unwrap_used)] // test helpers: failing loudly is their job
+
+mod common;
+
+use common::{anthropic_body, events, post, sim};
+use serde_json::{Value, json};
+
+const PATH: &str = "/v1/messages";
+
+#[tokio::test]
+async fn non_streaming_message_and_usage() {
+    let sim = sim().await;
+    let response = post(&sim, PATH, &anthropic_body("hi there", false), &[]).await;
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["type"], "message");
+    assert_eq!(body["role"], "assistant");
+    assert_eq!(body["model"], "claude-test");
+    assert!(body["id"].as_str().unwrap().starts_with("msg_"));
+    assert_eq!(body["stop_reason"], "end_turn");
+    assert!(body["stop_sequence"].is_null());
+    assert_eq!(body["content"].as_array().unwrap().len(), 1);
+    assert_eq!(body["content"][0]["type"], "text");
+    assert_eq!(
+        body["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .split(' ')
+            .count(),
+        8
+    );
+    // "be brief" (system) + "hi there"
+    assert_eq!(
+        body["usage"],
+        json!({"input_tokens": 4, "output_tokens": 8})
+    );
+    let stats = sim.stats();
+    assert_eq!(
+        (
+            stats.executions,
+            stats.completed,
+            stats.prompt_tokens_billed
+        ),
+        (1, 1, 4)
+    );
+    assert_eq!(stats.completion_tokens_billed, 8);
+}
+
+#[tokio::test]
+async fn streaming_event_sequence() {
+    let sim = sim().await;
+    let plain: Value = post(&sim, PATH, &anthropic_body("stream me", false), &[])
+        .await
+        .json()
+        .await
+        .unwrap();
+    let response = post(&sim, PATH, &anthropic_body("stream me", true), &[]).await;
+    assert_eq!(response.status(), 200);
+    assert!(
+        response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let events = events(&response.text().await.unwrap());
+    let data: Vec<Value> = events
+        .iter()
+        .map(|e| {
+            let value: Value = serde_json::from_str(&e.data).unwrap();
+            assert_eq!(
+                e.name.as_deref(),
+                value["type"].as_str(),
+                "event name = data.type"
+            );
+            value
+        })
+        .collect();
+    let names: Vec<&str> = events.iter().map(|e| e.name.as_deref().unwrap()).collect();
+    let mut expected = vec!["message_start", "content_block_start", "ping"];
+    expected.extend(std::iter::repeat_n("content_block_delta", 8));
+    expected.extend(["content_block_stop", "message_delta", "message_stop"]);
+    assert_eq!(names, expected);
+
+    let start = &data[0]["message"];
+    assert_eq!(start["model"], "claude-test");
+    assert_eq!(start["content"], json!([]));
+    assert_eq!(start["usage"]["input_tokens"], 4);
+    assert_ne!(start["id"], plain["id"], "a second execution has a new id");
+    let text: String = data
+        .iter()
+        .filter(|d| d["type"] == "content_block_delta")
+        .map(|d| {
+            assert_eq!(d["delta"]["type"], "text_delta");
+            d["delta"]["text"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(text, plain["content"][0]["text"].as_str().unwrap());
+    let delta = &data[data.len() - 2];
+    assert_eq!(delta["delta"]["stop_reason"], "end_turn");
+    assert_eq!(delta["usage"]["output_tokens"], 8);
+    assert_eq!(sim.stats().completed, 2);
+}
+
+#[tokio::test]
+async fn max_tokens_is_required_and_caps() {
+    let sim = sim().await;
+    let mut body = anthropic_body("x", false);
+    body.as_object_mut().unwrap().remove("max_tokens");
+    let response = post(&sim, PATH, &body, &[]).await;
+    assert_eq!(response.status(), 400);
+    let error: Value = response.json().await.unwrap();
+    assert_eq!(error["type"], "error");
+    assert_eq!(error["error"]["type"], "invalid_request_error");
+
+    body["max_tokens"] = json!(2);
+    let message: Value = post(&sim, PATH, &body, &[]).await.json().await.unwrap();
+    assert_eq!(message["stop_reason"], "max_tokens");
+    assert_eq!(message["usage"]["output_tokens"], 2);
+    assert_eq!(sim.stats().executions, 1);
+}
+
+#[tokio::test]
+async fn injected_errors_use_anthropic_error_shape() {
+    let sim = sim().await;
+    for (fail, status, kind) in [
+        ("400", 400, "invalid_request_error"),
+        ("429", 429, "rate_limit_error"),
+        ("500", 500, "api_error"),
+        ("503", 503, "overloaded_error"),
+    ] {
+        let response = post(
+            &sim,
+            PATH,
+            &anthropic_body("x", true),
+            &[("x-sim-fail", fail)],
+        )
+        .await;
+        assert_eq!(response.status(), status);
+        let error: Value = response.json().await.unwrap();
+        assert_eq!(error["type"], "error");
+        assert_eq!(error["error"]["type"], kind);
+    }
+    let stats = sim.stats();
+    assert_eq!(stats.failures_injected, 4);
+    assert_eq!(stats.executions, 2, "only the 5xx reached the model");
+}
