@@ -799,3 +799,51 @@ async fn graceful_shutdown_leaves_no_pending_record() {
         assert!(matches!(claim, Claim::Acquired(_)), "{key}: {claim:?}");
     }
 }
+
+#[tokio::test]
+async fn derived_keys_merge_retries_of_one_user_and_session_only() {
+    let sim = sim().await;
+    let gw = Gateway::start(config("memory:", &sim.url(), |r| {
+        r.key = Some("derive".into());
+        r.key_template = Some(vec![
+            "tenant".into(),
+            "header:x-user-id".into(),
+            "header:x-session-id".into(),
+            "body".into(),
+        ]);
+        r.key_window = Some("10m".into());
+    }))
+    .await;
+    let client = reqwest::Client::new();
+    let body = chat_body(false, "no key sent, one derived");
+    let send = |user: &str| {
+        post(&client, &gw, None, body.clone())
+            .header("x-user-id", user)
+            .header("x-session-id", "s-1")
+            .send()
+    };
+    let a = send("u-1").await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(replayed(&a).as_deref(), Some("false"));
+    let b = send("u-1").await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        replayed(&b).as_deref(),
+        Some("true"),
+        "same user, session, body"
+    );
+    let c = send("u-2").await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        replayed(&c).as_deref(),
+        Some("false"),
+        "another user: another key"
+    );
+    assert_eq!(sim.stats().executions, 2);
+    // A missing dimension is refused, not guessed.
+    let r = post(&client, &gw, None, body.clone())
+        .header("x-user-id", "u-1")
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status(), 400);
+    assert_eq!(sim.stats().requests, 2);
+    gw.stop().await.unwrap_or_else(|e| panic!("{e}"));
+}
