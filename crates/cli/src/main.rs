@@ -1,6 +1,14 @@
 //! `idemgate`: the command line of the idempotency gateway.
 
-use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use idemgate_gateway::{GatewayConfig, Overrides};
+use tracing_subscriber::filter::{LevelFilter, Targets};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 /// Makes retries safe: run each operation at most once per idempotency key.
 #[derive(Debug, Parser)]
@@ -12,6 +20,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the gateway: an idempotent reverse proxy in front of an upstream.
+    Serve(ServeArgs),
     /// Print the seed's retry-window rule for a client retry policy.
     Window {
         /// Total attempts, the first included.
@@ -23,9 +33,120 @@ enum Command {
     },
 }
 
+/// Flags of `idemgate serve`; each overrides the file and `IDEMGATE_*`.
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// TOML configuration file.
+    #[arg(long, short, env = "IDEMGATE_CONFIG")]
+    config: Option<PathBuf>,
+    /// Upstream base URL; alone, every POST under `/` is proxied to it.
+    #[arg(long)]
+    upstream: Option<String>,
+    /// Proxy listen address (default 127.0.0.1:8080).
+    #[arg(long)]
+    listen: Option<String>,
+    /// Admin listen address (default 127.0.0.1:9090).
+    #[arg(long)]
+    admin_listen: Option<String>,
+    /// Store URL: sqlite:PATH (default sqlite:idemgate.db), memory:,
+    /// redis://…, redis+cluster://…, postgres://…
+    #[arg(long)]
+    store: Option<String>,
+    /// Lease length, e.g. 30s.
+    #[arg(long)]
+    pending_ttl: Option<String>,
+    /// Lifetime of stored results, e.g. 24h.
+    #[arg(long)]
+    done_ttl: Option<String>,
+    /// Log format: `json` (default) or `text`.
+    #[arg(long, default_value = "json")]
+    log_format: String,
+}
+
+fn init_logs(format: &str) -> anyhow::Result<()> {
+    let filter = match std::env::var("IDEMGATE_LOG") {
+        Ok(s) => Targets::from_str(&s).context("IDEMGATE_LOG is not a log filter")?,
+        Err(_) => Targets::new().with_default(LevelFilter::INFO),
+    };
+    let registry = tracing_subscriber::registry().with(filter);
+    match format {
+        "json" => registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .with_writer(std::io::stderr),
+            )
+            .try_init()?,
+        "text" => registry
+            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .try_init()?,
+        other => anyhow::bail!("--log-format `{other}`: expected json or text"),
+    }
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %e, "cannot listen for SIGINT");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => tracing::info!("SIGINT received"),
+        () = term => tracing::info!("SIGTERM received"),
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    init_logs(&args.log_format)?;
+    let overrides = Overrides {
+        upstream: args.upstream,
+        listen: args.listen,
+        admin_listen: args.admin_listen,
+        store: args.store,
+        pending_ttl: args.pending_ttl,
+        done_ttl: args.done_ttl,
+    };
+    let config = GatewayConfig::load(args.config.as_deref(), &overrides)?;
+    if let Err(e) = idemgate_gateway::telemetry::install_prometheus() {
+        tracing::warn!(error = %e, "metrics disabled");
+    }
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let admin = tokio::net::TcpListener::bind(config.admin_listen)
+        .await
+        .with_context(|| format!("cannot listen on {} (admin)", config.admin_listen))?;
+    idemgate_gateway::serve(listener, admin, config, signal()).await?;
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::Serve(args) => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("cannot start the async runtime")?;
+            rt.block_on(serve(args))?;
+        }
         Command::Window {
             attempts,
             timeout_secs,

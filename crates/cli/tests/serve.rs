@@ -1,0 +1,186 @@
+//! `idemgate serve` as a real process.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use idemgate_llm_sim::SimConfig;
+use tokio::process::{Child, Command};
+
+const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
+
+async fn free_port() -> u16 {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    l.local_addr().unwrap_or_else(|e| panic!("{e}")).port()
+}
+
+/// Polls `url` until it answers 200, or the process exits, or 30 s pass.
+async fn wait_ready(client: &reqwest::Client, url: &str, child: &mut Child) {
+    for _ in 0..300 {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("gateway exited early: {status}");
+        }
+        if let Ok(r) = client.get(url).send().await {
+            if r.status() == 200 {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("gateway never became ready at {url}");
+}
+
+#[tokio::test]
+async fn serve_with_only_upstream_answers_and_exits_cleanly_on_sigterm() {
+    let sim = idemgate_llm_sim::spawn(SimConfig::default())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (port, admin_port) = (free_port().await, free_port().await);
+    // Only --upstream on the command line; the listen addresses come from
+    // the environment so the test does not need the default ports, and the
+    // default SQLite store lands in the temporary directory.
+    let mut child = Command::new(BIN)
+        .args(["serve", "--upstream", &sim.url()])
+        .env("IDEMGATE_LISTEN", format!("127.0.0.1:{port}"))
+        .env("IDEMGATE_ADMIN_LISTEN", format!("127.0.0.1:{admin_port}"))
+        .current_dir(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let client = reqwest::Client::new();
+    wait_ready(
+        &client,
+        &format!("http://127.0.0.1:{admin_port}/readyz"),
+        &mut child,
+    )
+    .await;
+    let health = client
+        .get(format!("http://127.0.0.1:{admin_port}/healthz"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(health.status(), 200);
+
+    let body = r#"{"model":"sim-1","messages":[{"role":"user","content":"hello there"}]}"#;
+    let mut bodies = Vec::new();
+    for attempt in 0..2 {
+        let r = client
+            .post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .header("idempotency-key", "cli-key-1")
+            .body(body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.status(), 200);
+        let replayed = r
+            .headers()
+            .get("idempotent-replayed")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        assert_eq!(
+            replayed.as_deref(),
+            Some(if attempt == 0 { "false" } else { "true" })
+        );
+        bodies.push(r.bytes().await.unwrap_or_else(|e| panic!("{e}")));
+    }
+    assert_eq!(bodies[0], bodies[1], "the replay is the stored answer");
+    assert_eq!(sim.executions_for("cli-key-1"), 1);
+    assert!(
+        dir.path().join("idemgate.db").exists(),
+        "default store is an SQLite file in the working directory"
+    );
+
+    let pid = child.id().unwrap_or_else(|| panic!("no pid"));
+    let kill = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(kill.success());
+    let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("gateway did not exit after SIGTERM"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit {:?}: {stderr}", out.status);
+    assert!(stderr.contains("SIGTERM received"), "{stderr}");
+    assert!(stderr.contains("gateway stopped"), "{stderr}");
+}
+
+#[tokio::test]
+async fn a_bad_config_file_exits_non_zero_with_a_message() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let file = dir.path().join("bad.toml");
+    std::fs::write(
+        &file,
+        "upstream = \"http://127.0.0.1:1\"\n[[routes]]\nprefix = \"/\"\non_inflight = \"queue\"\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let out = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&file)
+        .current_dir(dir.path())
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("routes[0].on_inflight"), "{stderr}");
+
+    let out = Command::new(BIN)
+        .args([
+            "serve",
+            "--upstream",
+            "http://127.0.0.1:1",
+            "--store",
+            "mysql://h/db",
+        ])
+        .current_dir(dir.path())
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("store"));
+
+    let out = Command::new(BIN)
+        .args(["serve", "--config", "missing.toml"])
+        .current_dir(dir.path())
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("missing.toml"));
+}
+
+#[tokio::test]
+async fn a_store_not_built_in_is_a_clear_startup_error() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (port, admin_port) = (free_port().await, free_port().await);
+    let out = Command::new(BIN)
+        .args([
+            "serve",
+            "--upstream",
+            "http://127.0.0.1:1",
+            "--store",
+            "redis://127.0.0.1:6379",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--admin-listen",
+            &format!("127.0.0.1:{admin_port}"),
+        ])
+        .current_dir(dir.path())
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("not built into this binary yet"),
+        "{stderr}"
+    );
+}

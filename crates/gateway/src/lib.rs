@@ -1,0 +1,38 @@
+//! The idemgate HTTP gateway: a reverse proxy in front of LLM APIs (or any
+//! HTTP service) that runs each keyed request at most once.
+//!
+//! # Layout
+//! - [`config`]: configuration in two phases (raw TOML/env/flags, then typed
+//!   and validated [`GatewayConfig`]).
+//! - [`proxy`]: the upstream proxy service with layered timeouts.
+//! - [`problem`]: the gateway's own RFC 9457 problem responses.
+//! - [`serve`](mod@serve): [`serve()`]: store, per-route engine + idempotency
+//!   layer + proxy, the router, the admin listener and graceful shutdown.
+//! - [`telemetry`]: the Prometheus recorder behind the admin `/metrics`.
+//!
+//! # The key decision
+//! The upstream proxy is a plain inner service of the idempotency layer,
+//! and it reports the *kind* of a failure rather than hiding it: a failure
+//! before the upstream answered (connect error, connect or first-byte
+//! timeout) is a synthetic 502/504 marked retryable, so the layer releases
+//! the key; a failure mid-body (reset, idle or total timeout) is a body
+//! error, so the layer stores nothing. Only a complete answer becomes
+//! DONE. The timeout clocks start when the request is sent upstream, never
+//! while it queues behind the route's concurrency limit, so a busy gateway
+//! does not turn its own queue into upstream timeouts.
+//!
+//! Configuration is validated once, up front, into typed values: a bad file
+//! is a startup error naming the field, never a surprise on the first request.
+//!
+//! [`GatewayConfig`]: config::GatewayConfig
+
+pub mod config;
+pub mod problem;
+pub mod proxy;
+pub mod serve;
+pub mod telemetry;
+
+pub use config::{ConfigError, GatewayConfig, Overrides, RouteConfig, StoreUrl};
+pub use idemgate_layer::RetryableFailure;
+pub use proxy::{Proxy, UpstreamBodyError};
+pub use serve::{GatewayError, serve};

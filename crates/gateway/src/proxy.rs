@@ -1,0 +1,493 @@
+//! The upstream proxy: one [`Proxy`] per route, the inner service of the
+//! idempotency layer.
+//!
+//! Bodies stream both ways. Timeouts are layered, and every clock starts when
+//! the request is actually sent (after any wait for a concurrency slot, which
+//! is measured on its own):
+//!
+//! | phase | how | outcome |
+//! |---|---|---|
+//! | connect | `connect_timeout` on the client | 504 problem, retryable |
+//! | first byte | `tokio::time::timeout` around sending (resolves at response headers) | 504 problem, retryable |
+//! | idle | a timeout on each body chunk | body error |
+//! | total | one deadline for the whole body (`timeout_at` on each chunk) | body error |
+//!
+//! A refused connection is a 502 problem, retryable. Synthetic 502/504
+//! responses carry a [`RetryableFailure`](idemgate_layer::RetryableFailure) marker so the layer releases the
+//! key whatever the route's retryable statuses say.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt, TryStreamExt};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
+use http_body::Body as _;
+use http_body_util::BodyExt;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tower::Service;
+use url::Url;
+
+use idemgate_layer::{IdempotencyContext, RetryableFailure};
+
+use crate::config::{RouteConfig, Timeouts};
+use crate::problem::problem;
+
+/// Why a proxy could not be built.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot build the upstream client for route `{route}`")]
+pub struct ProxyBuildError {
+    route: String,
+    #[source]
+    source: reqwest::Error,
+}
+
+/// A body error from the upstream response stream: the response was cut.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum UpstreamBodyError {
+    /// No chunk arrived within the idle timeout.
+    #[error("upstream idle for longer than {0:?}")]
+    Idle(Duration),
+    /// The body did not end within the total timeout.
+    #[error("upstream response exceeded the total timeout of {0:?}")]
+    Total(Duration),
+    /// The upstream connection failed mid-body.
+    #[error("upstream body failed")]
+    Upstream(#[source] reqwest::Error),
+}
+
+/// The upstream proxy of one route. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Proxy {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    client: reqwest::Client,
+    route: Arc<str>,
+    upstream: Url,
+    prefix: String,
+    strip_prefix: bool,
+    timeouts: Timeouts,
+    key_header: HeaderName,
+    body_limit: usize,
+    /// Bounds concurrent upstream requests; the permit lives as long as the
+    /// response body, so a long stream holds its slot until it ends.
+    limit: Option<Arc<Semaphore>>,
+}
+
+/// Headers that belong to one connection, never forwarded (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+impl Proxy {
+    /// A proxy for `route`.
+    ///
+    /// # Errors
+    /// The HTTP client could not be built (e.g. no TLS backend).
+    pub fn new(route: &RouteConfig) -> Result<Self, ProxyBuildError> {
+        let label: Arc<str> = route.id.as_str().into();
+        let connect_label = Arc::clone(&label);
+        let client = reqwest::Client::builder()
+            .connect_timeout(route.timeouts.connect)
+            .connector_layer(tower::layer::layer_fn(move |svc| {
+                let label = Arc::clone(&connect_label);
+                tower::util::MapFuture::new(svc, move |fut| {
+                    let label = Arc::clone(&label);
+                    async move {
+                        let started = Instant::now();
+                        let out = fut.await;
+                        metrics::histogram!("idemgate_upstream_connect_seconds", "route" => label.to_string())
+                            .record(started.elapsed().as_secs_f64());
+                        out
+                    }
+                })
+            }))
+            .pool_idle_timeout(Duration::from_secs(60))
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|source| ProxyBuildError {
+                route: route.id.clone(),
+                source,
+            })?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                client,
+                route: label,
+                upstream: route.upstream.clone(),
+                prefix: route.prefix.clone(),
+                strip_prefix: route.strip_prefix,
+                timeouts: route.timeouts,
+                key_header: route.upstream_key_header.clone(),
+                body_limit: route.body_limit,
+                limit: route.concurrency_limit.map(|n| Arc::new(Semaphore::new(n))),
+            }),
+        })
+    }
+
+    /// Forwards one request and returns the upstream's response (its body
+    /// streaming), or a synthetic problem response.
+    pub async fn forward(&self, req: Request<Body>) -> Response<Body> {
+        let inner = &self.inner;
+        let route = inner.route.to_string();
+        let queued = Instant::now();
+        let permit: Option<OwnedSemaphorePermit> = match &inner.limit {
+            // The semaphore is never closed; if it were, run unlimited.
+            Some(sem) => Arc::clone(sem).acquire_owned().await.ok(),
+            None => None,
+        };
+        let queue_wait = queued.elapsed();
+        metrics::histogram!("idemgate_upstream_queue_seconds", "route" => route.clone())
+            .record(queue_wait.as_secs_f64());
+        if inner.limit.is_some() {
+            tracing::debug!(route = %inner.route, queue_wait_ms = queue_wait.as_millis() as u64, "upstream slot acquired");
+        }
+
+        let (parts, body) = req.into_parts();
+        let url = match inner.upstream_url(&parts.uri) {
+            Some(u) => u,
+            None => {
+                return problem(
+                    StatusCode::BAD_REQUEST,
+                    "bad-path",
+                    "Bad path",
+                    "the request path cannot be mapped to the upstream",
+                );
+            }
+        };
+        let headers = inner.upstream_headers(&parts.headers, &parts.extensions);
+        let body = match inner.upstream_body(body).await {
+            Ok(b) => b,
+            Err(resp) => return resp,
+        };
+        let request = match inner
+            .client
+            .request(parts.method, url)
+            .headers(headers)
+            .body(body)
+            .build()
+        {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(route = %inner.route, error = %e, "upstream request not built");
+                return problem(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream-unavailable",
+                    "Upstream request failed",
+                    "the upstream request could not be built",
+                );
+            }
+        };
+
+        // Every upstream clock starts here, after the queue.
+        let sent = Instant::now();
+        let deadline = sent + inner.timeouts.total;
+        let first_byte = inner.timeouts.first_byte.min(inner.timeouts.total);
+        let response = match tokio::time::timeout(first_byte, inner.client.execute(request)).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => return inner.send_failed(&e),
+            Err(_) => {
+                return inner.timed_out("first_byte", first_byte);
+            }
+        };
+        metrics::histogram!("idemgate_upstream_first_byte_seconds", "route" => route.clone())
+            .record(sent.elapsed().as_secs_f64());
+
+        let status = response.status();
+        let mut out_headers = response.headers().clone();
+        strip_hop_by_hop(&mut out_headers);
+        let stream = timed_body(
+            response.bytes_stream(),
+            BodyClock {
+                route,
+                sent,
+                deadline,
+                idle: inner.timeouts.idle,
+                total: inner.timeouts.total,
+                _permit: permit,
+            },
+        );
+        let mut resp = Response::new(Body::from_stream(stream));
+        *resp.status_mut() = status;
+        *resp.headers_mut() = out_headers;
+        resp
+    }
+}
+
+impl Inner {
+    fn upstream_url(&self, uri: &http::Uri) -> Option<Url> {
+        let path = uri.path();
+        let path = if self.strip_prefix && self.prefix != "/" {
+            path.strip_prefix(self.prefix.as_str())?
+        } else {
+            path
+        };
+        let base = self.upstream.path().trim_end_matches('/');
+        let mut url = self.upstream.clone();
+        if path.is_empty() {
+            url.set_path(if base.is_empty() { "/" } else { base });
+        } else if path.starts_with('/') {
+            url.set_path(&format!("{base}{path}"));
+        } else {
+            return None;
+        }
+        url.set_query(uri.query());
+        Some(url)
+    }
+
+    fn upstream_headers(&self, incoming: &HeaderMap, ext: &http::Extensions) -> HeaderMap {
+        let mut headers = incoming.clone();
+        strip_hop_by_hop(&mut headers);
+        // reqwest sets Host from the upstream URL and the length from the body.
+        headers.remove(header::HOST);
+        headers.remove(header::CONTENT_LENGTH);
+        // The key the idempotency layer used (sent or derived); without the
+        // layer, the client's own header.
+        let key = ext
+            .get::<IdempotencyContext>()
+            .map(|c| c.key.as_str().to_owned())
+            .or_else(|| {
+                incoming
+                    .get("idempotency-key")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|raw| idemgate_engine::ClientKey::parse(raw).ok())
+                    .map(|k| k.as_str().to_owned())
+            });
+        if let Some(value) = key.and_then(|k| HeaderValue::from_str(&k).ok()) {
+            headers.insert(self.key_header.clone(), value);
+        }
+        headers
+    }
+
+    /// A body of known size (the idempotency layer buffers what it
+    /// protects) is sent with its length; any other is streamed chunked and
+    /// cut at the body limit.
+    async fn upstream_body(&self, body: Body) -> Result<reqwest::Body, Response<Body>> {
+        let limit = self.body_limit;
+        if let Some(len) = body.size_hint().exact() {
+            if usize::try_from(len).map_or(true, |l| l > limit) {
+                return Err(too_large(limit));
+            }
+            return match body.collect().await {
+                Ok(collected) => Ok(reqwest::Body::from(collected.to_bytes())),
+                Err(e) => {
+                    tracing::debug!(route = %self.route, error = %e, "request body failed");
+                    Err(problem(
+                        StatusCode::BAD_REQUEST,
+                        "bad-body",
+                        "Request body failed",
+                        "the request body could not be read",
+                    ))
+                }
+            };
+        }
+        let mut seen = 0usize;
+        let stream = TryStreamExt::and_then(
+            TryStreamExt::map_err(body.into_data_stream(), std::io::Error::other),
+            move |chunk: Bytes| {
+                seen = seen.saturating_add(chunk.len());
+                let over = seen > limit;
+                async move {
+                    if over {
+                        Err(std::io::Error::other(
+                            "request body exceeds the route limit",
+                        ))
+                    } else {
+                        Ok(chunk)
+                    }
+                }
+            },
+        );
+        Ok(reqwest::Body::wrap_stream(stream))
+    }
+
+    fn send_failed(&self, e: &reqwest::Error) -> Response<Body> {
+        if e.is_connect() && e.is_timeout() {
+            return self.timed_out("connect", self.timeouts.connect);
+        }
+        let phase = if e.is_connect() { "connect" } else { "send" };
+        metrics::counter!("idemgate_upstream_errors_total", "route" => self.route.to_string(), "phase" => phase)
+            .increment(1);
+        tracing::warn!(route = %self.route, phase, error = %e, "upstream unavailable");
+        let mut resp = problem(
+            StatusCode::BAD_GATEWAY,
+            "upstream-unavailable",
+            "Upstream unavailable",
+            &format!("the upstream failed before answering ({phase})"),
+        );
+        resp.extensions_mut().insert(RetryableFailure { phase });
+        resp
+    }
+
+    fn timed_out(&self, phase: &'static str, after: Duration) -> Response<Body> {
+        metrics::counter!("idemgate_upstream_timeouts_total", "route" => self.route.to_string(), "phase" => phase)
+            .increment(1);
+        tracing::warn!(route = %self.route, phase, timeout_ms = after.as_millis() as u64, "upstream timeout");
+        let mut resp = problem(
+            StatusCode::GATEWAY_TIMEOUT,
+            "upstream-timeout",
+            "Upstream timeout",
+            &format!("the upstream did not answer within the {phase} timeout of {after:?}"),
+        );
+        resp.extensions_mut().insert(RetryableFailure { phase });
+        resp
+    }
+}
+
+fn too_large(limit: usize) -> Response<Body> {
+    problem(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body-too-large",
+        "Body too large",
+        &format!("the request body exceeds the route limit of {limit} bytes"),
+    )
+}
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Headers named by `Connection` are hop-by-hop too.
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+}
+
+/// State of a response body in flight: its deadlines, its concurrency slot.
+struct BodyClock {
+    route: String,
+    sent: Instant,
+    deadline: Instant,
+    idle: Duration,
+    total: Duration,
+    /// Held until the body ends or is dropped.
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+fn timed_body<S>(
+    upstream: S,
+    clock: BodyClock,
+) -> impl Stream<Item = Result<Bytes, UpstreamBodyError>> + Send + 'static
+where
+    S: Stream<Item = Result<Bytes, reqwest::Error>> + Send + 'static,
+{
+    let upstream = Box::pin(upstream);
+    futures_util::stream::unfold(Some((upstream, clock)), |state| async move {
+        let (mut upstream, clock) = state?;
+        let idle_at = Instant::now() + clock.idle;
+        let (at, phase) = if idle_at < clock.deadline {
+            (idle_at, "idle")
+        } else {
+            (clock.deadline, "total")
+        };
+        match tokio::time::timeout_at(at, upstream.next()).await {
+            Ok(Some(Ok(chunk))) => Some((Ok(chunk), Some((upstream, clock)))),
+            Ok(Some(Err(e))) => {
+                metrics::counter!("idemgate_upstream_errors_total", "route" => clock.route.clone(), "phase" => "body")
+                    .increment(1);
+                tracing::warn!(route = %clock.route, error = %e, "upstream body failed");
+                Some((Err(UpstreamBodyError::Upstream(e)), None))
+            }
+            Ok(None) => {
+                metrics::histogram!("idemgate_upstream_total_seconds", "route" => clock.route.clone())
+                    .record(clock.sent.elapsed().as_secs_f64());
+                None
+            }
+            Err(_) => {
+                metrics::counter!("idemgate_upstream_timeouts_total", "route" => clock.route.clone(), "phase" => phase)
+                    .increment(1);
+                tracing::warn!(route = %clock.route, phase, "upstream timeout mid-body");
+                let err = if phase == "idle" {
+                    UpstreamBodyError::Idle(clock.idle)
+                } else {
+                    UpstreamBodyError::Total(clock.total)
+                };
+                Some((Err(err), None))
+            }
+        }
+    })
+}
+
+impl Service<Request<Body>> for Proxy {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { Ok(this.forward(req).await) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(prefix: &str, upstream: &str, strip: bool) -> Proxy {
+        let mut cfg = crate::GatewayConfig::for_upstream(upstream)
+            .map(|c| c.routes[0].clone())
+            .unwrap_or_else(|e| panic!("{e}"));
+        cfg.prefix = prefix.into();
+        cfg.strip_prefix = strip;
+        Proxy::new(&cfg).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn upstream_urls_join_base_path_and_request_path() {
+        let p = route("/v1", "http://up:1/base/", false);
+        let uri: http::Uri = "/v1/chat?x=1".parse().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            p.inner.upstream_url(&uri).map(|u| u.to_string()),
+            Some("http://up:1/base/v1/chat?x=1".into())
+        );
+        let p = route("/v1", "http://up:1", true);
+        assert_eq!(
+            p.inner.upstream_url(&uri).map(|u| u.to_string()),
+            Some("http://up:1/chat?x=1".into())
+        );
+    }
+
+    #[test]
+    fn hop_by_hop_headers_are_stripped() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("close, x-private"),
+        );
+        h.insert("x-private", HeaderValue::from_static("1"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert("traceparent", HeaderValue::from_static("00-abc-def-01"));
+        strip_hop_by_hop(&mut h);
+        assert!(h.get("x-private").is_none());
+        assert!(h.get(header::CONNECTION).is_none());
+        assert!(h.get(header::TRANSFER_ENCODING).is_none());
+        assert!(h.get("traceparent").is_some());
+    }
+}

@@ -1,0 +1,412 @@
+//! [`serve`]: the store, one engine and layer per route, the router, the
+//! admin listener, and graceful shutdown.
+//!
+//! The service stack of a route, outermost first:
+//! 1. the dispatcher: longest matching prefix, else a 404 problem;
+//! 2. [`IdempotencyLayer`]: key, tenant, fingerprint, claim; the owner's
+//!    upstream call runs detached so a client leaving does not cancel it;
+//! 3. [`Proxy`]: the upstream call with its layered timeouts.
+
+use std::convert::Infallible;
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::routing::get;
+use http::{HeaderName, Request, Response, StatusCode};
+use idemgate_engine::{ClientKey, Engine, MemoryStore, OnInflight, Policy, ScopedKey, Store};
+use idemgate_layer::{IdempotencyLayer, LayerConfig};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tower::{Layer, ServiceExt};
+
+use crate::config::{
+    GatewayConfig, Inflight, KeyMode, KeyPart, RouteConfig, StoreErrorMode, StoreUrl,
+};
+use crate::problem::no_route;
+use crate::proxy::{Proxy, ProxyBuildError};
+
+/// Why the gateway could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GatewayError {
+    /// The configured store backend is not part of this build.
+    #[error("{backend} store not available: not built into this binary yet")]
+    StoreNotBuilt {
+        /// The backend named by the store URL.
+        backend: &'static str,
+    },
+    /// The store could not be opened.
+    #[error("cannot open the {backend} store at {url}")]
+    StoreOpen {
+        /// The backend.
+        backend: &'static str,
+        /// The store URL (password hidden).
+        url: String,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A route's upstream client could not be built.
+    #[error(transparent)]
+    Proxy(#[from] ProxyBuildError),
+    /// A listener failed.
+    #[error("listener failed")]
+    Io(#[from] std::io::Error),
+}
+
+/// An open store, and how to close it.
+struct OpenStore {
+    store: Arc<dyn Store>,
+    sqlite: Option<Arc<idemgate_sqlite::SqliteStore>>,
+}
+
+impl OpenStore {
+    fn close(&self) {
+        if let Some(s) = &self.sqlite {
+            s.close();
+        }
+    }
+}
+
+async fn open_store(url: &StoreUrl) -> Result<OpenStore, GatewayError> {
+    match url {
+        StoreUrl::Memory => Ok(OpenStore {
+            store: Arc::new(MemoryStore::new()),
+            sqlite: None,
+        }),
+        StoreUrl::Sqlite(path) => {
+            let path = path.clone();
+            let opened =
+                tokio::task::spawn_blocking(move || idemgate_sqlite::SqliteStore::open(path))
+                    .await
+                    .map_err(|e| GatewayError::StoreOpen {
+                        backend: "sqlite",
+                        url: url.to_string(),
+                        source: Box::new(e),
+                    })?
+                    .map_err(|e| GatewayError::StoreOpen {
+                        backend: "sqlite",
+                        url: url.to_string(),
+                        source: Box::new(e),
+                    })?;
+            let sqlite = Arc::new(opened);
+            Ok(OpenStore {
+                store: Arc::clone(&sqlite) as Arc<dyn Store>,
+                sqlite: Some(sqlite),
+            })
+        }
+        other => Err(GatewayError::StoreNotBuilt {
+            backend: other.backend(),
+        }),
+    }
+}
+
+/// Response headers kept with a stored result for replay, besides
+/// `content-type` (the layer always keeps it).
+const STORED_HEADERS: [&str; 4] = [
+    "x-request-id",
+    "request-id",
+    "openai-model",
+    "anthropic-ratelimit-requests-remaining",
+];
+
+/// The layer configuration of a route.
+pub fn layer_config(route: &RouteConfig) -> LayerConfig {
+    let key_mode = match &route.key_mode {
+        KeyMode::Require => idemgate_layer::KeyMode::Require,
+        KeyMode::Optional => idemgate_layer::KeyMode::Optional,
+        KeyMode::Derive(t) => idemgate_layer::KeyMode::Derive(idemgate_layer::DeriveTemplate {
+            parts: t
+                .parts
+                .iter()
+                .map(|p| match p {
+                    KeyPart::Tenant => idemgate_layer::DerivePart::Tenant,
+                    KeyPart::Header(h) => idemgate_layer::DerivePart::Header(h.clone()),
+                    KeyPart::Body => idemgate_layer::DerivePart::BodyHash,
+                })
+                .collect(),
+            window: t.window,
+        }),
+    };
+    let on_inflight = match route.on_inflight {
+        Inflight::Reject => idemgate_layer::InflightMode::Reject,
+        Inflight::Wait(d) => idemgate_layer::InflightMode::Wait(d),
+        Inflight::Attach(d) => idemgate_layer::InflightMode::Attach(d),
+    };
+    let operations_path = if route.prefix == "/" {
+        "/idemgate/operations/".to_owned()
+    } else {
+        format!("{}/idemgate/operations/", route.prefix)
+    };
+    LayerConfig {
+        namespace: route.id.clone(),
+        key_mode,
+        on_inflight,
+        methods: route.methods.clone(),
+        body_limit: route.body_limit,
+        tenant: match &route.tenant_header {
+            Some(h) => idemgate_layer::TenantSource::Header(h.clone()),
+            None => idemgate_layer::TenantSource::Authorization,
+        },
+        fingerprint_ignore: route.fingerprint_ignore.clone(),
+        retryable_statuses: route.retryable_statuses.clone(),
+        stored_headers: STORED_HEADERS
+            .iter()
+            .map(|h| HeaderName::from_static(h))
+            .collect(),
+        on_store_error: match route.on_store_error {
+            StoreErrorMode::FailClosed => idemgate_layer::StoreErrorMode::FailClosed,
+            StoreErrorMode::FailOpen => idemgate_layer::StoreErrorMode::FailOpen,
+        },
+        // A detached execution ends with the upstream's total timeout; a
+        // little slack lets the body error arrive first.
+        completion_timeout: route.timeouts.total + Duration::from_secs(1),
+        operations_path,
+        ..LayerConfig::default()
+    }
+}
+
+/// The engine of a route: the shared store with the route's TTLs. The
+/// layer decides what a duplicate gets, so the engine never waits itself.
+pub fn engine(store: Arc<dyn Store>, route: &RouteConfig) -> Engine {
+    Engine::new(store).with_policy(
+        Policy::default()
+            .pending_ttl(route.pending_ttl)
+            .done_ttl(route.done_ttl)
+            .on_inflight(OnInflight::Reject),
+    )
+}
+
+type RouteService = idemgate_layer::Idempotency<Proxy>;
+
+/// Sends each request to the route with the longest matching prefix.
+#[derive(Clone, Debug)]
+struct Dispatch {
+    /// Longest prefix first.
+    routes: Arc<[(String, RouteService)]>,
+}
+
+impl tower::Service<Request<Body>> for Dispatch {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let path = req.uri().path();
+        let svc = self
+            .routes
+            .iter()
+            .find(|(prefix, _)| crate::config::prefix_matches(prefix, path))
+            .map(|(_, svc)| svc.clone());
+        match svc {
+            Some(svc) => Box::pin(svc.oneshot(req)),
+            None => {
+                let resp = no_route(path);
+                Box::pin(async move { Ok(resp) })
+            }
+        }
+    }
+}
+
+/// What the admin endpoints look at.
+#[derive(Clone)]
+struct AdminState {
+    store: Arc<dyn Store>,
+    ready: Arc<AtomicBool>,
+}
+
+/// The key `/healthz` reads: never written, so the answer is always "absent".
+fn probe_key() -> Option<ScopedKey> {
+    ClientKey::parse("healthz-probe")
+        .ok()
+        .map(|k| ScopedKey::new("idemgate", "health", k))
+}
+
+async fn healthz(State(s): State<AdminState>) -> (StatusCode, &'static str) {
+    let Some(key) = probe_key() else {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "probe key invalid\n");
+    };
+    match tokio::time::timeout(Duration::from_secs(2), s.store.get(&key)).await {
+        Ok(Ok(_)) => (StatusCode::OK, "ok\n"),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "health check: store failed");
+            (StatusCode::SERVICE_UNAVAILABLE, "store unavailable\n")
+        }
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "store timed out\n"),
+    }
+}
+
+async fn metrics_text() -> Response<Body> {
+    match crate::telemetry::handle() {
+        Some(h) => {
+            let mut resp = Response::new(Body::from(h.render()));
+            resp.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("text/plain; version=0.0.4"),
+            );
+            resp
+        }
+        None => {
+            let mut resp = Response::new(Body::from("metrics recorder not installed\n"));
+            *resp.status_mut() = StatusCode::NOT_FOUND;
+            resp
+        }
+    }
+}
+
+async fn readyz(State(s): State<AdminState>) -> (StatusCode, &'static str) {
+    if s.ready.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
+    }
+}
+
+/// Runs the gateway on `listener` (proxy) and `admin` (health endpoints)
+/// until `shutdown` resolves, then shuts down gracefully.
+///
+/// Shutdown stops accepting connections, waits up to
+/// `config.shutdown_grace` for requests and detached upstream calls to
+/// finish (and be stored), then cancels what remains; every cancelled
+/// call releases its key, so no PENDING record is left to expire.
+///
+/// # Errors
+/// The store cannot be opened or is not part of this build, an upstream
+/// client cannot be built, or a listener fails.
+pub async fn serve(
+    listener: TcpListener,
+    admin: TcpListener,
+    config: GatewayConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), GatewayError> {
+    let opened = open_store(&config.store).await?;
+    let store = Arc::clone(&opened.store);
+
+    let mut layers = Vec::with_capacity(config.routes.len());
+    let mut routes = Vec::with_capacity(config.routes.len());
+    for route in &config.routes {
+        let layer = IdempotencyLayer::new(engine(Arc::clone(&store), route), layer_config(route));
+        let svc = layer.layer(Proxy::new(route)?);
+        routes.push((route.prefix.clone(), svc));
+        layers.push(layer);
+    }
+    let app = Router::new().fallback_service(Dispatch {
+        routes: routes.into(),
+    });
+
+    let ready = Arc::new(AtomicBool::new(true));
+    let admin_app = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
+        .with_state(AdminState {
+            store: Arc::clone(&store),
+            ready: Arc::clone(&ready),
+        });
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    tracing::info!(
+        listen = %listener.local_addr()?,
+        admin = %admin.local_addr()?,
+        store = %config.store,
+        routes = config.routes.len(),
+        "gateway started"
+    );
+    let mut main_task = tokio::spawn(
+        axum::serve(listener, app)
+            .with_graceful_shutdown(stopped(stop_rx.clone()))
+            .into_future(),
+    );
+    let mut admin_task = tokio::spawn(
+        axum::serve(admin, admin_app)
+            .with_graceful_shutdown(stopped(stop_rx))
+            .into_future(),
+    );
+
+    let upkeep = crate::telemetry::handle().map(|h| tokio::spawn(crate::telemetry::upkeep(h)));
+
+    let mut failure: Option<GatewayError> = None;
+    tokio::select! {
+        () = shutdown => {}
+        r = &mut main_task => failure = Some(task_error(r)),
+        r = &mut admin_task => failure = Some(task_error(r)),
+    }
+
+    // Stop accepting; wait up to the grace period for requests and
+    // detached upstream calls; then cancel what remains.
+    let started = Instant::now();
+    let deadline = started + config.shutdown_grace;
+    ready.store(false, Ordering::Relaxed);
+    let _ = stop_tx.send(true);
+    tracing::info!(
+        grace_ms = config.shutdown_grace.as_millis() as u64,
+        "shutting down"
+    );
+
+    let drain_connections = async {
+        if !main_task.is_finished()
+            && tokio::time::timeout_at(deadline, &mut main_task)
+                .await
+                .is_err()
+        {
+            tracing::warn!("connections still open after the grace period; closing them");
+            main_task.abort();
+        }
+    };
+    let drain_work = futures_util::future::join_all(
+        layers
+            .iter()
+            .map(|l| l.shutdown(deadline.saturating_duration_since(Instant::now()))),
+    );
+    let ((), reports) = tokio::join!(drain_connections, drain_work);
+    let cancelled: usize = reports.iter().map(|r| r.cancelled).sum();
+    if cancelled > 0 {
+        tracing::warn!(
+            cancelled,
+            "upstream calls cancelled at shutdown; their keys were released"
+        );
+    }
+    if !admin_task.is_finished()
+        && tokio::time::timeout(Duration::from_secs(1), &mut admin_task)
+            .await
+            .is_err()
+    {
+        admin_task.abort();
+    }
+    if let Some(u) = upkeep {
+        u.abort();
+    }
+    opened.close();
+    tracing::info!(
+        took_ms = started.elapsed().as_millis() as u64,
+        cancelled,
+        "gateway stopped"
+    );
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+fn task_error(r: Result<std::io::Result<()>, tokio::task::JoinError>) -> GatewayError {
+    match r {
+        Ok(Ok(())) => GatewayError::Io(std::io::Error::other("listener stopped unexpectedly")),
+        Ok(Err(e)) => GatewayError::Io(e),
+        Err(e) => GatewayError::Io(std::io::Error::other(e)),
+    }
+}

@@ -1,0 +1,395 @@
+//! Configuration: defaults, TOML, environment, flags, and every refusal.
+
+// `figment::Jail` closures return `figment::Error`, which is large.
+#![allow(clippy::result_large_err)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use figment::Jail;
+use idemgate_gateway::config::{Inflight, KeyMode, KeyPart, StoreErrorMode, Timeouts};
+use idemgate_gateway::{ConfigError, GatewayConfig, Overrides, StoreUrl};
+
+fn load(file: Option<&str>, overrides: &Overrides) -> Result<GatewayConfig, ConfigError> {
+    GatewayConfig::load(file.map(Path::new), overrides)
+}
+
+fn jail_err(e: ConfigError) -> figment::Error {
+    figment::Error::from(e.to_string())
+}
+
+#[test]
+fn only_an_upstream_gives_the_documented_defaults() {
+    Jail::expect_with(|_jail| {
+        let over = Overrides {
+            upstream: Some("http://127.0.0.1:9/".into()),
+            ..Overrides::default()
+        };
+        let c = load(None, &over).map_err(jail_err)?;
+        assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(c.admin_listen.to_string(), "127.0.0.1:9090");
+        assert_eq!(c.store, StoreUrl::Sqlite("idemgate.db".into()));
+        assert_eq!(c.pending_ttl, Duration::from_secs(30));
+        assert_eq!(c.done_ttl, Duration::from_secs(24 * 3600));
+        assert_eq!(c.routes.len(), 1);
+        let r = &c.routes[0];
+        assert_eq!(r.prefix, "/");
+        assert_eq!(r.methods, vec![http::Method::POST]);
+        assert_eq!(r.key_mode, KeyMode::Optional);
+        assert!(matches!(r.on_inflight, Inflight::Attach(_)));
+        assert_eq!(r.upstream.as_str(), "http://127.0.0.1:9/");
+        assert_eq!(r.upstream_key_header.as_str(), "idempotency-key");
+        assert_eq!(r.timeouts, Timeouts::default());
+        assert_eq!(r.body_limit, 10 * 1024 * 1024);
+        assert!(r.retryable_statuses.contains(&429));
+        assert!(r.retryable_statuses.contains(&503));
+        assert!(!r.retryable_statuses.contains(&400));
+        assert_eq!(r.on_store_error, StoreErrorMode::FailClosed);
+        Ok(())
+    });
+}
+
+#[test]
+fn toml_file_is_read_whole() {
+    Jail::expect_with(|jail| {
+        jail.create_file(
+            "gw.toml",
+            r#"
+            listen = "127.0.0.1:18080"
+            admin_listen = "127.0.0.1:19090"
+            store = "memory:"
+            pending_ttl = "5s"
+            done_ttl = "2h"
+            shutdown_grace = "500ms"
+            admin_token = "s3cret-token"
+
+            [[routes]]
+            id = "chat"
+            prefix = "/v1/chat/"
+            upstream = "http://127.0.0.1:1234/base"
+            methods = ["post", "PUT"]
+            key = "require"
+            on_inflight = "wait"
+            inflight_wait = "45s"
+            done_ttl = "48h"
+            body_limit = "1MiB"
+            retryable_statuses = [429, 503]
+            upstream_key_header = "X-Request-Key"
+            tenant_header = "X-Tenant"
+            fingerprint_ignore = ["/stream_options", "/user"]
+            concurrency_limit = 4
+            on_store_error = "fail_open"
+            strip_prefix = true
+            [routes.timeouts]
+            connect = "2s"
+            first_byte = "30s"
+            idle = "10s"
+            total = "5m"
+
+            [[routes]]
+            prefix = "/"
+            upstream = "http://127.0.0.1:1235"
+            key = "derive"
+            key_template = ["tenant", "header:x-user-id", "header:x-session-id", "body"]
+            key_window = "10m"
+            on_inflight = "reject"
+            "#,
+        )?;
+        let c = load(Some("gw.toml"), &Overrides::default()).map_err(jail_err)?;
+        assert_eq!(c.listen.port(), 18080);
+        assert_eq!(c.admin_listen.port(), 19090);
+        assert_eq!(c.store, StoreUrl::Memory);
+        assert_eq!(c.pending_ttl, Duration::from_secs(5));
+        assert_eq!(c.shutdown_grace, Duration::from_millis(500));
+        assert_eq!(
+            c.admin_token.as_ref().map(|t| t.expose()),
+            Some("s3cret-token")
+        );
+        // The token never shows in Debug output.
+        assert!(!format!("{c:?}").contains("s3cret-token"));
+        // Longest prefix first.
+        let chat = &c.routes[0];
+        assert_eq!(chat.id, "chat");
+        assert_eq!(chat.prefix, "/v1/chat");
+        assert_eq!(chat.methods, vec![http::Method::POST, http::Method::PUT]);
+        assert_eq!(chat.key_mode, KeyMode::Require);
+        assert_eq!(chat.on_inflight, Inflight::Wait(Duration::from_secs(45)));
+        assert_eq!(
+            chat.pending_ttl,
+            Duration::from_secs(5),
+            "inherits the default"
+        );
+        assert_eq!(chat.done_ttl, Duration::from_secs(48 * 3600));
+        assert_eq!(chat.body_limit, 1 << 20);
+        assert_eq!(chat.retryable_statuses, vec![429, 503]);
+        assert_eq!(chat.upstream_key_header.as_str(), "x-request-key");
+        assert_eq!(
+            chat.tenant_header.as_ref().map(|h| h.as_str()),
+            Some("x-tenant")
+        );
+        assert_eq!(chat.fingerprint_ignore, vec!["/stream_options", "/user"]);
+        assert_eq!(chat.concurrency_limit, Some(4));
+        assert_eq!(chat.on_store_error, StoreErrorMode::FailOpen);
+        assert!(chat.strip_prefix);
+        assert_eq!(
+            chat.timeouts,
+            Timeouts {
+                connect: Duration::from_secs(2),
+                first_byte: Duration::from_secs(30),
+                idle: Duration::from_secs(10),
+                total: Duration::from_secs(300),
+            }
+        );
+        let root = &c.routes[1];
+        assert_eq!(root.prefix, "/");
+        assert_eq!(root.on_inflight, Inflight::Reject);
+        match &root.key_mode {
+            KeyMode::Derive(t) => {
+                assert_eq!(t.parts.len(), 4);
+                assert_eq!(t.parts[0], KeyPart::Tenant);
+                assert_eq!(
+                    t.parts[1],
+                    KeyPart::Header(http::HeaderName::from_static("x-user-id"))
+                );
+                assert_eq!(t.parts[3], KeyPart::Body);
+                assert_eq!(t.window, Some(Duration::from_secs(600)));
+            }
+            other => panic!("expected derive, got {other:?}"),
+        }
+        assert_eq!(
+            c.route_for("/v1/chat/completions").map(|r| r.id.as_str()),
+            Some("chat")
+        );
+        assert_eq!(c.route_for("/v1/chatty").map(|r| r.id.as_str()), Some("/"));
+        Ok(())
+    });
+}
+
+#[test]
+fn environment_overrides_the_file_and_flags_override_both() {
+    Jail::expect_with(|jail| {
+        jail.create_file(
+            "gw.toml",
+            r#"
+            upstream = "http://127.0.0.1:1000"
+            listen = "127.0.0.1:1001"
+            admin_listen = "127.0.0.1:1002"
+            pending_ttl = "10s"
+            store = "memory:"
+            "#,
+        )?;
+        jail.set_env("IDEMGATE_LISTEN", "127.0.0.1:2001");
+        jail.set_env("IDEMGATE_PENDING_TTL", "20s");
+        jail.set_env("IDEMGATE_ADMIN_TOKEN", "from-env");
+        jail.set_env("IDEMGATE_CONFIG", "ignored.toml");
+        let c = load(Some("gw.toml"), &Overrides::default()).map_err(jail_err)?;
+        assert_eq!(c.listen.port(), 2001, "env beats file");
+        assert_eq!(c.admin_listen.port(), 1002, "file value kept");
+        assert_eq!(c.pending_ttl, Duration::from_secs(20));
+        assert_eq!(c.admin_token.as_ref().map(|t| t.expose()), Some("from-env"));
+
+        let over = Overrides {
+            listen: Some("127.0.0.1:3001".into()),
+            pending_ttl: Some("750ms".into()),
+            upstream: Some("http://127.0.0.1:3000".into()),
+            store: Some("sqlite:/tmp/flag.db".into()),
+            done_ttl: Some("1h".into()),
+            admin_listen: None,
+        };
+        let c = load(Some("gw.toml"), &over).map_err(jail_err)?;
+        assert_eq!(c.listen.port(), 3001, "flag beats env");
+        assert_eq!(c.admin_listen.port(), 1002);
+        assert_eq!(c.pending_ttl, Duration::from_millis(750));
+        assert_eq!(c.done_ttl, Duration::from_secs(3600));
+        assert_eq!(c.store, StoreUrl::Sqlite("/tmp/flag.db".into()));
+        assert_eq!(c.routes[0].upstream.as_str(), "http://127.0.0.1:3000/");
+        assert_eq!(c.routes[0].pending_ttl, Duration::from_millis(750));
+        Ok(())
+    });
+}
+
+#[test]
+fn environment_upstream_applies_to_routes_without_one() {
+    Jail::expect_with(|jail| {
+        jail.create_file(
+            "gw.toml",
+            r#"
+            upstream = "http://127.0.0.1:1000"
+            [[routes]]
+            prefix = "/v1"
+            "#,
+        )?;
+        jail.set_env("IDEMGATE_UPSTREAM", "http://127.0.0.1:4000");
+        let c = load(Some("gw.toml"), &Overrides::default()).map_err(jail_err)?;
+        assert_eq!(c.routes[0].upstream.as_str(), "http://127.0.0.1:4000/");
+        Ok(())
+    });
+}
+
+/// Each bad configuration is refused with an error naming its field.
+#[test]
+fn bad_configurations_name_their_field() {
+    let cases: &[(&str, &str)] = &[
+        ("listen = \"nowhere\"\nupstream = \"http://h\"", "listen"),
+        (
+            "admin_listen = \"1.2.3.4\"\nupstream = \"http://h\"",
+            "admin_listen",
+        ),
+        ("store = \"mysql://h/db\"\nupstream = \"http://h\"", "store"),
+        (
+            "pending_ttl = \"soon\"\nupstream = \"http://h\"",
+            "pending_ttl",
+        ),
+        ("done_ttl = \"0s\"\nupstream = \"http://h\"", "done_ttl"),
+        (
+            "shutdown_grace = \"5 parsecs\"\nupstream = \"http://h\"",
+            "shutdown_grace",
+        ),
+        ("admin_token = \"\"\nupstream = \"http://h\"", "admin_token"),
+        ("upstream = \"ftp://h\"", "upstream"),
+        ("upstream = \"not a url\"", "upstream"),
+        ("store = \"memory:\"", "routes"),
+        ("[[routes]]\nupstream = \"http://h\"", "routes[0].prefix"),
+        (
+            "[[routes]]\nprefix = \"v1\"\nupstream = \"http://h\"",
+            "routes[0].prefix",
+        ),
+        ("[[routes]]\nprefix = \"/v1\"", "routes[0].upstream"),
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\nmethods = [\"P OST\"]",
+            "routes[0].methods",
+        ),
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\nmethods = []",
+            "routes[0].methods",
+        ),
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\nkey = \"maybe\"",
+            "routes[0].key",
+        ),
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\nkey = \"derive\"",
+            "routes[0].key_template",
+        ),
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\nkey = \"derive\"\nkey_template = [\"body\"]",
+            "routes[0].key_template",
+        ),
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\nkey = \"derive\"\nkey_template = [\"cookie\"]",
+            "routes[0].key_template",
+        ),
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\nkey_template = [\"tenant\"]",
+            "routes[0].key_template",
+        ),
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\non_inflight = \"queue\"",
+            "routes[0].on_inflight",
+        ),
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\ninflight_wait = \"forever\"",
+            "routes[0].inflight_wait",
+        ),
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\nbody_limit = \"lots\"",
+            "routes[0].body_limit",
+        ),
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\nbody_limit = 0",
+            "routes[0].body_limit",
+        ),
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\nretryable_statuses = [42]",
+            "routes[0].retryable_statuses",
+        ),
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\nupstream_key_header = \"bad header\"",
+            "routes[0].upstream_key_header",
+        ),
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\ntenant_header = \"a:b\"",
+            "routes[0].tenant_header",
+        ),
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\nfingerprint_ignore = [\"user\"]",
+            "routes[0].fingerprint_ignore",
+        ),
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\nconcurrency_limit = 0",
+            "routes[0].concurrency_limit",
+        ),
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\non_store_error = \"ignore\"",
+            "routes[0].on_store_error",
+        ),
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\n[routes.timeouts]\nidle = \"-1s\"",
+            "routes[0].timeouts.idle",
+        ),
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\n[routes.timeouts]\nfirst_byte = \"10m\"\ntotal = \"1m\"",
+            "routes[0].timeouts.total",
+        ),
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/a\"\n[[routes]]\nprefix = \"/a/\"",
+            "routes[1]",
+        ),
+        // Phase one: wrong types and unknown fields name their key too.
+        (
+            "upstream = \"http://h\"\npending_tll = \"1s\"",
+            "pending_tll",
+        ),
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\nconcurrency_limit = \"many\"",
+            "concurrency_limit",
+        ),
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\n[routes.timeouts]\nfirst = \"1s\"",
+            "first",
+        ),
+    ];
+    for (toml, field) in cases {
+        Jail::expect_with(|jail| {
+            jail.create_file("bad.toml", toml)?;
+            match load(Some("bad.toml"), &Overrides::default()) {
+                Ok(c) => panic!("accepted bad config {toml:?}: {c:?}"),
+                Err(e) => {
+                    let msg = e.to_string();
+                    assert!(
+                        msg.contains(field),
+                        "error for {toml:?} should name `{field}`: {msg}"
+                    );
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
+#[test]
+fn syntax_errors_and_missing_files_are_errors() {
+    Jail::expect_with(|jail| {
+        jail.create_file("broken.toml", "upstream = \"http://h\n[[routes")?;
+        assert!(matches!(
+            load(Some("broken.toml"), &Overrides::default()),
+            Err(ConfigError::Load(_))
+        ));
+        assert!(matches!(
+            load(Some("absent.toml"), &Overrides::default()),
+            Err(ConfigError::MissingFile(_))
+        ));
+        Ok(())
+    });
+}
+
+#[test]
+fn a_bad_environment_value_is_an_error() {
+    Jail::expect_with(|jail| {
+        jail.set_env("IDEMGATE_UPSTREAM", "http://127.0.0.1:1");
+        jail.set_env("IDEMGATE_DONE_TTL", "tomorrow");
+        let err = load(None, &Overrides::default()).expect_err("bad env accepted");
+        assert_eq!(err.field(), Some("done_ttl"));
+        Ok(())
+    });
+}

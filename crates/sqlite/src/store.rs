@@ -1,0 +1,451 @@
+//! [`SqliteStore`]: the [`Store`] implementation, its options, and the
+//! reader pool.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use idemgate_engine::notify::KeyedNotify;
+use idemgate_engine::record::{ms, now_ms};
+use idemgate_engine::{
+    Attempt, Claim, Fenced, Fingerprint, Lease, Record, ScopedKey, Store, StoreError,
+};
+use rusqlite::{Connection, OptionalExtension, params};
+use tokio::sync::oneshot;
+
+use crate::error::{BACKEND, SqliteError, closed, store_error};
+use crate::rows::{ATTEMPT_COLUMNS, RECORD_COLUMNS, int, raw_attempt, raw_record};
+use crate::schema;
+use crate::writer::{self, Claimed, Msg, Op, Owner, WriterConfig};
+
+/// How a [`SqliteStore`] is opened. Start from [`SqliteOptions::default`]
+/// (or [`SqliteStore::builder`]), adjust, then [`SqliteOptions::open`].
+#[derive(Debug, Clone)]
+pub struct SqliteOptions {
+    busy_timeout: Duration,
+    purge_interval: Duration,
+    purge_batch: usize,
+    max_batch: usize,
+    readers: usize,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        Self {
+            busy_timeout: Duration::from_secs(5),
+            purge_interval: Duration::from_secs(10),
+            purge_batch: 1000,
+            max_batch: 512,
+            readers: 4,
+        }
+    }
+}
+
+impl SqliteOptions {
+    /// How long a write waits for another process holding the file's write
+    /// lock before failing with an `Unavailable` error. Default 5 s.
+    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+
+    /// How often expired records and timelines are purged. Default 10 s.
+    pub fn purge_interval(mut self, interval: Duration) -> Self {
+        self.purge_interval = interval;
+        self
+    }
+
+    /// Most rows one purge step deletes per table, so a purge never holds
+    /// the write lock for long. Default 1000.
+    pub fn purge_batch(mut self, rows: usize) -> Self {
+        self.purge_batch = rows.max(1);
+        self
+    }
+
+    /// Most writes committed in one transaction (one fsync). Default 512.
+    pub fn max_batch(mut self, ops: usize) -> Self {
+        self.max_batch = ops.max(1);
+        self
+    }
+
+    /// Number of reader connections (reads run concurrently under WAL).
+    /// Default 4.
+    pub fn readers(mut self, connections: usize) -> Self {
+        self.readers = connections.max(1);
+        self
+    }
+
+    /// Opens (or creates) the store file at `path`.
+    ///
+    /// # Errors
+    /// [`SqliteError::Open`] when the file cannot be opened or created,
+    /// [`SqliteError::NotADatabase`] when it is not a SQLite file,
+    /// [`SqliteError::NewerSchema`] when a newer idemgate wrote it,
+    /// [`SqliteError::Setup`] when WAL mode or the schema cannot be set up,
+    /// [`SqliteError::Thread`] when the writer thread cannot start.
+    pub fn open(self, path: impl AsRef<Path>) -> Result<SqliteStore, SqliteError> {
+        let path = path.as_ref().to_owned();
+        let mut conn = schema::connect(&path, self.busy_timeout)?;
+        schema::prepare_writer(&mut conn, &path, self.busy_timeout)?;
+        let readers = (0..self.readers)
+            .map(|_| schema::connect(&path, self.busy_timeout).map(Mutex::new))
+            .collect::<Result<Vec<_>, _>>()?;
+        let notify = Arc::new(KeyedNotify::new());
+        let (tx, rx) = mpsc::channel();
+        let config = WriterConfig {
+            max_batch: self.max_batch,
+            purge_interval: self.purge_interval,
+            purge_batch: self.purge_batch,
+        };
+        let thread_notify = Arc::clone(&notify);
+        let writer = std::thread::Builder::new()
+            .name("idemgate-sqlite-writer".into())
+            .spawn(move || writer::run(conn, rx, thread_notify, config))
+            .map_err(SqliteError::Thread)?;
+        Ok(SqliteStore {
+            inner: Arc::new(Inner {
+                path,
+                options: self,
+                tx,
+                writer: Mutex::new(Some(writer)),
+                closed: AtomicBool::new(false),
+                readers,
+                next_reader: AtomicUsize::new(0),
+                notify,
+            }),
+        })
+    }
+}
+
+/// The embedded SQLite store. Cheap to clone: clones share one writer
+/// thread and one reader pool. The writer stops when the last clone is
+/// dropped (after finishing what was queued) or on [`SqliteStore::close`].
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    options: SqliteOptions,
+    /// Queue of the writer thread.
+    tx: Sender<Msg>,
+    /// Taken by the first `close` (or drop) to join the thread.
+    writer: Mutex<Option<JoinHandle<()>>>,
+    /// Set by `close`: every later operation fails with `Closed`.
+    closed: AtomicBool,
+    /// Reader connections, each used by one caller at a time; never held
+    /// across an `.await`.
+    readers: Vec<Mutex<Connection>>,
+    /// Round-robin start for picking a reader.
+    next_reader: AtomicUsize,
+    /// Waiters of `changed`, woken by the writer after a commit.
+    notify: Arc<KeyedNotify>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.inner.path)
+            .field("options", &self.inner.options)
+            .field("closed", &self.inner.closed.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqliteStore {
+    /// Opens (or creates) the store at `path` with default options.
+    ///
+    /// # Errors
+    /// As [`SqliteOptions::open`].
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, SqliteError> {
+        SqliteOptions::default().open(path)
+    }
+
+    /// Options to open a store with.
+    pub fn builder() -> SqliteOptions {
+        SqliteOptions::default()
+    }
+
+    /// The file this store uses.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// Stops the writer: writes queued before this call are committed, later
+    /// operations fail with a `Closed` error. Blocks until the writer thread
+    /// has finished its current batch. Idempotent.
+    pub fn close(&self) {
+        self.inner.stop();
+    }
+
+    /// Deletes every expired record and timeline now, in bounded steps;
+    /// returns how many records and timelines went. The store also does
+    /// this in the background every purge interval.
+    ///
+    /// # Errors
+    /// A store error from the writer.
+    pub async fn purge_expired(&self) -> Result<usize, StoreError> {
+        let limit = self.inner.options.purge_batch;
+        let mut total = 0;
+        loop {
+            let (records, timelines) = self.inner.write(|reply| Op::Purge { limit, reply }).await?;
+            total += records + timelines;
+            if records < limit && timelines < limit {
+                return Ok(total);
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn check_open(&self) -> Result<(), StoreError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(closed());
+        }
+        Ok(())
+    }
+
+    /// Sends an op to the writer and waits for its committed result.
+    async fn write<T>(
+        &self,
+        op: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Op,
+    ) -> Result<T, StoreError> {
+        self.check_open()?;
+        let (reply, answer) = oneshot::channel();
+        self.tx.send(Msg::Op(op(reply))).map_err(|_| closed())?;
+        // The writer drops the reply only when it exits without answering.
+        answer.await.map_err(|_| closed())?
+    }
+
+    /// Runs `f` on a free reader connection (waiting for one only if all
+    /// are busy). Reads are short indexed lookups on a local file, cheaper
+    /// than a hop to a blocking thread, so they run on the caller's thread.
+    fn read<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.check_open()?;
+        let n = self.readers.len();
+        let start = self.next_reader.fetch_add(1, Ordering::Relaxed) % n;
+        for i in 0..n {
+            if let Ok(conn) = self.readers[(start + i) % n].try_lock() {
+                return f(&conn);
+            }
+        }
+        // A panic inside a read leaves the connection usable: it holds no
+        // transaction between statements.
+        let conn = self.readers[start]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        f(&conn)
+    }
+
+    fn live_record(&self, id: &str) -> Result<Option<Record>, StoreError> {
+        let now = int(now_ms());
+        self.read(|conn| {
+            let raw = conn
+                .prepare_cached(&format!(
+                    "SELECT {RECORD_COLUMNS} FROM records WHERE id = ?1 AND expires_at > ?2"
+                ))
+                .and_then(|mut stmt| stmt.query_row(params![id, now], raw_record).optional())
+                .map_err(store_error)?;
+            raw.map(|r| r.decode()).transpose()
+        })
+    }
+
+    fn stop(&self) {
+        self.closed.store(true, Ordering::Release);
+        let handle = self
+            .writer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(handle) = handle {
+            // Fails only if the writer already exited; either way it stops.
+            let _ = self.tx.send(Msg::Stop);
+            if handle.join().is_err() {
+                tracing::error!("the SQLite writer thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn owner(lease: &Lease) -> Owner {
+    Owner {
+        id: lease.key.storage_id(),
+        token: lease.token,
+        fence: lease.fence,
+    }
+}
+
+fn fenced(applied: bool) -> Fenced {
+    if applied {
+        Fenced::Applied
+    } else {
+        Fenced::Stale
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn claim(
+        &self,
+        key: &ScopedKey,
+        fingerprint: &Fingerprint,
+        pending_ttl: Duration,
+    ) -> Result<Claim, StoreError> {
+        let id = key.storage_id();
+        // Fast path: a live record seen by a reader is a valid answer (the
+        // claim linearizes at the read). Only absent or expired keys go to
+        // the writer, which decides again inside its transaction.
+        if let Some(record) = self.inner.live_record(&id)? {
+            return Ok(Claim::Existing(record));
+        }
+        let token = Lease::new_token();
+        let claimed = self
+            .inner
+            .write(|reply| Op::Claim {
+                id,
+                fingerprint: fingerprint.0,
+                token,
+                ttl_ms: ms(pending_ttl),
+                reply,
+            })
+            .await?;
+        Ok(match claimed {
+            Claimed::Acquired {
+                fence,
+                expires_at_ms,
+            } => Claim::Acquired(Lease {
+                key: key.clone(),
+                token,
+                fence,
+                expires_at_ms,
+            }),
+            Claimed::Existing(record) => Claim::Existing(record),
+        })
+    }
+
+    async fn renew(&self, lease: &mut Lease, pending_ttl: Duration) -> Result<Fenced, StoreError> {
+        let owner = owner(lease);
+        let renewed = self
+            .inner
+            .write(|reply| Op::Renew {
+                owner,
+                ttl_ms: ms(pending_ttl),
+                reply,
+            })
+            .await?;
+        Ok(match renewed {
+            Some(expires) => {
+                lease.expires_at_ms = expires;
+                Fenced::Applied
+            }
+            None => Fenced::Stale,
+        })
+    }
+
+    async fn complete(
+        &self,
+        lease: &Lease,
+        payload: Bytes,
+        done_ttl: Duration,
+        attempt: &Attempt,
+    ) -> Result<Fenced, StoreError> {
+        let owner = owner(lease);
+        let applied = self
+            .inner
+            .write(|reply| Op::Complete {
+                owner,
+                payload,
+                ttl_ms: ms(done_ttl),
+                attempt: attempt.clone(),
+                reply,
+            })
+            .await?;
+        Ok(fenced(applied))
+    }
+
+    async fn release(
+        &self,
+        lease: &Lease,
+        attempt: &Attempt,
+        timeline_ttl: Duration,
+    ) -> Result<Fenced, StoreError> {
+        let owner = owner(lease);
+        let applied = self
+            .inner
+            .write(|reply| Op::Release {
+                owner,
+                attempt: attempt.clone(),
+                ttl_ms: ms(timeline_ttl),
+                reply,
+            })
+            .await?;
+        Ok(fenced(applied))
+    }
+
+    async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError> {
+        self.inner.live_record(&key.storage_id())
+    }
+
+    async fn record_attempt(
+        &self,
+        key: &ScopedKey,
+        attempt: &Attempt,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        self.inner.check_open()?;
+        let op = Op::Attempt {
+            id: key.storage_id(),
+            attempt: attempt.clone(),
+            ttl_ms: ms(ttl),
+        };
+        self.inner.tx.send(Msg::Op(op)).map_err(|_| closed())
+    }
+
+    async fn timeline(&self, key: &ScopedKey) -> Result<Vec<Attempt>, StoreError> {
+        let id = key.storage_id();
+        let now = int(now_ms());
+        self.inner.read(|conn| {
+            let raws = conn
+                .prepare_cached(&format!(
+                    "SELECT {ATTEMPT_COLUMNS} FROM attempts
+                     WHERE id = ?1
+                       AND EXISTS (SELECT 1 FROM timelines WHERE id = ?1 AND keep_until > ?2)
+                     ORDER BY seq"
+                ))
+                .and_then(|mut stmt| {
+                    stmt.query_map(params![id, now], raw_attempt)?
+                        .collect::<Result<Vec<_>, _>>()
+                })
+                .map_err(store_error)?;
+            raws.into_iter().map(|r| r.decode()).collect()
+        })
+    }
+
+    async fn changed(&self, key: &ScopedKey, max: Duration) {
+        // Commits by this process wake waiters at once; changes made by other
+        // processes are seen by the caller's next read, at most 50 ms later.
+        self.inner
+            .notify
+            .wait(&key.storage_id(), max.min(Duration::from_millis(50)))
+            .await;
+    }
+}

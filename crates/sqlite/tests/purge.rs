@@ -1,0 +1,149 @@
+//! Expired rows leave the file: records, timelines and their attempts.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use idemgate_engine::{
+    Attempt, AttemptOutcome, Claim, ClientKey, Fenced, Fingerprint, ScopedKey, Store,
+};
+use idemgate_sqlite::SqliteStore;
+use idemgate_testkit::eventually;
+
+const SHORT: Duration = Duration::from_millis(300);
+const LONG: Duration = Duration::from_secs(300);
+
+fn key(i: usize) -> ScopedKey {
+    ScopedKey::new(
+        "purge",
+        "ns",
+        ClientKey::parse(&format!("k{i}")).expect("key"),
+    )
+}
+
+fn fp() -> Fingerprint {
+    Fingerprint::of_request("POST", "/p", b"{}", &[])
+}
+
+fn attempt() -> Attempt {
+    Attempt {
+        at_ms: idemgate_engine::record::now_ms(),
+        replica: "r".into(),
+        outcome: AttemptOutcome::Executed,
+        status: Some(200),
+        latency_us: 5,
+    }
+}
+
+/// (records, timelines, attempts) rows in the file.
+fn counts(path: &std::path::Path) -> (i64, i64, i64) {
+    let raw = rusqlite::Connection::open(path).expect("raw open");
+    let count = |table: &str| -> i64 {
+        raw.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
+            .expect("count")
+    };
+    (count("records"), count("timelines"), count("attempts"))
+}
+
+/// Writes `n` DONE records with `ttl` (timeline kept as long), starting at key `from`.
+async fn fill(store: &SqliteStore, from: usize, n: usize, ttl: Duration) {
+    let tasks: Vec<_> = (from..from + n)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let Claim::Acquired(lease) =
+                    store.claim(&key(i), &fp(), LONG).await.expect("claim")
+                else {
+                    panic!("fresh key {i}");
+                };
+                let w = store
+                    .complete(&lease, Bytes::from(vec![7u8; 256]), ttl, &attempt())
+                    .await
+                    .expect("complete");
+                assert_eq!(w, Fenced::Applied);
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("task");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explicit_purge_removes_only_expired_rows() {
+    const SHORT_LIVED: usize = 2500;
+    const KEPT: usize = 10;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("purge.db");
+    // No background purge during this test: the explicit call does it all.
+    let store = SqliteStore::builder()
+        .purge_interval(Duration::from_secs(3600))
+        .purge_batch(1000)
+        .open(&path)
+        .expect("open");
+    fill(&store, 0, SHORT_LIVED, SHORT).await;
+    fill(&store, SHORT_LIVED, KEPT, LONG).await;
+    let total = i64::try_from(SHORT_LIVED + KEPT).expect("fits");
+    assert_eq!(counts(&path), (total, total, total));
+
+    tokio::time::sleep(SHORT * 2).await;
+    let removed = store.purge_expired().await.expect("purge");
+    assert_eq!(removed, 2 * SHORT_LIVED, "records + timelines removed");
+    let kept = i64::try_from(KEPT).expect("fits");
+    assert_eq!(counts(&path), (kept, kept, kept));
+    assert!(store.get(&key(0)).await.expect("get").is_none());
+    assert!(store.get(&key(SHORT_LIVED)).await.expect("get").is_some());
+    assert_eq!(
+        store.timeline(&key(SHORT_LIVED)).await.expect("tl").len(),
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_purge_empties_the_file_in_bounded_steps() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("background.db");
+    let store = SqliteStore::builder()
+        .purge_interval(Duration::from_millis(100))
+        .purge_batch(300)
+        .open(&path)
+        .expect("open");
+    fill(&store, 0, 2000, SHORT).await;
+    fill(&store, 2000, 3, LONG).await;
+    assert_eq!(counts(&path).0, 2003);
+    let purged = eventually(|| {
+        let path = path.clone();
+        async move { counts(&path) == (3, 3, 3) }
+    })
+    .await;
+    assert!(purged, "background purge left {:?}", counts(&path));
+}
+
+/// Fences keep growing for a key whose expired record was purged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_grow_across_a_purge() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("fence.db");
+    let store = SqliteStore::builder()
+        .purge_interval(Duration::from_secs(3600))
+        .open(&path)
+        .expect("open");
+    let mut last = 0;
+    for round in 0..5 {
+        let Claim::Acquired(lease) = store.claim(&key(1), &fp(), SHORT).await.expect("claim")
+        else {
+            panic!("round {round}: key should be free");
+        };
+        assert!(lease.fence > last, "fence {} after {last}", lease.fence);
+        last = lease.fence;
+        tokio::time::sleep(SHORT + Duration::from_millis(100)).await;
+        store.purge_expired().await.expect("purge");
+        assert_eq!(counts(&path).0, 0, "expired PENDING purged");
+    }
+    // Reopening keeps the counter too.
+    drop(store);
+    let store = SqliteStore::open(&path).expect("reopen");
+    let Claim::Acquired(lease) = store.claim(&key(1), &fp(), LONG).await.expect("claim") else {
+        panic!("key should be free");
+    };
+    assert!(lease.fence > last);
+}
