@@ -205,11 +205,25 @@ impl Server {
 
     /// Summed `calls` of the given commands in `INFO commandstats`.
     pub fn calls(&self, commands: &[&str]) -> u64 {
+        self.calls_where(|name| commands.contains(&name))
+    }
+
+    /// Summed `calls` of every command but `INFO` (which reads the counters).
+    pub fn calls_but_info(&self) -> u64 {
+        self.calls_where(|name| name != "info")
+    }
+
+    /// Summed `calls` of every command but `INFO` and those in `skip`.
+    pub fn calls_except(&self, skip: &[&str]) -> u64 {
+        self.calls_where(|name| name != "info" && !skip.contains(&name))
+    }
+
+    fn calls_where(&self, keep: impl Fn(&str) -> bool) -> u64 {
         let info = redis_cli(self.port, &["info", "commandstats"]).unwrap_or_default();
         info.lines()
             .filter_map(|l| {
                 let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-                commands.contains(&name).then_some(())?;
+                keep(name).then_some(())?;
                 rest.split(',')
                     .find_map(|f| f.strip_prefix("calls="))?
                     .parse::<u64>()
