@@ -37,6 +37,9 @@ fn attempt() -> Attempt {
 
 const LONG: Duration = Duration::from_secs(300);
 
+/// Keys whose DONE write was acknowledged, with the payload written.
+type Acked = Arc<Mutex<Vec<(ScopedKey, Vec<u8>)>>>;
+
 async fn private() -> Private {
     tokio::task::spawn_blocking(Private::start).await.unwrap()
 }
@@ -146,7 +149,7 @@ async fn crash_restart_under_load_keeps_every_acknowledged_done() {
         .operation_timeout(Duration::from_secs(3));
     let store = PostgresStore::connect_with(&pg.url(), opts).await.unwrap();
 
-    let acknowledged = Arc::new(Mutex::new(Vec::<(ScopedKey, Vec<u8>)>::new()));
+    let acknowledged: Acked = Arc::new(Mutex::new(Vec::new()));
     let errors = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let mut workers = Vec::new();
@@ -195,7 +198,7 @@ async fn crash_restart_under_load_keeps_every_acknowledged_done() {
         }));
     }
 
-    let acked = |a: &Arc<Mutex<Vec<(ScopedKey, Vec<u8>)>>>| a.lock().unwrap().len();
+    let acked = |a: &Acked| a.lock().unwrap().len();
     while acked(&acknowledged) < 50 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
