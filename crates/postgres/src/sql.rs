@@ -67,11 +67,21 @@ impl Sql {
                  (SELECT seq FROM {tl} WHERE id = {id} ORDER BY seq DESC OFFSET {skip} LIMIT 1))"
             )
         };
+        // A live record is read and returned without writing anything (no
+        // row lock, no WAL, no fence consumed), so a replay is a pure read.
+        // Otherwise the insert runs; the primary key picks one winner among
+        // concurrent claimers, and the conflict update revives only an
+        // expired row.
         let claim = format!(
-            "WITH ins AS (\
+            "WITH cur AS (\
+               SELECT fence, expires_at, fingerprint, state, payload FROM {rec} \
+               WHERE id = $1 AND expires_at > now()), \
+             ins AS (\
                INSERT INTO {rec} AS r (id, tenant, namespace, client_key, fingerprint, state, \
                                        token, fence, expires_at, payload) \
-               VALUES ($1, $2, $3, $4, $5, 'P', $6, nextval('{seq}'), {exp}, NULL) \
+               SELECT $1::text, $2::text, $3::text, $4::text, $5::bytea, 'P', $6::bytea, \
+                      nextval('{seq}'), {exp}, NULL \
+               WHERE NOT EXISTS (SELECT 1 FROM cur) \
                ON CONFLICT (id) DO UPDATE SET \
                  fingerprint = EXCLUDED.fingerprint, state = 'P', token = EXCLUDED.token, \
                  fence = EXCLUDED.fence, expires_at = EXCLUDED.expires_at, payload = NULL \
@@ -80,11 +90,10 @@ impl Sql {
              SELECT true AS acquired, fence, {ins_ms} AS exp_ms, NULL::bytea AS fingerprint, \
                     NULL::text AS state, NULL::bytea AS payload FROM ins \
              UNION ALL \
-             SELECT false, r.fence, {r_ms}, r.fingerprint, r.state, r.payload FROM {rec} r \
-             WHERE r.id = $1 AND r.expires_at > now() AND NOT EXISTS (SELECT 1 FROM ins)",
+             SELECT false, fence, {cur_ms}, fingerprint, state, payload FROM cur",
             exp = after_ms("$7"),
             ins_ms = ms("expires_at"),
-            r_ms = ms("r.expires_at"),
+            cur_ms = ms("expires_at"),
         );
         let owned = "id = $1 AND token = $2 AND fence = $3 AND state = 'P'";
         let renew = format!(

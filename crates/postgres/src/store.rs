@@ -479,9 +479,9 @@ impl Store for PostgresStore {
         let token = Lease::new_token();
         // Under READ COMMITTED the statement's read of the existing row uses
         // the snapshot taken when it started: a row inserted by a claim that
-        // committed just after is locked by the insert (so this claim cannot
-        // win) yet invisible to the read. The statement then returns nothing;
-        // running it again, with a fresh snapshot, sees that row.
+        // committed just after makes the insert conflict (so this claim
+        // cannot win) yet is invisible to the read. The statement then
+        // returns nothing; running it again, with a fresh snapshot, sees it.
         for _ in 0..5 {
             let Some(row) = self
                 .claim_once(key, fingerprint, token, pending_ttl)
