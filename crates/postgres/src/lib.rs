@@ -1,0 +1,38 @@
+//! PostgreSQL store for idemgate: many gateway replicas and services share
+//! one database and still execute each key once — and a service can commit
+//! the DONE record **in the same transaction as its business writes**.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), idemgate_engine::StoreError> {
+//! use std::sync::Arc;
+//! let store = idemgate_postgres::PostgresStore::connect("postgres://postgres@127.0.0.1/app").await?;
+//! let engine = idemgate_engine::Engine::new(Arc::new(store));
+//! # let _ = engine; Ok(()) }
+//! ```
+//!
+//! # Layout
+//! - [`store`]: [`PostgresStore`], its [`PostgresOptions`], the `Store`
+//!   implementation, [`PostgresStore::complete_in`] and the background purge.
+//! - `sql`: every statement and the schema migrations.
+//! - `error`: the one mapping from sqlx errors to `StoreError` kinds.
+//!
+//! # The key decision
+//! **A claim is one statement**: `INSERT … ON CONFLICT (id) DO UPDATE … WHERE
+//! <the existing record expired> RETURNING …`, wrapped in a CTE that returns
+//! the existing row when the update did not apply. The primary key makes the
+//! database itself decide the one winner among concurrent claimers on any
+//! number of replicas; fenced writes are `UPDATE … WHERE id AND token AND
+//! fence`. Time is the database clock (`now()`), one clock for every replica.
+//!
+//! Because the record is an ordinary row, a service that keeps its business
+//! data in the same database can write DONE inside its own transaction
+//! ([`PostgresStore::complete_in`]): the charge and the stored result commit
+//! together or not at all, so neither "charged twice" nor "charged but no
+//! result" can happen — which no store outside the business database can
+//! promise.
+
+mod error;
+mod sql;
+pub mod store;
+
+pub use store::{PostgresOptions, PostgresStore};

@@ -1,0 +1,226 @@
+//! Every SQL statement the store runs, built once per store from the
+//! validated schema and table names, and the migrations.
+//!
+//! Time is the **database clock** (`now()`) everywhere: lease and record
+//! expiry are decided by one clock that every replica shares. Times leave the
+//! database as ms since the epoch (`ms(…)` below), the unit of
+//! `Lease::expires_at_ms`.
+
+use std::sync::Arc;
+
+use idemgate_engine::MAX_TIMELINE;
+
+/// Newest schema version this build knows.
+pub(crate) const SCHEMA_VERSION: i32 = 1;
+
+/// Checks that `name` is a plain lower-case SQL identifier, so it can be
+/// spliced into statements without quoting or injection.
+pub(crate) fn valid_identifier(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 48
+        && name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+fn ms(expr: &str) -> String {
+    format!("floor(extract(epoch FROM {expr}) * 1000)::bigint")
+}
+
+fn after_ms(param: &str) -> String {
+    format!("now() + {param}::float8 * interval '1 millisecond'")
+}
+
+/// The statements of one store.
+#[derive(Debug)]
+pub(crate) struct Sql {
+    pub(crate) schema: String,
+    pub(crate) claim: Arc<str>,
+    pub(crate) renew: Arc<str>,
+    pub(crate) complete: Arc<str>,
+    pub(crate) release: Arc<str>,
+    pub(crate) get: Arc<str>,
+    pub(crate) record_attempt: Arc<str>,
+    pub(crate) timeline: Arc<str>,
+    pub(crate) purge_records: Arc<str>,
+    pub(crate) purge_timeline: Arc<str>,
+    pub(crate) version: Arc<str>,
+    pub(crate) bootstrap: Arc<str>,
+    /// Migrations: `migrations[i]` takes the schema from version `i` to `i + 1`.
+    pub(crate) migrations: Vec<Arc<str>>,
+}
+
+impl Sql {
+    pub(crate) fn new(schema: &str, records: &str, timeline: &str, purge_batch: u32) -> Self {
+        let rec = format!("{schema}.{records}");
+        let tl = format!("{schema}.{timeline}");
+        let seq = format!("{schema}.{records}_fence");
+        let keep = MAX_TIMELINE;
+        let skip = MAX_TIMELINE.saturating_sub(1);
+        // Keeps the newest `MAX_TIMELINE - 1` older entries of a key, making
+        // room for the one the same statement inserts (a statement's CTEs
+        // share one snapshot, so the new row is not seen here).
+        let trim = |id: &str| {
+            format!(
+                "trimmed AS (DELETE FROM {tl} WHERE id = {id} AND seq <= \
+                 (SELECT seq FROM {tl} WHERE id = {id} ORDER BY seq DESC OFFSET {skip} LIMIT 1))"
+            )
+        };
+        // A live record is read and returned without writing anything (no
+        // row lock, no WAL, no fence consumed), so a replay is a pure read.
+        // Otherwise the insert runs; the primary key picks one winner among
+        // concurrent claimers, and the conflict update revives only an
+        // expired row.
+        let claim = format!(
+            "WITH cur AS (\
+               SELECT fence, expires_at, fingerprint, state, payload FROM {rec} \
+               WHERE id = $1 AND expires_at > now()), \
+             ins AS (\
+               INSERT INTO {rec} AS r (id, tenant, namespace, client_key, fingerprint, state, \
+                                       token, fence, expires_at, payload) \
+               SELECT $1::text, $2::text, $3::text, $4::text, $5::bytea, 'P', $6::bytea, \
+                      nextval('{seq}'), {exp}, NULL \
+               WHERE NOT EXISTS (SELECT 1 FROM cur) \
+               ON CONFLICT (id) DO UPDATE SET \
+                 fingerprint = EXCLUDED.fingerprint, state = 'P', token = EXCLUDED.token, \
+                 fence = EXCLUDED.fence, expires_at = EXCLUDED.expires_at, payload = NULL \
+               WHERE r.expires_at <= now() \
+               RETURNING r.fence, r.expires_at) \
+             SELECT true AS acquired, fence, {ins_ms} AS exp_ms, NULL::bytea AS fingerprint, \
+                    NULL::text AS state, NULL::bytea AS payload FROM ins \
+             UNION ALL \
+             SELECT false, fence, {cur_ms}, fingerprint, state, payload FROM cur",
+            exp = after_ms("$7"),
+            ins_ms = ms("expires_at"),
+            cur_ms = ms("expires_at"),
+        );
+        let owned = "id = $1 AND token = $2 AND fence = $3 AND state = 'P'";
+        let renew = format!(
+            "UPDATE {rec} SET expires_at = {exp} WHERE {owned} RETURNING {m} AS exp_ms",
+            exp = after_ms("$4"),
+            m = ms("expires_at"),
+        );
+        let complete = format!(
+            "WITH done AS (\
+               UPDATE {rec} SET state = 'D', payload = $4, expires_at = {exp} \
+               WHERE {owned} RETURNING id, expires_at), \
+             tl AS (INSERT INTO {tl} (id, entry, keep_until) \
+                    SELECT id, $6::jsonb, expires_at FROM done), \
+             {trim} \
+             SELECT count(*) AS applied FROM done",
+            exp = after_ms("$5"),
+            trim = trim("(SELECT id FROM done)"),
+        );
+        let release = format!(
+            "WITH gone AS (DELETE FROM {rec} WHERE {owned} RETURNING id), \
+             tl AS (INSERT INTO {tl} (id, entry, keep_until) \
+                    SELECT id, $4::jsonb, {keep_until} FROM gone), \
+             {trim} \
+             SELECT count(*) AS applied FROM gone",
+            keep_until = after_ms("$5"),
+            trim = trim("(SELECT id FROM gone)"),
+        );
+        let get = format!(
+            "SELECT fingerprint, state, fence, {m} AS exp_ms, payload FROM {rec} \
+             WHERE id = $1 AND expires_at > now()",
+            m = ms("expires_at"),
+        );
+        let record_attempt = format!(
+            "WITH {trim} INSERT INTO {tl} (id, entry, keep_until) VALUES ($1, $2::jsonb, {k})",
+            trim = trim("$1"),
+            k = after_ms("$3"),
+        );
+        let read_timeline = format!(
+            "SELECT entry::text AS entry FROM (\
+               SELECT seq, entry FROM {tl} WHERE id = $1 AND keep_until > now() \
+               ORDER BY seq DESC LIMIT {keep}) newest ORDER BY seq"
+        );
+        // The outer `expires_at` test is re-checked on the latest row version
+        // should a claim revive the row meanwhile, so a live record is never
+        // purged.
+        let purge_records = format!(
+            "DELETE FROM {rec} WHERE id IN (\
+               SELECT id FROM {rec} WHERE expires_at < now() \
+               LIMIT {purge_batch} FOR UPDATE SKIP LOCKED) \
+             AND expires_at < now()"
+        );
+        let purge_timeline = format!(
+            "DELETE FROM {tl} WHERE (id, seq) IN (\
+               SELECT id, seq FROM {tl} WHERE keep_until < now() \
+               LIMIT {purge_batch} FOR UPDATE SKIP LOCKED)"
+        );
+        let version =
+            format!("SELECT max(version) AS version FROM {schema}.idemgate_schema_version");
+        let bootstrap = format!(
+            "CREATE SCHEMA IF NOT EXISTS {schema}; \
+             CREATE TABLE IF NOT EXISTS {schema}.idemgate_schema_version (\
+               version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now());"
+        );
+        let v1 = format!(
+            "CREATE SEQUENCE {seq}; \
+             CREATE TABLE {rec} (\
+               id text PRIMARY KEY, \
+               tenant text NOT NULL, \
+               namespace text NOT NULL, \
+               client_key text NOT NULL, \
+               fingerprint bytea NOT NULL, \
+               state text NOT NULL CHECK (state IN ('P', 'D')), \
+               token bytea NOT NULL, \
+               fence bigint NOT NULL, \
+               expires_at timestamptz NOT NULL, \
+               payload bytea, \
+               CHECK (state = 'P' OR payload IS NOT NULL)); \
+             CREATE INDEX {records}_expires_at ON {rec} (expires_at); \
+             CREATE TABLE {tl} (\
+               id text NOT NULL, \
+               seq bigint GENERATED ALWAYS AS IDENTITY, \
+               entry jsonb NOT NULL, \
+               keep_until timestamptz NOT NULL, \
+               PRIMARY KEY (id, seq)); \
+             CREATE INDEX {timeline}_keep_until ON {tl} (keep_until); \
+             INSERT INTO {schema}.idemgate_schema_version (version) VALUES (1);"
+        );
+        Self {
+            schema: schema.to_owned(),
+            claim: claim.into(),
+            renew: renew.into(),
+            complete: complete.into(),
+            release: release.into(),
+            get: get.into(),
+            record_attempt: record_attempt.into(),
+            timeline: read_timeline.into(),
+            purge_records: purge_records.into(),
+            purge_timeline: purge_timeline.into(),
+            version: version.into(),
+            bootstrap: bootstrap.into(),
+            migrations: vec![v1.into()],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_are_plain() {
+        assert!(valid_identifier("idemgate"));
+        assert!(valid_identifier("_t1"));
+        assert!(!valid_identifier(""));
+        assert!(!valid_identifier("1abc"));
+        assert!(!valid_identifier("Idemgate"));
+        assert!(!valid_identifier("a;drop"));
+        assert!(!valid_identifier("a.b"));
+        assert!(!valid_identifier(&"a".repeat(49)));
+    }
+
+    #[test]
+    fn migrations_reach_the_current_version() {
+        let sql = Sql::new("s", "records", "timeline", 10);
+        assert_eq!(
+            sql.migrations.len(),
+            usize::try_from(SCHEMA_VERSION).unwrap()
+        );
+    }
+}

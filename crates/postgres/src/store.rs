@@ -1,0 +1,639 @@
+//! [`PostgresStore`]: the `Store` trait over PostgreSQL, plus
+//! [`PostgresStore::complete_in`] for committing DONE inside the caller's
+//! own transaction.
+
+use std::str::FromStr;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use idemgate_engine::notify::KeyedNotify;
+use idemgate_engine::record::ms;
+use idemgate_engine::{
+    Attempt, Claim, Fenced, Fingerprint, Lease, Record, RecordState, ScopedKey, Store, StoreError,
+    StoreErrorKind,
+};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::{AssertSqlSafe, PgConnection, Row};
+
+use crate::error::{BACKEND, corrupt, map_error};
+use crate::sql::{SCHEMA_VERSION, Sql, valid_identifier};
+
+/// Settings of a [`PostgresStore`]. `Default` gives the documented defaults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PostgresOptions {
+    /// Schema holding the store's tables (default `idemgate`); created on
+    /// connect. Lower-case letters, digits and `_` only.
+    pub schema: String,
+    /// Name of the records table (default `records`).
+    pub records_table: String,
+    /// Name of the timeline table (default `timeline`).
+    pub timeline_table: String,
+    /// Pool size when the store opens its own pool (default 10).
+    pub max_connections: u32,
+    /// Upper bound on one store operation, waiting for a pooled connection
+    /// included (default 5 s). [`PostgresStore::complete_in`] is not bounded:
+    /// it runs on the caller's connection.
+    pub operation_timeout: Duration,
+    /// How often expired rows are purged (default 30 s); `None` disables the
+    /// background purge (call [`PostgresStore::purge_expired`] yourself).
+    pub purge_interval: Option<Duration>,
+    /// Rows deleted per purge statement (default 1000).
+    pub purge_batch: u32,
+    /// Whether connecting creates or upgrades the schema (default true).
+    pub migrate: bool,
+}
+
+impl Default for PostgresOptions {
+    fn default() -> Self {
+        Self {
+            schema: "idemgate".to_owned(),
+            records_table: "records".to_owned(),
+            timeline_table: "timeline".to_owned(),
+            max_connections: 10,
+            operation_timeout: Duration::from_secs(5),
+            purge_interval: Some(Duration::from_secs(30)),
+            purge_batch: 1000,
+            migrate: true,
+        }
+    }
+}
+
+impl PostgresOptions {
+    /// Sets the schema name.
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// Sets the pool size.
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n;
+        self
+    }
+
+    /// Sets the bound on one operation.
+    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
+        self.operation_timeout = timeout;
+        self
+    }
+
+    /// Sets (or with `None` disables) the background purge interval.
+    pub fn purge_interval(mut self, every: Option<Duration>) -> Self {
+        self.purge_interval = every;
+        self
+    }
+}
+
+/// The PostgreSQL store. Cheap to clone: clones share the pool.
+///
+/// One row per scoped key in `<schema>.records` (primary key: the storage
+/// id) and one row per attempt in `<schema>.timeline`. Every operation is
+/// one statement, hence one round trip; fences come from one sequence, so
+/// they grow across every claim the database ever made.
+///
+/// Waiters ([`Store::changed`]) are woken at once by changes made through
+/// this store instance and otherwise poll every 50 ms. `LISTEN/NOTIFY` was
+/// not used: a `NOTIFY` in the completing transaction takes a database-wide
+/// lock at commit, serialising every completion, and a listener can miss
+/// notifications while it reconnects, so waiters would have to poll anyway.
+#[derive(Clone, Debug)]
+pub struct PostgresStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    pool: PgPool,
+    sql: Sql,
+    opts: PostgresOptions,
+    notify: KeyedNotify,
+}
+
+impl PostgresStore {
+    /// Connects with default options. See [`PostgresStore::connect_with`].
+    ///
+    /// # Errors
+    /// As [`PostgresStore::connect_with`].
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::connect_with(url, PostgresOptions::default()).await
+    }
+
+    /// Opens a pool to `url` (`postgres://user@host:port/db`) and, unless
+    /// disabled, creates or upgrades the schema.
+    ///
+    /// # Errors
+    /// `Rejected` for a malformed URL or option, or a database whose schema
+    /// is newer than this build; `Unavailable` when the server cannot be
+    /// reached.
+    pub async fn connect_with(url: &str, opts: PostgresOptions) -> Result<Self, StoreError> {
+        let connect = PgConnectOptions::from_str(url)
+            .map_err(map_error)?
+            .application_name("idemgate");
+        let pool = PgPoolOptions::new()
+            .max_connections(opts.max_connections.max(1))
+            .acquire_timeout(opts.operation_timeout)
+            // A ping before every use would double the round trips; a dead
+            // connection instead fails one operation with `Unavailable`
+            // and is discarded.
+            .test_before_acquire(false)
+            .connect_with(connect)
+            .await
+            .map_err(map_error)?;
+        Self::from_pool_with(pool, opts).await
+    }
+
+    /// A store over an existing pool, with default options.
+    ///
+    /// # Errors
+    /// As [`PostgresStore::from_pool_with`].
+    pub async fn from_pool(pool: PgPool) -> Result<Self, StoreError> {
+        Self::from_pool_with(pool, PostgresOptions::default()).await
+    }
+
+    /// A store over an existing pool. Creates or upgrades the schema unless
+    /// `opts.migrate` is false, and starts the background purge (inside a
+    /// tokio runtime) unless `opts.purge_interval` is `None`; the purge stops
+    /// when the last clone of the store is dropped.
+    ///
+    /// # Errors
+    /// `Rejected` for an invalid schema or table name, or a database whose
+    /// schema is newer than this build; other errors from the migration.
+    pub async fn from_pool_with(pool: PgPool, opts: PostgresOptions) -> Result<Self, StoreError> {
+        for (what, name) in [
+            ("schema", &opts.schema),
+            ("records table", &opts.records_table),
+            ("timeline table", &opts.timeline_table),
+        ] {
+            if !valid_identifier(name) {
+                return Err(StoreError::new(
+                    StoreErrorKind::Rejected,
+                    BACKEND,
+                    format!(
+                        "{what} name {name:?} must be 1-48 lower-case letters, digits or '_', \
+                         not starting with a digit"
+                    ),
+                ));
+            }
+        }
+        let sql = Sql::new(
+            &opts.schema,
+            &opts.records_table,
+            &opts.timeline_table,
+            opts.purge_batch.max(1),
+        );
+        let store = Self {
+            inner: Arc::new(Inner {
+                pool,
+                sql,
+                opts,
+                notify: KeyedNotify::new(),
+            }),
+        };
+        if store.inner.opts.migrate {
+            store.migrate().await?;
+        }
+        if let (Some(every), Ok(handle)) = (
+            store.inner.opts.purge_interval,
+            tokio::runtime::Handle::try_current(),
+        ) {
+            handle.spawn(purge_task(Arc::downgrade(&store.inner), every));
+        }
+        Ok(store)
+    }
+
+    /// Creates the schema or brings it to this build's version, under an
+    /// advisory lock so that replicas starting together migrate once.
+    ///
+    /// # Errors
+    /// `Rejected` when the database's schema version is newer than this
+    /// build knows (an older binary must not write a newer layout).
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let sql = &self.inner.sql;
+        let mut tx = self.inner.pool.begin().await.map_err(map_error)?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+            .bind(format!("idemgate-migrate:{}", sql.schema))
+            .execute(&mut *tx)
+            .await
+            .map_err(map_error)?;
+        sqlx::raw_sql(AssertSqlSafe(Arc::clone(&sql.bootstrap)))
+            .execute(&mut *tx)
+            .await
+            .map_err(map_error)?;
+        let current: Option<i32> = sqlx::query(AssertSqlSafe(Arc::clone(&sql.version)))
+            .fetch_one(&mut *tx)
+            .await
+            .and_then(|row| row.try_get("version"))
+            .map_err(map_error)?;
+        let current = current.unwrap_or(0);
+        if current > SCHEMA_VERSION {
+            return Err(StoreError::new(
+                StoreErrorKind::Rejected,
+                BACKEND,
+                format!(
+                    "schema {:?} is at version {current}, newer than the {SCHEMA_VERSION} this \
+                     build knows; upgrade idemgate",
+                    sql.schema
+                ),
+            ));
+        }
+        for step in sql
+            .migrations
+            .iter()
+            .skip(usize::try_from(current).unwrap_or(0))
+        {
+            sqlx::raw_sql(AssertSqlSafe(Arc::clone(step)))
+                .execute(&mut *tx)
+                .await
+                .map_err(map_error)?;
+        }
+        tx.commit().await.map_err(map_error)
+    }
+
+    /// The pool (for the caller's own transactions, e.g. with
+    /// [`PostgresStore::complete_in`]).
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &PostgresOptions {
+        &self.inner.opts
+    }
+
+    /// Deletes expired records and timeline entries now, in batches of
+    /// `purge_batch` rows; returns how many rows went.
+    ///
+    /// # Errors
+    /// A store error from a batch; rows deleted by earlier batches stay deleted.
+    pub async fn purge_expired(&self) -> Result<u64, StoreError> {
+        let mut total = 0;
+        for stmt in [
+            &self.inner.sql.purge_records,
+            &self.inner.sql.purge_timeline,
+        ] {
+            loop {
+                let done = self
+                    .bounded("purge", async {
+                        sqlx::query(AssertSqlSafe(Arc::clone(stmt)))
+                            .execute(&self.inner.pool)
+                            .await
+                    })
+                    .await?
+                    .rows_affected();
+                total += done;
+                if done < u64::from(self.inner.opts.purge_batch.max(1)) {
+                    break;
+                }
+            }
+        }
+        Ok(total)
+    }
+
+    /// PENDING → DONE **inside the caller's transaction**: the business
+    /// writes made on `conn` and the DONE record commit or roll back together.
+    ///
+    /// Same contract as [`Store::complete`]; the DONE record (and its
+    /// timeline entry) exists only once the caller commits. The row is
+    /// locked from this call until the commit, so a concurrent claim waits
+    /// and then sees DONE. Returns [`Fenced::Stale`] when the lease is no
+    /// longer current: the caller must then roll back its writes, since
+    /// another owner has (or will have) done the work.
+    ///
+    /// ```no_run
+    /// # async fn demo(store: idemgate_postgres::PostgresStore, lease: idemgate_engine::Lease,
+    /// #     attempt: idemgate_engine::Attempt) -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut tx = store.pool().begin().await?;
+    /// sqlx::query("INSERT INTO charges (amount) VALUES (5)").execute(&mut *tx).await?;
+    /// let ttl = std::time::Duration::from_secs(86_400);
+    /// match store.complete_in(&mut tx, &lease, "ok".into(), ttl, &attempt).await? {
+    ///     idemgate_engine::Fenced::Applied => tx.commit().await?,
+    ///     idemgate_engine::Fenced::Stale => tx.rollback().await?,
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// A store error; the caller's transaction is then unusable (PostgreSQL
+    /// aborts it) and must be rolled back.
+    pub async fn complete_in(
+        &self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+        payload: Bytes,
+        done_ttl: Duration,
+        attempt: &Attempt,
+    ) -> Result<Fenced, StoreError> {
+        let Some(fence) = fence_param(lease) else {
+            return Ok(Fenced::Stale);
+        };
+        let row = self
+            .complete_query(lease, fence, payload, done_ttl, attempt)?
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(map_error)?;
+        applied(&row)
+    }
+
+    fn complete_query<'q>(
+        &self,
+        lease: &Lease,
+        fence: i64,
+        payload: Bytes,
+        done_ttl: Duration,
+        attempt: &Attempt,
+    ) -> Result<sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>, StoreError>
+    {
+        Ok(
+            sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.complete)))
+                .bind(lease.key.storage_id())
+                .bind(lease.token.to_be_bytes().to_vec())
+                .bind(fence)
+                .bind(payload.to_vec())
+                .bind(ttl_param(done_ttl))
+                .bind(attempt_json(attempt)?),
+        )
+    }
+
+    async fn bounded<T>(
+        &self,
+        what: &'static str,
+        run: impl Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.inner.opts.operation_timeout, run).await {
+            Ok(r) => r.map_err(map_error),
+            Err(_) => Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                BACKEND,
+                format!("{what} did not finish in time"),
+            )),
+        }
+    }
+
+    async fn claim_once(
+        &self,
+        key: &ScopedKey,
+        fingerprint: &Fingerprint,
+        token: u128,
+        pending_ttl: Duration,
+    ) -> Result<Option<PgRow>, StoreError> {
+        self.bounded("claim", async {
+            sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.claim)))
+                .bind(key.storage_id())
+                .bind(&key.tenant)
+                .bind(&key.namespace)
+                .bind(key.key.as_str())
+                .bind(&fingerprint.0[..])
+                .bind(token.to_be_bytes().to_vec())
+                .bind(ttl_param(pending_ttl))
+                .fetch_optional(&self.inner.pool)
+                .await
+        })
+        .await
+    }
+}
+
+async fn purge_task(inner: Weak<Inner>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let store = PostgresStore { inner };
+        if let Err(e) = store.purge_expired().await {
+            tracing::warn!(error = %e, "purging expired idempotency records failed");
+        }
+    }
+}
+
+/// A duration in ms as a query parameter, at least 1.
+fn ttl_param(d: Duration) -> i64 {
+    i64::try_from(ms(d).max(1)).unwrap_or(i64::MAX)
+}
+
+/// The lease's fence as stored; `None` when it cannot be one of ours.
+fn fence_param(lease: &Lease) -> Option<i64> {
+    i64::try_from(lease.fence).ok()
+}
+
+fn attempt_json(attempt: &Attempt) -> Result<String, StoreError> {
+    serde_json::to_string(attempt).map_err(|e| {
+        StoreError::new(StoreErrorKind::Rejected, BACKEND, "attempt not encodable").with_source(e)
+    })
+}
+
+fn applied(row: &PgRow) -> Result<Fenced, StoreError> {
+    let n: i64 = row.try_get("applied").map_err(map_error)?;
+    Ok(if n > 0 {
+        Fenced::Applied
+    } else {
+        Fenced::Stale
+    })
+}
+
+fn to_u64(v: i64, what: &str) -> Result<u64, StoreError> {
+    u64::try_from(v).map_err(|_| corrupt(&format!("{what} is negative")))
+}
+
+/// Decodes `fingerprint, state, fence, exp_ms, payload` into a record.
+fn decode_record(row: &PgRow) -> Result<Record, StoreError> {
+    let fp: Vec<u8> = row.try_get("fingerprint").map_err(map_error)?;
+    let fingerprint = <[u8; 32]>::try_from(fp.as_slice())
+        .map(Fingerprint)
+        .map_err(|_| corrupt("record fingerprint is not 32 bytes"))?;
+    let state: String = row.try_get("state").map_err(map_error)?;
+    let exp = to_u64(row.try_get("exp_ms").map_err(map_error)?, "expiry")?;
+    let state = match state.as_str() {
+        "P" => RecordState::Pending {
+            fence: to_u64(row.try_get("fence").map_err(map_error)?, "fence")?,
+            lease_expires_at_ms: exp,
+        },
+        "D" => {
+            let payload: Option<Vec<u8>> = row.try_get("payload").map_err(map_error)?;
+            RecordState::Done {
+                payload: Bytes::from(payload.ok_or_else(|| corrupt("DONE record has no payload"))?),
+                expires_at_ms: exp,
+            }
+        }
+        _ => return Err(corrupt("record state is neither P nor D")),
+    };
+    Ok(Record { fingerprint, state })
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn claim(
+        &self,
+        key: &ScopedKey,
+        fingerprint: &Fingerprint,
+        pending_ttl: Duration,
+    ) -> Result<Claim, StoreError> {
+        let token = Lease::new_token();
+        // Under READ COMMITTED the statement's read of the existing row uses
+        // the snapshot taken when it started: a row inserted by a claim that
+        // committed just after makes the insert conflict (so this claim
+        // cannot win) yet is invisible to the read. The statement then
+        // returns nothing; running it again, with a fresh snapshot, sees it.
+        for _ in 0..5 {
+            let Some(row) = self
+                .claim_once(key, fingerprint, token, pending_ttl)
+                .await?
+            else {
+                continue;
+            };
+            let acquired: bool = row.try_get("acquired").map_err(map_error)?;
+            if acquired {
+                return Ok(Claim::Acquired(Lease {
+                    key: key.clone(),
+                    token,
+                    fence: to_u64(row.try_get("fence").map_err(map_error)?, "fence")?,
+                    expires_at_ms: to_u64(row.try_get("exp_ms").map_err(map_error)?, "expiry")?,
+                }));
+            }
+            return Ok(Claim::Existing(decode_record(&row)?));
+        }
+        Err(StoreError::new(
+            StoreErrorKind::Unavailable,
+            BACKEND,
+            "claim kept racing with concurrent changes to the key",
+        ))
+    }
+
+    async fn renew(&self, lease: &mut Lease, pending_ttl: Duration) -> Result<Fenced, StoreError> {
+        let Some(fence) = fence_param(lease) else {
+            return Ok(Fenced::Stale);
+        };
+        let row = self
+            .bounded("renew", async {
+                sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.renew)))
+                    .bind(lease.key.storage_id())
+                    .bind(lease.token.to_be_bytes().to_vec())
+                    .bind(fence)
+                    .bind(ttl_param(pending_ttl))
+                    .fetch_optional(&self.inner.pool)
+                    .await
+            })
+            .await?;
+        match row {
+            Some(row) => {
+                lease.expires_at_ms = to_u64(row.try_get("exp_ms").map_err(map_error)?, "expiry")?;
+                Ok(Fenced::Applied)
+            }
+            None => Ok(Fenced::Stale),
+        }
+    }
+
+    async fn complete(
+        &self,
+        lease: &Lease,
+        payload: Bytes,
+        done_ttl: Duration,
+        attempt: &Attempt,
+    ) -> Result<Fenced, StoreError> {
+        let Some(fence) = fence_param(lease) else {
+            return Ok(Fenced::Stale);
+        };
+        let query = self.complete_query(lease, fence, payload, done_ttl, attempt)?;
+        let row = self
+            .bounded("complete", query.fetch_one(&self.inner.pool))
+            .await?;
+        let written = applied(&row)?;
+        if written == Fenced::Applied {
+            self.inner.notify.notify(&lease.key.storage_id());
+        }
+        Ok(written)
+    }
+
+    async fn release(
+        &self,
+        lease: &Lease,
+        attempt: &Attempt,
+        timeline_ttl: Duration,
+    ) -> Result<Fenced, StoreError> {
+        let Some(fence) = fence_param(lease) else {
+            return Ok(Fenced::Stale);
+        };
+        let entry = attempt_json(attempt)?;
+        let row = self
+            .bounded("release", async {
+                sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.release)))
+                    .bind(lease.key.storage_id())
+                    .bind(lease.token.to_be_bytes().to_vec())
+                    .bind(fence)
+                    .bind(entry)
+                    .bind(ttl_param(timeline_ttl))
+                    .fetch_one(&self.inner.pool)
+                    .await
+            })
+            .await?;
+        let written = applied(&row)?;
+        if written == Fenced::Applied {
+            self.inner.notify.notify(&lease.key.storage_id());
+        }
+        Ok(written)
+    }
+
+    async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError> {
+        let row = self
+            .bounded("get", async {
+                sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.get)))
+                    .bind(key.storage_id())
+                    .fetch_optional(&self.inner.pool)
+                    .await
+            })
+            .await?;
+        row.as_ref().map(decode_record).transpose()
+    }
+
+    async fn record_attempt(
+        &self,
+        key: &ScopedKey,
+        attempt: &Attempt,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        let entry = attempt_json(attempt)?;
+        self.bounded("record_attempt", async {
+            sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.record_attempt)))
+                .bind(key.storage_id())
+                .bind(entry)
+                .bind(ttl_param(ttl))
+                .execute(&self.inner.pool)
+                .await
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn timeline(&self, key: &ScopedKey) -> Result<Vec<Attempt>, StoreError> {
+        let rows = self
+            .bounded("timeline", async {
+                sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.timeline)))
+                    .bind(key.storage_id())
+                    .fetch_all(&self.inner.pool)
+                    .await
+            })
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let entry: String = row.try_get("entry").map_err(map_error)?;
+                serde_json::from_str(&entry)
+                    .map_err(|e| corrupt("timeline entry is not an attempt").with_source(e))
+            })
+            .collect()
+    }
+
+    async fn changed(&self, key: &ScopedKey, max: Duration) {
+        self.inner
+            .notify
+            .wait(&key.storage_id(), max.min(Duration::from_millis(50)))
+            .await;
+    }
+}

@@ -1,0 +1,247 @@
+//! Tests that need a PostgreSQL of their own: statements counted with
+//! `pg_stat_statements`, and a crash-restart of the server under load.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use idemgate_engine::{
+    Attempt, AttemptOutcome, Claim, ClientKey, Engine, Fenced, Fingerprint, ScopedKey, Store,
+    StoreErrorKind,
+};
+use idemgate_postgres::{PostgresOptions, PostgresStore};
+use support::Private;
+
+fn key() -> ScopedKey {
+    ScopedKey::new("tenant", "ns", ClientKey::mint())
+}
+
+fn fp() -> Fingerprint {
+    Fingerprint::of_request("POST", "/v1", b"{}", &[])
+}
+
+fn attempt() -> Attempt {
+    Attempt {
+        at_ms: idemgate_engine::record::now_ms(),
+        replica: "test".into(),
+        outcome: AttemptOutcome::Executed,
+        status: Some(200),
+        latency_us: 1,
+    }
+}
+
+const LONG: Duration = Duration::from_secs(300);
+
+/// Keys whose DONE write was acknowledged, with the payload written.
+type Acked = Arc<Mutex<Vec<(ScopedKey, Vec<u8>)>>>;
+
+async fn private() -> Private {
+    tokio::task::spawn_blocking(Private::start).await.unwrap()
+}
+
+/// Statements executed by the store, from `pg_stat_statements` (the
+/// counting queries themselves excluded). With a one-connection pool whose
+/// statements are already prepared, each statement is one round trip
+/// (Bind/Execute/Sync sent together).
+async fn statements(admin: &sqlx::PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements \
+         WHERE query NOT ILIKE '%pg_stat_statements%'",
+    )
+    .fetch_one(admin)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_statement_per_operation() {
+    let pg = private().await;
+    let admin = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&pg.url())
+        .await
+        .unwrap();
+    sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .execute(&admin)
+        .await
+        .unwrap();
+    let opts = PostgresOptions::default()
+        .max_connections(1)
+        .purge_interval(None);
+    let store = PostgresStore::connect_with(&pg.url(), opts).await.unwrap();
+    // Warm up: prepare every statement on the pool's one connection.
+    let warm = key();
+    let Claim::Acquired(lease) = store.claim(&warm, &fp(), LONG).await.unwrap() else {
+        panic!("warm-up claim")
+    };
+    let mut l2 = lease.clone();
+    assert_eq!(store.renew(&mut l2, LONG).await.unwrap(), Fenced::Applied);
+    let _ = store.release(&l2, &attempt(), LONG).await.unwrap();
+    store.record_attempt(&warm, &attempt(), LONG).await.unwrap();
+    store.get(&warm).await.unwrap();
+    store.timeline(&warm).await.unwrap();
+    let Claim::Acquired(lease) = store.claim(&warm, &fp(), LONG).await.unwrap() else {
+        panic!("warm-up claim")
+    };
+    let _ = store
+        .complete(&lease, Bytes::from_static(b"w"), LONG, &attempt())
+        .await
+        .unwrap();
+
+    let k = key();
+    let before = statements(&admin).await;
+    let Claim::Acquired(lease) = store.claim(&k, &fp(), LONG).await.unwrap() else {
+        panic!("claim")
+    };
+    let w = store
+        .complete(&lease, Bytes::from_static(b"r"), LONG, &attempt())
+        .await
+        .unwrap();
+    assert_eq!(w, Fenced::Applied);
+    assert_eq!(statements(&admin).await - before, 2, "first execution");
+
+    let before = statements(&admin).await;
+    let c = store.claim(&k, &fp(), LONG).await.unwrap();
+    assert!(matches!(c, Claim::Existing(ref r) if r.is_done()));
+    assert_eq!(statements(&admin).await - before, 1, "replay");
+
+    let before = statements(&admin).await;
+    store.get(&k).await.unwrap();
+    store.timeline(&k).await.unwrap();
+    assert_eq!(statements(&admin).await - before, 2, "get + timeline");
+
+    let engine = Engine::new(Arc::new(store.clone()));
+    let k = key();
+    let before = statements(&admin).await;
+    let first = engine
+        .execute(&k, &fp(), || async { Ok::<_, std::io::Error>(1u8) })
+        .await
+        .unwrap();
+    assert!(!first.replayed());
+    assert_eq!(
+        statements(&admin).await - before,
+        2,
+        "engine first execution"
+    );
+    let before = statements(&admin).await;
+    let again = engine
+        .execute(&k, &fp(), || async { Ok::<_, std::io::Error>(2u8) })
+        .await
+        .unwrap();
+    assert!(again.replayed());
+    assert_eq!(
+        statements(&admin).await - before,
+        2,
+        "engine replay: claim + timeline entry"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn crash_restart_under_load_keeps_every_acknowledged_done() {
+    let pg = Arc::new(private().await);
+    let opts = PostgresOptions::default()
+        .max_connections(8)
+        .operation_timeout(Duration::from_secs(3));
+    let store = PostgresStore::connect_with(&pg.url(), opts).await.unwrap();
+
+    let acknowledged: Acked = Arc::new(Mutex::new(Vec::new()));
+    let errors = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for w in 0..8 {
+        let (store, acknowledged, errors, stop) = (
+            store.clone(),
+            Arc::clone(&acknowledged),
+            Arc::clone(&errors),
+            Arc::clone(&stop),
+        );
+        workers.push(tokio::spawn(async move {
+            let bound = Duration::from_secs(30); // a hang detector, not a timing claim
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let k = key();
+                let claim = tokio::time::timeout(bound, store.claim(&k, &fp(), LONG))
+                    .await
+                    .expect("claim hung");
+                let lease = match claim {
+                    Ok(Claim::Acquired(l)) => l,
+                    Ok(Claim::Existing(r)) => panic!("fresh key already held: {r:?}"),
+                    Err(e) => {
+                        assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
+                        errors.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                };
+                let body = format!("worker {w} op {n}").into_bytes();
+                let done = tokio::time::timeout(
+                    bound,
+                    store.complete(&lease, Bytes::from(body.clone()), LONG, &attempt()),
+                )
+                .await
+                .expect("complete hung");
+                match done {
+                    Ok(Fenced::Applied) => acknowledged.lock().unwrap().push((k, body)),
+                    Ok(Fenced::Stale) => panic!("nobody else can hold this lease"),
+                    Err(e) => {
+                        assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }));
+    }
+
+    let acked = |a: &Acked| a.lock().unwrap().len();
+    while acked(&acknowledged) < 50 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Crash: no shutdown checkpoint, recovery replays the WAL.
+    let p = Arc::clone(&pg);
+    tokio::task::spawn_blocking(move || p.stop("immediate"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let p = Arc::clone(&pg);
+    tokio::task::spawn_blocking(move || p.restart_server())
+        .await
+        .unwrap();
+    let after_restart = acked(&acknowledged);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while acked(&acknowledged) < after_restart + 50 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no progress after the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.await.unwrap();
+    }
+    assert!(
+        errors.load(Ordering::Relaxed) > 0,
+        "a crash under load produced no errors at all"
+    );
+
+    let all = acknowledged.lock().unwrap().clone();
+    println!(
+        "acknowledged {} DONE records, {} operations failed with Unavailable",
+        all.len(),
+        errors.load(Ordering::Relaxed)
+    );
+    for (k, body) in &all {
+        let rec = store
+            .get(k)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("acknowledged DONE lost: {k:?}"));
+        assert_eq!(rec.payload().map(|p| p.to_vec()), Some(body.clone()));
+    }
+}

@@ -1,0 +1,82 @@
+//! Latency of claim, complete and replay against a real Redis, as p50/p99.
+//!
+//! Run with: `cargo bench -p idemgate-redis --bench latency`
+//! (`IDEMGATE_BENCH_REDIS_URL` overrides `redis://127.0.0.1:6379`; any
+//! `redis+cluster://` URL works too). Under `cargo test` it runs a few
+//! iterations only, as a smoke test.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use idemgate_engine::{Attempt, AttemptOutcome, Claim, ClientKey, Fingerprint, ScopedKey, Store};
+use idemgate_redis::{RedisOptions, RedisStore};
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+fn report(name: &str, mut samples: Vec<Duration>) {
+    samples.sort();
+    println!(
+        "{name:<10} n={:<6} p50={:>8.1?} p99={:>8.1?} max={:>8.1?}",
+        samples.len(),
+        percentile(&samples, 0.50),
+        percentile(&samples, 0.99),
+        samples[samples.len() - 1]
+    );
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let full = std::env::args().any(|a| a == "--bench");
+    let n = if full { 5000 } else { 20 };
+    let url = std::env::var("IDEMGATE_BENCH_REDIS_URL")
+        .unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+    let prefix = format!("igbench{:08x}", rand::random::<u32>());
+    let opts = RedisOptions::default()
+        .prefix(prefix)
+        .fence_memory(Duration::from_secs(600));
+    let store = RedisStore::connect_with(&url, opts).await.unwrap();
+    let fp = Fingerprint::of_request("POST", "/v1/chat/completions", b"{\"m\":1}", &[]);
+    let ttl = Duration::from_secs(300);
+    let payload = Bytes::from(vec![b'x'; 1024]);
+    let attempt = Attempt {
+        at_ms: 0,
+        replica: "bench".into(),
+        outcome: AttemptOutcome::Executed,
+        status: Some(200),
+        latency_us: 0,
+    };
+    let (mut claim, mut complete, mut replay) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n + n / 10 {
+        let key = ScopedKey::new("bench", "ns", ClientKey::mint());
+        let t = Instant::now();
+        let Claim::Acquired(lease) = store.claim(&key, &fp, ttl).await.unwrap() else {
+            panic!("fresh key held")
+        };
+        let c = t.elapsed();
+        let t = Instant::now();
+        let _ = store
+            .complete(&lease, payload.clone(), ttl, &attempt)
+            .await
+            .unwrap();
+        let d = t.elapsed();
+        let t = Instant::now();
+        let Claim::Existing(_) = store.claim(&key, &fp, ttl).await.unwrap() else {
+            panic!("replay claimed")
+        };
+        let r = t.elapsed();
+        if i >= n / 10 {
+            claim.push(c);
+            complete.push(d);
+            replay.push(r);
+        }
+    }
+    println!("redis store at {url}, 1 KiB payload, one client task:");
+    report("claim", claim);
+    report("complete", complete);
+    report("replay", replay);
+}

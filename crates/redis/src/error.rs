@@ -1,0 +1,40 @@
+//! The one place Redis errors become [`StoreError`]s.
+
+use idemgate_engine::{StoreError, StoreErrorKind};
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+
+/// Backend name in errors and metrics.
+pub(crate) const BACKEND: &str = "redis";
+
+/// Maps a driver error to a store error kind:
+/// - I/O, timeouts, refused or dropped connections, cluster trouble (down,
+///   moved mid-failover, no node for the slot), a loading or read-only
+///   server: `Unavailable` (temporary, a retry may succeed);
+/// - unexpected reply types and parse failures: `Corrupt`;
+/// - everything else the server refused (ACLs, OOM, script errors, bad
+///   configuration): `Rejected`.
+pub(crate) fn map_error(e: RedisError) -> StoreError {
+    let kind = match e.kind() {
+        ErrorKind::Io | ErrorKind::ClusterConnectionNotFound => StoreErrorKind::Unavailable,
+        ErrorKind::Server(
+            ServerErrorKind::BusyLoading
+            | ServerErrorKind::TryAgain
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::ReadOnly
+            | ServerErrorKind::Moved
+            | ServerErrorKind::Ask,
+        ) => StoreErrorKind::Unavailable,
+        ErrorKind::Parse | ErrorKind::UnexpectedReturnType => StoreErrorKind::Corrupt,
+        _ if e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() => {
+            StoreErrorKind::Unavailable
+        }
+        _ => StoreErrorKind::Rejected,
+    };
+    StoreError::new(kind, BACKEND, e.to_string()).with_source(e)
+}
+
+/// A reply this version cannot read.
+pub(crate) fn corrupt(message: &str) -> StoreError {
+    StoreError::new(StoreErrorKind::Corrupt, BACKEND, message)
+}

@@ -1,0 +1,37 @@
+//! Redis store for idemgate: many gateway replicas and services share one
+//! Redis (a single node or a Redis Cluster) and still execute each key once.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), idemgate_engine::StoreError> {
+//! use std::sync::Arc;
+//! let store = idemgate_redis::RedisStore::connect("redis://127.0.0.1:6379").await?;
+//! let engine = idemgate_engine::Engine::new(Arc::new(store));
+//! # let _ = engine; Ok(()) }
+//! ```
+//!
+//! # Layout
+//! - [`store`]: [`RedisStore`], its [`RedisOptions`], key naming and reply decoding.
+//! - `scripts`: the Lua scripts behind claim, renew, complete, release and
+//!   timeline appends.
+//! - `error`: the one mapping from driver errors to `StoreError` kinds.
+//!
+//! # The key decision
+//! **Every operation is one round trip and one atomic step on the server.**
+//! A claim is a Lua script (sent as `EVALSHA`) that reads the record and, if
+//! it is absent, writes PENDING with a fresh fence in the same step; renew,
+//! complete and release are scripts that check token and fence first; reads
+//! are one `HMGET` or `LRANGE`. Expiry is Redis's own key TTL (PENDING key
+//! TTL = the lease, DONE key TTL = `done_ttl`) and every timestamp comes from
+//! the server's `TIME`, so replicas with skewed clocks still agree. The
+//! alternative — `WATCH`/`MULTI` transactions — costs several round trips and
+//! retries under contention, which is exactly when a claim must be fast.
+//!
+//! Fences are `max(last fence + 1, server time in µs)`: strictly growing per
+//! key while the last one is remembered (a small per-key counter kept for
+//! [`RedisOptions::fence_memory`]), and still growing after it is forgotten.
+
+mod error;
+mod scripts;
+pub mod store;
+
+pub use store::{RedisOptions, RedisStore};

@@ -1,0 +1,124 @@
+//! The Lua scripts behind every write: each runs atomically on the server,
+//! so a claim or a fenced write is one round trip (`EVALSHA`) with no
+//! read-then-write race between replicas.
+//!
+//! Time comes from the server (`TIME`), never from the client: every replica
+//! sharing the store then agrees on lease and record expiry. Numbers are
+//! formatted with `%.0f` because Lua 5.1's `tostring` switches to exponent
+//! notation above 1e14, and µs timestamps are larger than that.
+//!
+//! Record hash fields: `st` (`P` or `D`), `fp` (32 raw fingerprint bytes),
+//! `tok` (owner token, 32 hex digits), `fence` (decimal), `exp` (lease or
+//! record expiry, ms since the epoch, decimal), `body` (payload, DONE only).
+
+use redis::Script;
+
+/// Shared helpers prepended to the scripts that append to a timeline.
+/// `push(key, entry, max, ttl)`: append, keep the newest `max`, and make the
+/// list live at least `ttl` ms.
+const PUSH: &str = r"
+local function push(key, entry, max, ttl)
+  redis.call('RPUSH', key, entry)
+  redis.call('LTRIM', key, -tonumber(max), -1)
+  if redis.call('PTTL', key) < tonumber(ttl) then
+    redis.call('PEXPIRE', key, ttl)
+  end
+end
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function owned(rec, tok, fence)
+  local cur = redis.call('HMGET', rec, 'st', 'tok', 'fence')
+  return cur[1] == 'P' and cur[2] == tok and cur[3] == fence
+end
+";
+
+/// Claim-or-read.
+///
+/// KEYS: record, fence counter. ARGV: fingerprint, token, pending_ttl ms,
+/// fence memory ms.
+///
+/// Returns `{1, fence, lease_expiry}` when acquired, or
+/// `{0, st, fp, fence, exp, body}` for the live record found. The fence is
+/// `max(last fence + 1, server time in µs)`: it grows across claims while the
+/// counter key is remembered, and keeps growing after it is forgotten as long
+/// as the server clock does not go back.
+const CLAIM: &str = r"
+local cur = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fence', 'exp', 'body')
+if cur[1] then
+  return {0, cur[1], cur[2], cur[3], cur[4], cur[5]}
+end
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local fence = (tonumber(redis.call('GET', KEYS[2]) or '0') or 0) + 1
+if now_us > fence then fence = now_us end
+local ttl = tonumber(ARGV[3])
+local fs = string.format('%.0f', fence)
+local es = string.format('%.0f', math.floor(now_us / 1000) + ttl)
+redis.call('HSET', KEYS[1], 'st', 'P', 'fp', ARGV[1], 'tok', ARGV[2], 'fence', fs, 'exp', es)
+redis.call('PEXPIRE', KEYS[1], ttl)
+redis.call('SET', KEYS[2], fs, 'PX', ARGV[4])
+return {1, fs, es}
+";
+
+/// Heartbeat. KEYS: record. ARGV: token, fence, pending_ttl ms.
+/// Returns the new lease expiry, or nil when the lease is not current.
+const RENEW: &str = r"
+if not owned(KEYS[1], ARGV[1], ARGV[2]) then return false end
+local es = string.format('%.0f', now_ms() + tonumber(ARGV[3]))
+redis.call('HSET', KEYS[1], 'exp', es)
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return es
+";
+
+/// PENDING → DONE. KEYS: record, timeline. ARGV: token, fence, payload,
+/// done_ttl ms, attempt JSON, timeline max. Returns 1 if applied, 0 if stale.
+const COMPLETE: &str = r"
+if not owned(KEYS[1], ARGV[1], ARGV[2]) then return 0 end
+local ttl = tonumber(ARGV[4])
+local es = string.format('%.0f', now_ms() + ttl)
+redis.call('HSET', KEYS[1], 'st', 'D', 'exp', es, 'body', ARGV[3])
+redis.call('HDEL', KEYS[1], 'tok')
+redis.call('PEXPIRE', KEYS[1], ttl)
+push(KEYS[2], ARGV[5], ARGV[6], ttl)
+return 1
+";
+
+/// PENDING → absent. KEYS: record, timeline. ARGV: token, fence, attempt
+/// JSON, timeline max, timeline ttl ms. Returns 1 if applied, 0 if stale.
+const RELEASE: &str = r"
+if not owned(KEYS[1], ARGV[1], ARGV[2]) then return 0 end
+redis.call('DEL', KEYS[1])
+push(KEYS[2], ARGV[3], ARGV[4], ARGV[5])
+return 1
+";
+
+/// Timeline append. KEYS: timeline. ARGV: attempt JSON, max, ttl ms.
+const RECORD: &str = r"
+push(KEYS[1], ARGV[1], ARGV[2], ARGV[3])
+return 1
+";
+
+/// The compiled scripts (their SHA1s are computed once).
+#[derive(Debug)]
+pub(crate) struct Scripts {
+    pub(crate) claim: Script,
+    pub(crate) renew: Script,
+    pub(crate) complete: Script,
+    pub(crate) release: Script,
+    pub(crate) record: Script,
+}
+
+impl Scripts {
+    pub(crate) fn new() -> Self {
+        let with_helpers = |body: &str| Script::new(&format!("{PUSH}{body}"));
+        Self {
+            claim: Script::new(CLAIM),
+            renew: with_helpers(RENEW),
+            complete: with_helpers(COMPLETE),
+            release: with_helpers(RELEASE),
+            record: with_helpers(RECORD),
+        }
+    }
+}

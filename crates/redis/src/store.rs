@@ -1,0 +1,570 @@
+//! [`RedisStore`]: the `Store` trait over one Redis node or a Redis Cluster.
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use idemgate_engine::notify::KeyedNotify;
+use idemgate_engine::record::ms;
+use idemgate_engine::{
+    Attempt, Claim, Fenced, Fingerprint, Lease, MAX_TIMELINE, Record, RecordState, ScopedKey,
+    Store, StoreError, StoreErrorKind,
+};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, FromRedisValue, RedisError, ScriptInvocation, Value};
+use sha2::{Digest, Sha256};
+
+use crate::error::{BACKEND, corrupt, map_error};
+use crate::scripts::Scripts;
+
+/// Settings of a [`RedisStore`]. `Default` gives the documented defaults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedisOptions {
+    /// Prefix of every key the store writes (default `idemgate`). Lets
+    /// several deployments share one Redis; must not contain `{` or `}`.
+    pub prefix: String,
+    /// How long one command may wait for its answer (default 500 ms).
+    pub response_timeout: Duration,
+    /// How long one connection attempt may take (default 1 s).
+    pub connection_timeout: Duration,
+    /// Upper bound on one store operation, reconnection included (default
+    /// 1.5 s). During an outage every operation ends within this bound with
+    /// an `Unavailable` error.
+    pub operation_timeout: Duration,
+    /// How long a key's last fence is remembered after its last claim
+    /// (default 7 days). Beyond that, fences still grow because they are at
+    /// least the server time in µs.
+    pub fence_memory: Duration,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        Self {
+            prefix: "idemgate".to_owned(),
+            response_timeout: Duration::from_millis(500),
+            connection_timeout: Duration::from_secs(1),
+            operation_timeout: Duration::from_millis(1500),
+            fence_memory: Duration::from_secs(7 * 24 * 3600),
+        }
+    }
+}
+
+impl RedisOptions {
+    /// Sets the key prefix.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Sets the per-command response timeout.
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// Sets the connection timeout.
+    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
+        self.connection_timeout = timeout;
+        self
+    }
+
+    /// Sets the bound on one store operation.
+    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
+        self.operation_timeout = timeout;
+        self
+    }
+
+    /// Sets how long a key's last fence is remembered.
+    pub fn fence_memory(mut self, memory: Duration) -> Self {
+        self.fence_memory = memory;
+        self
+    }
+}
+
+/// One connection to a single node (reconnecting `ConnectionManager`) or to
+/// a cluster (the cluster client reconnects and follows slot moves itself).
+/// Both are cheap clones of a shared multiplexed connection.
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl fmt::Debug for Conn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Single(_) => "Single",
+            Self::Cluster(_) => "Cluster",
+        })
+    }
+}
+
+/// The Redis store. Cheap to clone: clones share the connection.
+///
+/// Keys of one record share a hash slot through a hash tag holding a hex
+/// hash of the scoped key's storage id:
+/// `<prefix>:{<32 hex>}:rec` (hash), `…:tl` (timeline list) and `…:fence`
+/// (last fence). User text never appears in key names, so it can neither
+/// break the tagging nor leak through `KEYS`/`SCAN`.
+///
+/// Waiters ([`Store::changed`]) are woken at once by completions made through
+/// this store instance, and otherwise poll every 50 ms (the trait's default
+/// slice): no blocking command ever runs on the shared connection.
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: Conn,
+    opts: RedisOptions,
+    scripts: std::sync::Arc<Scripts>,
+    notify: std::sync::Arc<KeyedNotify>,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("conn", &self.conn)
+            .field("opts", &self.opts)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The keys of one record.
+struct Keys {
+    rec: String,
+    tl: String,
+    fence: String,
+}
+
+impl RedisStore {
+    /// Connects with default options. See [`RedisStore::connect_with`].
+    ///
+    /// # Errors
+    /// As [`RedisStore::connect_with`].
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::connect_with(url, RedisOptions::default()).await
+    }
+
+    /// Connects to `redis://host:port[/db]` (one node) or
+    /// `redis+cluster://host:port[,host:port…]` (a cluster; any reachable
+    /// node is enough to discover the rest).
+    ///
+    /// # Errors
+    /// `Rejected` for a malformed URL or prefix; `Unavailable` when the
+    /// server cannot be reached.
+    pub async fn connect_with(url: &str, opts: RedisOptions) -> Result<Self, StoreError> {
+        if opts.prefix.is_empty() || opts.prefix.contains(['{', '}']) {
+            return Err(StoreError::new(
+                StoreErrorKind::Rejected,
+                BACKEND,
+                format!(
+                    "key prefix {:?} must be non-empty and free of '{{' and '}}'",
+                    opts.prefix
+                ),
+            ));
+        }
+        let connecting = async {
+            match cluster_nodes(url) {
+                Some(nodes) => {
+                    let client = ClusterClient::builder(nodes)
+                        .connection_timeout(opts.connection_timeout)
+                        .response_timeout(opts.response_timeout)
+                        .retries(2)
+                        .build()
+                        .map_err(map_error)?;
+                    let conn = client.get_async_connection().await.map_err(map_error)?;
+                    Ok(Conn::Cluster(conn))
+                }
+                None => {
+                    let client = redis::Client::open(url).map_err(map_error)?;
+                    let config = ConnectionManagerConfig::new()
+                        .set_connection_timeout(Some(opts.connection_timeout))
+                        .set_response_timeout(Some(opts.response_timeout))
+                        .set_number_of_retries(1)
+                        .set_min_delay(Duration::from_millis(50))
+                        .set_max_delay(Duration::from_millis(250));
+                    let conn = ConnectionManager::new_with_config(client, config)
+                        .await
+                        .map_err(map_error)?;
+                    Ok(Conn::Single(conn))
+                }
+            }
+        };
+        let conn =
+            tokio::time::timeout(opts.connection_timeout + opts.operation_timeout, connecting)
+                .await
+                .map_err(|_| timed_out("connect"))??;
+        Ok(Self {
+            conn,
+            opts,
+            scripts: std::sync::Arc::new(Scripts::new()),
+            notify: std::sync::Arc::new(KeyedNotify::new()),
+        })
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &RedisOptions {
+        &self.opts
+    }
+
+    /// Whether this store talks to a cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.conn, Conn::Cluster(_))
+    }
+
+    fn keys(&self, key: &ScopedKey) -> Keys {
+        record_keys(&self.opts.prefix, key)
+    }
+
+    async fn invoke<T: FromRedisValue>(
+        &self,
+        what: &'static str,
+        inv: &ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
+        let run = async {
+            match self.conn.clone() {
+                Conn::Single(mut c) => inv.invoke_async(&mut c).await,
+                Conn::Cluster(mut c) => inv.invoke_async(&mut c).await,
+            }
+        };
+        self.bounded(what, run).await
+    }
+
+    async fn query<T: FromRedisValue>(
+        &self,
+        what: &'static str,
+        cmd: &Cmd,
+    ) -> Result<T, StoreError> {
+        let run = async {
+            match self.conn.clone() {
+                Conn::Single(mut c) => cmd.query_async(&mut c).await,
+                Conn::Cluster(mut c) => cmd.query_async(&mut c).await,
+            }
+        };
+        self.bounded(what, run).await
+    }
+
+    async fn bounded<T>(
+        &self,
+        what: &'static str,
+        run: impl Future<Output = Result<T, RedisError>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.opts.operation_timeout, run).await {
+            Ok(r) => r.map_err(map_error),
+            Err(_) => Err(timed_out(what)),
+        }
+    }
+}
+
+/// The keys of `key`'s record. The hash tag holds 32 hex digits of SHA-256
+/// of the storage id, so all three land in one slot whatever the user text.
+fn record_keys(prefix: &str, key: &ScopedKey) -> Keys {
+    let digest = Sha256::digest(key.storage_id().as_bytes());
+    let tag = hex::encode(&digest[..16]);
+    Keys {
+        rec: format!("{prefix}:{{{tag}}}:rec"),
+        tl: format!("{prefix}:{{{tag}}}:tl"),
+        fence: format!("{prefix}:{{{tag}}}:fence"),
+    }
+}
+
+fn timed_out(what: &str) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Unavailable,
+        BACKEND,
+        format!("{what} did not finish in time"),
+    )
+}
+
+/// Splits `redis+cluster://[auth@]h1:p1,h2:p2[/…]` into one `redis://` URL per
+/// node; `None` for any other scheme.
+fn cluster_nodes(url: &str) -> Option<Vec<String>> {
+    let rest = url.strip_prefix("redis+cluster://")?;
+    let (auth, hosts) = match rest.rsplit_once('@') {
+        Some((auth, hosts)) => (format!("{auth}@"), hosts),
+        None => (String::new(), rest),
+    };
+    let (hosts, tail) = match hosts.find(['/', '?']) {
+        Some(i) => hosts.split_at(i),
+        None => (hosts, ""),
+    };
+    Some(
+        hosts
+            .split(',')
+            .filter(|h| !h.is_empty())
+            .map(|h| format!("redis://{auth}{h}{tail}"))
+            .collect(),
+    )
+}
+
+fn token_hex(token: u128) -> String {
+    format!("{token:032x}")
+}
+
+/// A duration in ms for `PEXPIRE`: at least 1 (0 would delete the key).
+fn ttl_ms(d: Duration) -> u64 {
+    ms(d).max(1)
+}
+
+fn attempt_json(attempt: &Attempt) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(attempt).map_err(|e| {
+        StoreError::new(StoreErrorKind::Rejected, BACKEND, "attempt not encodable").with_source(e)
+    })
+}
+
+fn as_bytes(v: &Value) -> Option<&[u8]> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.as_bytes()),
+        _ => None,
+    }
+}
+
+fn as_u64(v: &Value) -> Option<u64> {
+    match v {
+        Value::Int(i) => u64::try_from(*i).ok(),
+        other => std::str::from_utf8(as_bytes(other)?).ok()?.parse().ok(),
+    }
+}
+
+/// Decodes `st, fp, fence, exp, body` (HMGET order) into a record;
+/// `Ok(None)` when the hash is absent.
+fn decode_record(fields: &[Value]) -> Result<Option<Record>, StoreError> {
+    let [st, fp, fence, exp, body] = fields else {
+        return Err(corrupt("record reply has the wrong shape"));
+    };
+    if matches!(st, Value::Nil) {
+        return Ok(None);
+    }
+    let fingerprint = as_bytes(fp)
+        .and_then(|b| <[u8; 32]>::try_from(b).ok())
+        .map(Fingerprint)
+        .ok_or_else(|| corrupt("record fingerprint is not 32 bytes"))?;
+    let exp = as_u64(exp).ok_or_else(|| corrupt("record expiry is not a number"))?;
+    let state = match as_bytes(st) {
+        Some(b"P") => RecordState::Pending {
+            fence: as_u64(fence).ok_or_else(|| corrupt("record fence is not a number"))?,
+            lease_expires_at_ms: exp,
+        },
+        Some(b"D") => RecordState::Done {
+            payload: Bytes::copy_from_slice(
+                as_bytes(body).ok_or_else(|| corrupt("DONE record has no payload"))?,
+            ),
+            expires_at_ms: exp,
+        },
+        _ => return Err(corrupt("record state is neither P nor D")),
+    };
+    Ok(Some(Record { fingerprint, state }))
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn claim(
+        &self,
+        key: &ScopedKey,
+        fingerprint: &Fingerprint,
+        pending_ttl: Duration,
+    ) -> Result<Claim, StoreError> {
+        let k = self.keys(key);
+        let token = idemgate_engine::Lease::new_token();
+        let reply: Vec<Value> = self
+            .invoke(
+                "claim",
+                self.scripts
+                    .claim
+                    .key(&k.rec)
+                    .key(&k.fence)
+                    .arg(&fingerprint.0[..])
+                    .arg(token_hex(token))
+                    .arg(ttl_ms(pending_ttl))
+                    .arg(ttl_ms(self.opts.fence_memory)),
+            )
+            .await?;
+        match reply.split_first() {
+            Some((Value::Int(1), [fence, exp])) => Ok(Claim::Acquired(Lease {
+                key: key.clone(),
+                token,
+                fence: as_u64(fence).ok_or_else(|| corrupt("claim fence is not a number"))?,
+                expires_at_ms: as_u64(exp)
+                    .ok_or_else(|| corrupt("claim expiry is not a number"))?,
+            })),
+            Some((Value::Int(0), fields)) => match decode_record(fields)? {
+                Some(record) => Ok(Claim::Existing(record)),
+                None => Err(corrupt("claim found a record without a state")),
+            },
+            _ => Err(corrupt("claim reply has the wrong shape")),
+        }
+    }
+
+    async fn renew(&self, lease: &mut Lease, pending_ttl: Duration) -> Result<Fenced, StoreError> {
+        let k = self.keys(&lease.key);
+        let reply: Option<u64> = self
+            .invoke(
+                "renew",
+                self.scripts
+                    .renew
+                    .key(&k.rec)
+                    .arg(token_hex(lease.token))
+                    .arg(lease.fence)
+                    .arg(ttl_ms(pending_ttl)),
+            )
+            .await?;
+        Ok(match reply {
+            Some(expires) => {
+                lease.expires_at_ms = expires;
+                Fenced::Applied
+            }
+            None => Fenced::Stale,
+        })
+    }
+
+    async fn complete(
+        &self,
+        lease: &Lease,
+        payload: Bytes,
+        done_ttl: Duration,
+        attempt: &Attempt,
+    ) -> Result<Fenced, StoreError> {
+        let k = self.keys(&lease.key);
+        let applied: i64 = self
+            .invoke(
+                "complete",
+                self.scripts
+                    .complete
+                    .key(&k.rec)
+                    .key(&k.tl)
+                    .arg(token_hex(lease.token))
+                    .arg(lease.fence)
+                    .arg(&payload[..])
+                    .arg(ttl_ms(done_ttl))
+                    .arg(attempt_json(attempt)?)
+                    .arg(MAX_TIMELINE),
+            )
+            .await?;
+        if applied == 1 {
+            self.notify.notify(&lease.key.storage_id());
+            Ok(Fenced::Applied)
+        } else {
+            Ok(Fenced::Stale)
+        }
+    }
+
+    async fn release(
+        &self,
+        lease: &Lease,
+        attempt: &Attempt,
+        timeline_ttl: Duration,
+    ) -> Result<Fenced, StoreError> {
+        let k = self.keys(&lease.key);
+        let applied: i64 = self
+            .invoke(
+                "release",
+                self.scripts
+                    .release
+                    .key(&k.rec)
+                    .key(&k.tl)
+                    .arg(token_hex(lease.token))
+                    .arg(lease.fence)
+                    .arg(attempt_json(attempt)?)
+                    .arg(MAX_TIMELINE)
+                    .arg(ttl_ms(timeline_ttl)),
+            )
+            .await?;
+        if applied == 1 {
+            self.notify.notify(&lease.key.storage_id());
+            Ok(Fenced::Applied)
+        } else {
+            Ok(Fenced::Stale)
+        }
+    }
+
+    async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError> {
+        let k = self.keys(key);
+        let mut cmd = redis::cmd("HMGET");
+        cmd.arg(&k.rec).arg(&["st", "fp", "fence", "exp", "body"]);
+        let fields: Vec<Value> = self.query("get", &cmd).await?;
+        decode_record(&fields)
+    }
+
+    async fn record_attempt(
+        &self,
+        key: &ScopedKey,
+        attempt: &Attempt,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        let k = self.keys(key);
+        let _: i64 = self
+            .invoke(
+                "record_attempt",
+                self.scripts
+                    .record
+                    .key(&k.tl)
+                    .arg(attempt_json(attempt)?)
+                    .arg(MAX_TIMELINE)
+                    .arg(ttl_ms(ttl)),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn timeline(&self, key: &ScopedKey) -> Result<Vec<Attempt>, StoreError> {
+        let k = self.keys(key);
+        let mut cmd = redis::cmd("LRANGE");
+        cmd.arg(&k.tl).arg(0).arg(-1);
+        let entries: Vec<Vec<u8>> = self.query("timeline", &cmd).await?;
+        entries
+            .iter()
+            .map(|e| {
+                serde_json::from_slice(e)
+                    .map_err(|err| corrupt("timeline entry is not an attempt").with_source(err))
+            })
+            .collect()
+    }
+
+    async fn changed(&self, key: &ScopedKey, max: Duration) {
+        self.notify
+            .wait(&key.storage_id(), max.min(Duration::from_millis(50)))
+            .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_urls_split_per_node() {
+        assert_eq!(
+            cluster_nodes("redis+cluster://a:1,b:2"),
+            Some(vec!["redis://a:1".to_owned(), "redis://b:2".to_owned()])
+        );
+        assert_eq!(
+            cluster_nodes("redis+cluster://u:p@a:1,b:2/0"),
+            Some(vec![
+                "redis://u:p@a:1/0".to_owned(),
+                "redis://u:p@b:2/0".to_owned()
+            ])
+        );
+        assert_eq!(cluster_nodes("redis://a:1"), None);
+    }
+
+    #[test]
+    fn a_records_keys_share_one_tag_free_of_user_text() {
+        let client = idemgate_engine::ClientKey::parse("{evil}:key").unwrap();
+        let key = ScopedKey::new("t}{", "n", client);
+        let k = record_keys("idemgate", &key);
+        let tag = |s: &str| s[s.find('{').unwrap()..=s.find('}').unwrap()].to_owned();
+        for name in [&k.rec, &k.tl, &k.fence] {
+            assert_eq!(name.matches(['{', '}']).count(), 2, "{name}");
+            assert!(!name.contains("evil"));
+            assert_eq!(tag(name), tag(&k.rec));
+        }
+        let other = ScopedKey::new("t}{", "n2", key.key.clone());
+        assert_ne!(tag(&record_keys("idemgate", &other).rec), tag(&k.rec));
+    }
+}

@@ -1,0 +1,256 @@
+//! Tests that need a Redis of their own (never the shared one on 6379):
+//! round trips counted from `INFO commandstats`, and an outage — the server
+//! stopped and restarted on the same port.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use idemgate_engine::{
+    Attempt, AttemptOutcome, Claim, ClientKey, Engine, Fenced, Fingerprint, ScopedKey, Store,
+    StoreErrorKind,
+};
+use idemgate_redis::RedisStore;
+use support::Server;
+
+fn key() -> ScopedKey {
+    ScopedKey::new("tenant", "ns", ClientKey::mint())
+}
+
+fn fp() -> Fingerprint {
+    Fingerprint::of_request("POST", "/v1", b"{}", &[])
+}
+
+fn attempt() -> Attempt {
+    Attempt {
+        at_ms: idemgate_engine::record::now_ms(),
+        replica: "test".into(),
+        outcome: AttemptOutcome::Executed,
+        status: Some(200),
+        latency_us: 1,
+    }
+}
+
+const LONG: Duration = Duration::from_secs(300);
+
+/// Commands the Lua scripts run inside the server. `INFO commandstats`
+/// counts them too, so round trips are counted as: EVALSHA calls (only a
+/// client can send those), HMGET calls (sent by `get`, and run once inside
+/// every script but `record`), and every other command, which must not
+/// appear at all.
+const INSIDE_SCRIPTS: &[&str] = &[
+    "hmget", "time", "hset", "pexpire", "set", "get", "del", "rpush", "ltrim", "pttl", "hdel",
+];
+
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+struct Counts {
+    evalsha: u64,
+    hmget: u64,
+    lrange: u64,
+    stray: u64,
+}
+
+fn counts(server: &Server) -> Counts {
+    let mut skip = INSIDE_SCRIPTS.to_vec();
+    skip.extend(["evalsha", "lrange"]);
+    Counts {
+        evalsha: server.calls(&["evalsha"]),
+        hmget: server.calls(&["hmget"]),
+        lrange: server.calls(&["lrange"]),
+        stray: server.calls_except(&skip),
+    }
+}
+
+fn delta(a: Counts, b: Counts) -> Counts {
+    Counts {
+        evalsha: b.evalsha - a.evalsha,
+        hmget: b.hmget - a.hmget,
+        lrange: b.lrange - a.lrange,
+        stray: b.stray - a.stray,
+    }
+}
+
+const fn c(evalsha: u64, hmget: u64, lrange: u64) -> Counts {
+    Counts {
+        evalsha,
+        hmget,
+        lrange,
+        stray: 0,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_round_trip_per_operation() {
+    let root = tempfile::tempdir().unwrap();
+    let server = tokio::task::spawn_blocking({
+        let root = root.path().to_owned();
+        move || Server::start(&root, false)
+    })
+    .await
+    .unwrap();
+    let store = RedisStore::connect_with(&server.url(), support::options())
+        .await
+        .unwrap();
+    // Warm up: load every script once (the first EVALSHA of a script answers
+    // NOSCRIPT and is followed by SCRIPT LOAD).
+    let warm = key();
+    let Claim::Acquired(lease) = store.claim(&warm, &fp(), LONG).await.unwrap() else {
+        panic!("warm-up claim")
+    };
+    let mut l2 = lease.clone();
+    assert_eq!(store.renew(&mut l2, LONG).await.unwrap(), Fenced::Applied);
+    let _ = store.release(&lease, &attempt(), LONG).await.unwrap();
+    store.record_attempt(&warm, &attempt(), LONG).await.unwrap();
+    let Claim::Acquired(lease) = store.claim(&warm, &fp(), LONG).await.unwrap() else {
+        panic!("warm-up claim")
+    };
+    let _ = store
+        .complete(&lease, Bytes::from_static(b"w"), LONG, &attempt())
+        .await
+        .unwrap();
+
+    let stats = || tokio::task::block_in_place(|| counts(&server));
+
+    // Store level: first execution = claim + complete; replay = claim.
+    let k = key();
+    let before = stats();
+    let Claim::Acquired(lease) = store.claim(&k, &fp(), LONG).await.unwrap() else {
+        panic!("claim")
+    };
+    let w = store
+        .complete(&lease, Bytes::from_static(b"r"), LONG, &attempt())
+        .await
+        .unwrap();
+    assert_eq!(w, Fenced::Applied);
+    assert_eq!(delta(before, stats()), c(2, 2, 0), "first execution");
+
+    let before = stats();
+    let claim = store.claim(&k, &fp(), LONG).await.unwrap();
+    assert!(matches!(claim, Claim::Existing(ref r) if r.is_done()));
+    assert_eq!(delta(before, stats()), c(1, 1, 0), "replay: one EVALSHA");
+
+    let before = stats();
+    store.get(&k).await.unwrap();
+    assert_eq!(delta(before, stats()), c(0, 1, 0), "get: one HMGET");
+    let before = stats();
+    store.timeline(&k).await.unwrap();
+    assert_eq!(delta(before, stats()), c(0, 0, 1), "timeline: one LRANGE");
+
+    // Through the engine: a first execution is claim + complete; a replay is
+    // the claim plus the timeline entry the engine appends (record_attempt).
+    let engine = Engine::new(Arc::new(store.clone()));
+    let k = key();
+    let before = stats();
+    let first = engine
+        .execute(&k, &fp(), || async { Ok::<_, std::io::Error>(1u8) })
+        .await
+        .unwrap();
+    assert!(!first.replayed());
+    assert_eq!(delta(before, stats()), c(2, 2, 0), "engine first execution");
+    let before = stats();
+    let again = engine
+        .execute(&k, &fp(), || async { Ok::<_, std::io::Error>(2u8) })
+        .await
+        .unwrap();
+    assert!(again.replayed());
+    assert_eq!(
+        delta(before, stats()),
+        c(2, 1, 0),
+        "engine replay: claim + timeline entry"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn survives_a_server_restart() {
+    let root = tempfile::tempdir().unwrap();
+    let mut server = tokio::task::spawn_blocking({
+        let root = root.path().to_owned();
+        move || Server::start(&root, false)
+    })
+    .await
+    .unwrap();
+    let store = RedisStore::connect_with(&server.url(), support::options())
+        .await
+        .unwrap();
+    let done = key();
+    let Claim::Acquired(lease) = store.claim(&done, &fp(), LONG).await.unwrap() else {
+        panic!("claim")
+    };
+    let w = store
+        .complete(&lease, Bytes::from_static(b"kept"), LONG, &attempt())
+        .await
+        .unwrap();
+    assert_eq!(w, Fenced::Applied);
+
+    server = tokio::task::spawn_blocking(move || {
+        server.stop();
+        server
+    })
+    .await
+    .unwrap();
+
+    // During the outage every operation ends, with Unavailable.
+    for _ in 0..5 {
+        let bound = Duration::from_secs(30); // a hang detector, not a timing claim
+        let claim = tokio::time::timeout(bound, store.claim(&key(), &fp(), LONG))
+            .await
+            .expect("claim hung during the outage");
+        assert_eq!(claim.unwrap_err().kind(), StoreErrorKind::Unavailable);
+        let get = tokio::time::timeout(bound, store.get(&done))
+            .await
+            .expect("get hung during the outage");
+        assert_eq!(get.unwrap_err().kind(), StoreErrorKind::Unavailable);
+        let complete = tokio::time::timeout(
+            bound,
+            store.complete(&lease, Bytes::from_static(b"x"), LONG, &attempt()),
+        )
+        .await
+        .expect("complete hung during the outage");
+        let e = complete.unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Unavailable);
+        assert!(e.is_temporary());
+    }
+
+    let _server = tokio::task::spawn_blocking(move || {
+        server.restart();
+        server
+    })
+    .await
+    .unwrap();
+
+    // Back again: the same store recovers, and the DONE record survived
+    // (append-only file, fsync always).
+    let recovered = support_eventually(|| {
+        let store = store.clone();
+        let done = done.clone();
+        async move { matches!(store.get(&done).await, Ok(Some(r)) if r.is_done()) }
+    })
+    .await;
+    assert!(recovered, "the store never recovered after the restart");
+    let rec = store.get(&done).await.unwrap().unwrap();
+    assert_eq!(rec.payload().unwrap().as_ref(), b"kept");
+    let fresh = key();
+    let Claim::Acquired(lease) = store.claim(&fresh, &fp(), LONG).await.unwrap() else {
+        panic!("claim after restart")
+    };
+    assert!(lease.fence > 0);
+}
+
+async fn support_eventually<F, Fut>(check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let mut check = check;
+    for _ in 0..200 {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
