@@ -79,6 +79,28 @@ async fn concurrent(
         .mul_f64(iters as f64 / (per * CALLERS) as f64)
 }
 
+/// The disk's own limit: one durable single-row commit per iteration, on a
+/// plain connection with the store's settings (WAL, `synchronous=FULL`).
+/// Executions per second at 64 callers can be at most 32 times this (two
+/// durable commits per execution, 64 callers sharing each commit).
+fn raw_commit(c: &mut Criterion) {
+    let dir = tempfile::tempdir().unwrap();
+    let conn = rusqlite::Connection::open(dir.path().join("raw.db")).unwrap();
+    conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+    conn.pragma_update(None, "synchronous", "FULL").unwrap();
+    conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, v BLOB)")
+        .unwrap();
+    let mut g = c.benchmark_group("sqlite");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("raw_commit/1", |b| {
+        b.iter(|| {
+            conn.execute("INSERT INTO t(v) VALUES (zeroblob(100))", [])
+                .unwrap();
+        });
+    });
+    g.finish();
+}
+
 fn sqlite(c: &mut Criterion) {
     let rt = runtime();
     let dir = tempfile::tempdir().unwrap();
@@ -134,5 +156,5 @@ fn sqlite(c: &mut Criterion) {
     store.close();
 }
 
-criterion_group!(benches, sqlite);
+criterion_group!(benches, raw_commit, sqlite);
 criterion_main!(benches);
