@@ -25,6 +25,18 @@
 //! Reads take the other road: a small pool of reader connections answers
 //! `get`, `timeline` and the common `claim` of a key that is already held
 //! or done, without touching the writer (WAL lets readers run beside it).
+//! Reads run on the calling task's thread: they are short indexed lookups
+//! in a local file, cheaper than a hop to a blocking thread pool.
+//!
+//! # Good to know
+//! - A write whose caller stops waiting (a dropped future) may still be
+//!   committed: a claim then stays PENDING until its lease runs out, as
+//!   with any store whose round trip was cut.
+//! - Other processes' changes wake `changed` waiters by polling (the engine
+//!   re-reads at least every 100 ms); this process's own commits wake them
+//!   at once.
+//! - Dropping the last handle (or [`SqliteStore::close`]) finishes queued
+//!   writes, then joins the writer thread: it may block for one commit.
 
 pub mod error;
 mod rows;

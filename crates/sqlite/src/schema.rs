@@ -75,6 +75,18 @@ pub(crate) fn connect(path: &Path, busy_timeout: Duration) -> Result<Connection,
     Ok(conn)
 }
 
+/// Opens a reader connection: like [`connect`], but refusing writes, so a
+/// bug can never bypass the writer thread.
+pub(crate) fn connect_reader(
+    path: &Path,
+    busy_timeout: Duration,
+) -> Result<Connection, SqliteError> {
+    let conn = connect(path, busy_timeout)?;
+    conn.pragma_update(None, "query_only", true)
+        .map_err(|e| setup_error(path, e))?;
+    Ok(conn)
+}
+
 /// Puts the file in WAL mode with `synchronous=FULL` (a commit is on disk
 /// before it is acknowledged) and creates or checks the schema.
 pub(crate) fn prepare_writer(

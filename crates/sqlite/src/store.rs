@@ -93,7 +93,7 @@ impl SqliteOptions {
         let mut conn = schema::connect(&path, self.busy_timeout)?;
         schema::prepare_writer(&mut conn, &path, self.busy_timeout)?;
         let readers = (0..self.readers)
-            .map(|_| schema::connect(&path, self.busy_timeout).map(Mutex::new))
+            .map(|_| schema::connect_reader(&path, self.busy_timeout).map(Mutex::new))
             .collect::<Result<Vec<_>, _>>()?;
         let notify = Arc::new(KeyedNotify::new());
         let (tx, rx) = mpsc::channel();

@@ -187,6 +187,7 @@ pub(crate) fn run(
     let mut batch: Vec<Op> = Vec::with_capacity(max_batch);
     let mut next_purge = Instant::now() + config.purge_interval;
     let mut stopping = false;
+    let mut gather = Gather::default();
     while !stopping {
         let wait = next_purge.saturating_duration_since(Instant::now());
         match rx.recv_timeout(wait) {
@@ -194,15 +195,28 @@ pub(crate) fn run(
             Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => stopping = true,
             Err(RecvTimeoutError::Timeout) => {}
         }
+        let gather_until = Instant::now() + gather.window;
         while !stopping && batch.len() < max_batch {
             match rx.try_recv() {
                 Ok(Msg::Op(op)) => batch.push(op),
                 Ok(Msg::Stop) => stopping = true,
-                Err(_) => break,
+                Err(_) => {
+                    let left = gather_until.saturating_duration_since(Instant::now());
+                    if batch.is_empty() || gather.satisfied(&batch) || left.is_zero() {
+                        break;
+                    }
+                    match rx.recv_timeout(left) {
+                        Ok(Msg::Op(op)) => batch.push(op),
+                        Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => stopping = true,
+                        Err(RecvTimeoutError::Timeout) => break,
+                    }
+                }
             }
         }
         if !batch.is_empty() {
-            commit_batch(&mut conn, &mut batch, &notify);
+            let waiters = waiters(&batch);
+            let commit_time = commit_batch(&mut conn, &mut batch, &notify);
+            gather.learn(waiters, commit_time);
         }
         if !stopping && Instant::now() >= next_purge {
             let full = match purge_step(&mut conn, config.purge_batch) {
@@ -230,13 +244,53 @@ pub(crate) fn run(
     }
 }
 
+/// How long to wait for more writes before committing a batch.
+///
+/// Callers answered by one commit usually send their next write right away
+/// (a complete follows a claim). Committing the first of them alone would
+/// spend a whole fsync on it and split the rest over later ones, so the
+/// writer waits until as many callers as the last batch answered are
+/// queued again, but never longer than half a commit: waiting is worth it
+/// only while it costs less than the fsync it saves. A lone caller (last
+/// batch of one) never waits.
+#[derive(Debug, Default)]
+struct Gather {
+    /// Callers answered by the last batch.
+    expected: usize,
+    /// Longest wait for them.
+    window: Duration,
+}
+
+impl Gather {
+    /// Upper bound of the wait, whatever the disk.
+    const MAX_WINDOW: Duration = Duration::from_millis(1);
+
+    fn satisfied(&self, batch: &[Op]) -> bool {
+        waiters(batch) >= self.expected
+    }
+
+    fn learn(&mut self, waiters: usize, commit_time: Duration) {
+        self.expected = waiters;
+        self.window = (commit_time / 2).min(Self::MAX_WINDOW);
+    }
+}
+
+/// Ops in `batch` whose caller waits for the commit (not best-effort ones).
+fn waiters(batch: &[Op]) -> usize {
+    batch
+        .iter()
+        .filter(|op| !matches!(op, Op::Attempt { .. }))
+        .count()
+}
+
 /// Applies `batch` in one transaction and answers every op. An op whose
 /// statement fails is answered with its error and the rest are re-applied
-/// without it, so one bad op does not fail its neighbours.
-fn commit_batch(conn: &mut Connection, batch: &mut Vec<Op>, notify: &KeyedNotify) {
+/// without it, so one bad op does not fail its neighbours. Returns how long
+/// the commit (the fsync) took.
+fn commit_batch(conn: &mut Connection, batch: &mut Vec<Op>, notify: &KeyedNotify) -> Duration {
     loop {
         match try_batch(conn, batch) {
-            Ok(outcomes) => {
+            Ok((outcomes, commit_time)) => {
                 let mut wake = Vec::new();
                 for (op, outcome) in batch.drain(..).zip(outcomes) {
                     if !notify.is_empty() {
@@ -249,13 +303,13 @@ fn commit_batch(conn: &mut Connection, batch: &mut Vec<Op>, notify: &KeyedNotify
                 for id in wake {
                     notify.notify(&id);
                 }
-                return;
+                return commit_time;
             }
             Err(BatchError::Op(index, e)) => {
                 let op = batch.remove(index);
                 op.fail(store_error(e));
                 if batch.is_empty() {
-                    return;
+                    return Duration::ZERO;
                 }
             }
             Err(BatchError::Transaction(e)) => {
@@ -265,7 +319,7 @@ fn commit_batch(conn: &mut Connection, batch: &mut Vec<Op>, notify: &KeyedNotify
                 for op in batch.drain(..) {
                     op.fail(StoreError::new(e.kind(), BACKEND, message.clone()));
                 }
-                return;
+                return Duration::ZERO;
             }
         }
     }
@@ -279,7 +333,7 @@ enum BatchError {
     Transaction(rusqlite::Error),
 }
 
-fn try_batch(conn: &mut Connection, batch: &[Op]) -> Result<Vec<Outcome>, BatchError> {
+fn try_batch(conn: &mut Connection, batch: &[Op]) -> Result<(Vec<Outcome>, Duration), BatchError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(BatchError::Transaction)?;
@@ -292,8 +346,9 @@ fn try_batch(conn: &mut Connection, batch: &[Op]) -> Result<Vec<Outcome>, BatchE
         outcomes.push(outcome);
     }
     fences.write(&tx).map_err(BatchError::Transaction)?;
+    let started = Instant::now();
     tx.commit().map_err(BatchError::Transaction)?;
-    Ok(outcomes)
+    Ok((outcomes, started.elapsed()))
 }
 
 /// The store-wide fence counter, read once per batch and written back once.

@@ -221,3 +221,54 @@ async fn queued_timeline_entries_are_written_on_drop_and_trimmed() {
     let want: Vec<u64> = (total - MAX_TIMELINE as u64 + 1..=total).collect();
     assert_eq!(got, want);
 }
+
+/// Another writer holding the file's write lock past the busy timeout makes
+/// writes fail as `Unavailable` (temporary), while reads go on; once the
+/// lock is released, writes succeed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_write_lock_is_unavailable_then_recovers() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("busy.db");
+    let store = SqliteStore::builder()
+        .busy_timeout(Duration::from_millis(200))
+        .open(&path)
+        .expect("open");
+    let Claim::Acquired(lease) = store.claim(&key("done"), &fp(), LONG).await.expect("claim")
+    else {
+        panic!("fresh key");
+    };
+    let w = store
+        .complete(&lease, Bytes::from_static(b"d"), LONG, &attempt(1))
+        .await
+        .expect("complete");
+    assert_eq!(w, Fenced::Applied);
+
+    let other = rusqlite::Connection::open(&path).expect("second connection");
+    other
+        .execute_batch("BEGIN IMMEDIATE")
+        .expect("take the write lock");
+    let e = store
+        .claim(&key("blocked"), &fp(), LONG)
+        .await
+        .expect_err("write lock is held");
+    assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
+    assert!(e.is_temporary());
+    // Reads do not need the write lock.
+    assert!(store.get(&key("done")).await.expect("get").is_some());
+    assert!(matches!(
+        store
+            .claim(&key("done"), &fp(), LONG)
+            .await
+            .expect("replay"),
+        Claim::Existing(_)
+    ));
+    other.execute_batch("COMMIT").expect("release the lock");
+
+    assert!(matches!(
+        store
+            .claim(&key("blocked"), &fp(), LONG)
+            .await
+            .expect("claim"),
+        Claim::Acquired(_)
+    ));
+}
