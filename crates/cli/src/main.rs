@@ -1,6 +1,14 @@
 //! `idemgate`: the command line of the idempotency gateway.
+//!
+//! - `serve`: the gateway (refuses to start on a key template that merges
+//!   different operations; logs the other checklist findings).
+//! - `check`: the pre-launch checklist as findings, exit 1 on errors
+//!   (module `check`).
+
+mod check;
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::str::FromStr;
 
 use anyhow::Context;
@@ -22,6 +30,11 @@ struct Cli {
 enum Command {
     /// Run the gateway: an idempotent reverse proxy in front of an upstream.
     Serve(ServeArgs),
+    /// Run the pre-launch checklist on a configuration: TTLs against the
+    /// retry window, timeouts, key templates, store choice, alert rules.
+    /// Exit status 1 when any finding is an error, 2 when the configuration
+    /// cannot be read.
+    Check(check::CheckArgs),
     /// Print the seed's retry-window rule for a client retry policy.
     Window {
         /// Total attempts, the first included.
@@ -33,9 +46,11 @@ enum Command {
     },
 }
 
-/// Flags of `idemgate serve`; each overrides the file and `IDEMGATE_*`.
+/// Where the configuration comes from; each flag overrides the file and
+/// `IDEMGATE_*`. Shared by `serve` and `check`, so a command line that
+/// serves can be checked by changing one word.
 #[derive(Debug, Args)]
-struct ServeArgs {
+pub(crate) struct ConfigArgs {
     /// TOML configuration file.
     #[arg(long, short, env = "IDEMGATE_CONFIG")]
     config: Option<PathBuf>,
@@ -58,6 +73,31 @@ struct ServeArgs {
     /// Lifetime of stored results, e.g. 24h.
     #[arg(long)]
     done_ttl: Option<String>,
+}
+
+impl ConfigArgs {
+    fn overrides(&self) -> Overrides {
+        Overrides {
+            upstream: self.upstream.clone(),
+            listen: self.listen.clone(),
+            admin_listen: self.admin_listen.clone(),
+            store: self.store.clone(),
+            pending_ttl: self.pending_ttl.clone(),
+            done_ttl: self.done_ttl.clone(),
+        }
+    }
+
+    /// Reads and validates the configuration.
+    pub(crate) fn load(&self) -> Result<GatewayConfig, idemgate_gateway::ConfigError> {
+        GatewayConfig::load(self.config.as_deref(), &self.overrides())
+    }
+}
+
+/// Flags of `idemgate serve`.
+#[derive(Debug, Args)]
+struct ServeArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
     /// Log format: `json` (default) or `text`.
     #[arg(long, default_value = "json")]
     log_format: String,
@@ -115,15 +155,40 @@ async fn signal() {
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_logs(&args.log_format)?;
-    let overrides = Overrides {
-        upstream: args.upstream,
-        listen: args.listen,
-        admin_listen: args.admin_listen,
-        store: args.store,
-        pending_ttl: args.pending_ttl,
-        done_ttl: args.done_ttl,
-    };
-    let config = GatewayConfig::load(args.config.as_deref(), &overrides)?;
+    let config = args.config.load()?;
+    let findings = idemgate_gateway::plan::findings(&config);
+    for f in &findings {
+        let route = f.route.as_deref().unwrap_or("-");
+        match f.severity {
+            idemgate_check::Severity::Error => {
+                tracing::warn!(rule = f.rule, route, fix = %f.fix, "check: {}", f.message);
+            }
+            idemgate_check::Severity::Warning => {
+                tracing::info!(rule = f.rule, route, fix = %f.fix, "check: {}", f.message);
+            }
+            idemgate_check::Severity::Info => {
+                tracing::debug!(rule = f.rule, route, fix = %f.fix, "check: {}", f.message);
+            }
+        }
+    }
+    let refused = idemgate_gateway::plan::start_refusals(&findings);
+    if !refused.is_empty() {
+        let why: Vec<String> = refused
+            .iter()
+            .map(|f| {
+                format!(
+                    "route {}: {} (fix: {})",
+                    f.route.as_deref().unwrap_or("-"),
+                    f.message,
+                    f.fix
+                )
+            })
+            .collect();
+        anyhow::bail!(
+            "refusing to start: {}; `idemgate check` lists every finding",
+            why.join("; ")
+        );
+    }
     if let Err(e) = idemgate_gateway::telemetry::install_prometheus() {
         tracing::warn!(error = %e, "metrics disabled");
     }
@@ -137,16 +202,20 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn main() -> anyhow::Result<()> {
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .context("cannot start the async runtime")?;
-            rt.block_on(serve(args))?;
+            runtime()?.block_on(serve(args))?;
         }
+        Command::Check(args) => return Ok(check::run(&args)),
         Command::Window {
             attempts,
             timeout_secs,
@@ -163,5 +232,5 @@ fn main() -> anyhow::Result<()> {
             );
         }
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }
