@@ -4,6 +4,7 @@
 //!   different operations; logs the other checklist findings).
 //! - `check`: the pre-launch checklist as findings, exit 1 on errors
 //!   (module `check`).
+//! - `demo`: the 2 a.m. story run locally, without and with idemgate.
 
 mod check;
 
@@ -35,6 +36,10 @@ enum Command {
     /// Exit status 1 when any finding is an error, 2 when the configuration
     /// cannot be read.
     Check(check::CheckArgs),
+    /// Watch retries with a too-short client timeout charge twice, then
+    /// watch idemgate stop it: a simulated slow LLM, a report service that
+    /// charges credits, and a retrying client, all in this process.
+    Demo(DemoArgs),
     /// Print the seed's retry-window rule for a client retry policy.
     Window {
         /// Total attempts, the first included.
@@ -44,6 +49,20 @@ enum Command {
         #[arg(long, default_value_t = 600)]
         timeout_secs: u64,
     },
+}
+
+/// Flags of `idemgate demo`.
+#[derive(Debug, Args)]
+struct DemoArgs {
+    /// Report operations the client performs.
+    #[arg(long, default_value_t = 12)]
+    operations: usize,
+    /// Seed of the random latencies and backoffs (same seed, same workload).
+    #[arg(long, default_value_t = 2)]
+    seed: u64,
+    /// Everything five times faster (for tests; timeouts get tight).
+    #[arg(long)]
+    quick: bool,
 }
 
 /// Where the configuration comes from; each flag overrides the file and
@@ -216,6 +235,15 @@ fn main() -> anyhow::Result<ExitCode> {
             runtime()?.block_on(serve(args))?;
         }
         Command::Check(args) => return Ok(check::run(&args)),
+        Command::Demo(args) => {
+            let options = idemgate_demo::DemoOptions {
+                operations: args.operations,
+                seed: args.seed,
+                quick: args.quick,
+            };
+            let report = runtime()?.block_on(idemgate_demo::run(&options))?;
+            print!("{}", idemgate_demo::render(&report));
+        }
         Command::Window {
             attempts,
             timeout_secs,
