@@ -5,8 +5,11 @@
 //! - `check`: the pre-launch checklist as findings, exit 1 on errors
 //!   (module `check`).
 //! - `demo`: the 2 a.m. story run locally, without and with idemgate.
+//! - `keys show`: one key's record and timeline from the store (module
+//!   `keys`).
 
 mod check;
+mod keys;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -40,6 +43,9 @@ enum Command {
     /// watch idemgate stop it: a simulated slow LLM, a report service that
     /// charges credits, and a retrying client, all in this process.
     Demo(DemoArgs),
+    /// Inspect idempotency keys in the store.
+    #[command(subcommand)]
+    Keys(keys::KeysCommand),
     /// Print the seed's retry-window rule for a client retry policy.
     Window {
         /// Total attempts, the first included.
@@ -244,6 +250,7 @@ fn main() -> anyhow::Result<ExitCode> {
             let report = runtime()?.block_on(idemgate_demo::run(&options))?;
             print!("{}", idemgate_demo::render(&report));
         }
+        Command::Keys(cmd) => return runtime()?.block_on(keys::run(cmd)),
         Command::Window {
             attempts,
             timeout_secs,
