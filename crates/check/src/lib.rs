@@ -8,7 +8,8 @@
 //! [`Finding`] with a severity, what is wrong in figures, and how to fix it.
 //!
 //! # Layout
-//! - [`Plan`] / [`RoutePlan`]: the facts the rules need.
+//! - [`Plan`] / [`RoutePlan`]: the facts the rules need; [`AlertRules`]
+//!   judges a deployed Prometheus rules file.
 //! - [`check`]: runs every rule; [`has_errors`] decides the exit status.
 //!
 //! The rules are plain functions over the plan, one per checklist item, so a
@@ -34,7 +35,8 @@ pub enum Severity {
 
 impl fmt::Display for Severity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+        // `pad`, so `{:<7}` lines findings up.
+        f.pad(match self {
             Self::Info => "info",
             Self::Warning => "warning",
             Self::Error => "error",
@@ -141,14 +143,78 @@ pub struct RoutePlan {
     pub retryable_statuses: Vec<u16>,
 }
 
+/// The alerts the seed asks for: the hit ratio doubling against its
+/// baseline (retries rising, minutes before the error rate moves) and
+/// in-flight conflicts surging (requests outlasting client timeouts).
+pub const REQUIRED_ALERTS: [&str; 2] = [
+    "IdempotencyHitRatioSurge",
+    "IdempotencyInflightConflictSurge",
+];
+
+/// What is known about the deployed Prometheus alert rules.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AlertRules {
+    /// A rules file with every alert of [`REQUIRED_ALERTS`] was found.
+    Deployed,
+    /// No rules file is configured.
+    NotConfigured,
+    /// The configured file does not exist or cannot be read.
+    Unreadable {
+        /// The configured path.
+        path: String,
+        /// Why it could not be read.
+        reason: String,
+    },
+    /// The file was read but lacks some of [`REQUIRED_ALERTS`].
+    Incomplete {
+        /// The configured path.
+        path: String,
+        /// The alerts not found in it.
+        missing: Vec<&'static str>,
+    },
+}
+
+impl AlertRules {
+    /// Judges the text of a Prometheus rules file: every alert of
+    /// [`REQUIRED_ALERTS`] must be defined (`alert: Name`) in it.
+    pub fn from_rules_text(path: impl Into<String>, text: &str) -> Self {
+        let defined: Vec<&str> = text
+            .lines()
+            .filter_map(|line| {
+                let line = line.trim_start().trim_start_matches('-').trim_start();
+                let name = line.strip_prefix("alert:")?;
+                Some(
+                    name.split('#')
+                        .next()
+                        .unwrap_or_default()
+                        .trim()
+                        .trim_matches(|c| c == '"' || c == '\''),
+                )
+            })
+            .collect();
+        let missing: Vec<&'static str> = REQUIRED_ALERTS
+            .iter()
+            .copied()
+            .filter(|name| !defined.contains(name))
+            .collect();
+        if missing.is_empty() {
+            Self::Deployed
+        } else {
+            Self::Incomplete {
+                path: path.into(),
+                missing,
+            }
+        }
+    }
+}
+
 /// What the rules need to know about a deployment.
 #[derive(Clone, Debug)]
 pub struct Plan {
     /// The store.
     pub store: StoreKind,
-    /// Whether alert rules for the hit ratio and conflicts are deployed
-    /// (a rules file was found, or the operator declared them).
-    pub alert_rules: bool,
+    /// Whether alert rules for the hit ratio and conflicts are deployed.
+    pub alert_rules: AlertRules,
     /// Routes.
     pub routes: Vec<RoutePlan>,
 }
@@ -156,15 +222,7 @@ pub struct Plan {
 /// Runs every rule. Findings are sorted, errors first.
 pub fn check(plan: &Plan) -> Vec<Finding> {
     let mut out = Vec::new();
-    if !plan.alert_rules {
-        out.push(Finding {
-            rule: "alert-rules-missing",
-            severity: Severity::Warning,
-            route: None,
-            message: "no alert rules for the idempotency hit ratio and in-flight conflicts".into(),
-            fix: "deploy ops/alerts.yml to Prometheus and point `alert_rules` at it; the hit ratio rises minutes before the error rate".into(),
-        });
-    }
+    alert_rules(&plan.alert_rules, &mut out);
     for route in &plan.routes {
         done_ttl_covers_retry_window(route, &mut out);
         total_timeout_covers_generation(route, &mut out);
@@ -183,6 +241,31 @@ pub fn has_errors(findings: &[Finding]) -> bool {
     findings.iter().any(|f| f.severity == Severity::Error)
 }
 
+/// Seed §5: the hit ratio rises minutes before the error rate; without an
+/// alert on it, nobody looks until the error rate has already moved.
+fn alert_rules(rules: &AlertRules, out: &mut Vec<Finding>) {
+    let message = match rules {
+        AlertRules::Deployed => return,
+        AlertRules::NotConfigured => {
+            "no alert rules for the idempotency hit ratio and in-flight conflicts (`alert_rules` is not set)".to_owned()
+        }
+        AlertRules::Unreadable { path, reason } => {
+            format!("the alert rules file {path} cannot be read ({reason})")
+        }
+        AlertRules::Incomplete { path, missing } => format!(
+            "the alert rules file {path} does not define {}",
+            missing.join(" or ")
+        ),
+    };
+    out.push(Finding {
+        rule: "alert-rules-missing",
+        severity: Severity::Warning,
+        route: None,
+        message,
+        fix: "deploy ops/alerts.yml to Prometheus and point `alert_rules` at it; the hit ratio rises minutes before the error rate".into(),
+    });
+}
+
 fn finding(
     rule: &'static str,
     severity: Severity,
@@ -199,15 +282,29 @@ fn finding(
     }
 }
 
+/// A duration as a person writes it: `0.5s`, `30s`, `14m 12s`, `1h 3s`,
+/// `24h`. Exact to the tenth of a second, so a figure the fix asks for is
+/// never shown rounded down.
 fn secs(d: Duration) -> String {
-    let s = d.as_secs_f64();
-    if s >= 3600.0 {
-        format!("{:.1}h", s / 3600.0)
-    } else if s >= 60.0 {
-        format!("{:.1}m", s / 60.0)
+    let tenths = d.as_millis().div_ceil(100);
+    let (h, rest) = (tenths / 36_000, tenths % 36_000);
+    let (m, t) = (rest / 600, rest % 600);
+    let s = if t % 10 == 0 {
+        format!("{}s", t / 10)
     } else {
-        format!("{s:.1}s")
+        format!("{}.{}s", t / 10, t % 10)
+    };
+    let mut parts = Vec::new();
+    if h > 0 {
+        parts.push(format!("{h}h"));
     }
+    if m > 0 {
+        parts.push(format!("{m}m"));
+    }
+    if t > 0 || parts.is_empty() {
+        parts.push(s);
+    }
+    parts.join(" ")
 }
 
 /// Seed §2: the record must outlive the longest retry path, twice.
@@ -254,14 +351,16 @@ fn total_timeout_covers_generation(r: &RoutePlan, out: &mut Vec<Finding>) {
             "set longest_generation for the route".into(),
         )),
     }
-    if r.client_retry.attempt_timeout < r.longest_generation.unwrap_or_default() {
+    let generation = r.longest_generation.unwrap_or_default();
+    if r.client_retry.attempt_timeout < generation {
         out.push(finding(
             "client-timeout-short",
             Severity::Warning,
             r,
             format!(
-                "the client's timeout {} is shorter than the longest generation: every long request times out and retries (the gateway replays it, but the user waits)",
-                secs(r.client_retry.attempt_timeout)
+                "the client's timeout {} is shorter than the longest generation {}: every long request times out and retries (the gateway replays it, but the user waits)",
+                secs(r.client_retry.attempt_timeout),
+                secs(generation)
             ),
             "raise the client timeout, or stream the response".into(),
         ));
@@ -431,13 +530,26 @@ mod tests {
     fn plan(route: RoutePlan) -> Plan {
         Plan {
             store: StoreKind::Sqlite,
-            alert_rules: true,
+            alert_rules: AlertRules::Deployed,
             routes: vec![route],
         }
     }
 
     fn rules(p: &Plan) -> Vec<&'static str> {
         check(p).into_iter().map(|f| f.rule).collect()
+    }
+
+    #[test]
+    fn durations_read_as_written() {
+        let ms = Duration::from_millis;
+        assert_eq!(secs(ms(0)), "0s");
+        assert_eq!(secs(ms(500)), "0.5s");
+        assert_eq!(secs(ms(30_000)), "30s");
+        assert_eq!(secs(ms(421_500)), "7m 1.5s");
+        assert_eq!(secs(ms(3_603_000)), "1h 3s");
+        assert_eq!(secs(ms(86_400_000)), "24h");
+        // Rounded up, never down.
+        assert_eq!(secs(ms(1_001)), "1.1s");
     }
 
     #[test]
@@ -453,7 +565,7 @@ mod tests {
         assert_eq!(f[0].rule, "done-ttl-short");
         assert_eq!(f[0].severity, Severity::Error);
         // 3 x 120 s + 0.5 s + 1 s backoff + 60 s compensation = 421.5 s; doubled 843 s.
-        assert!(f[0].fix.contains("14.1m"), "{}", f[0].fix);
+        assert!(f[0].fix.contains("14m 3s"), "{}", f[0].fix);
         assert!(has_errors(&f));
     }
 
@@ -554,8 +666,37 @@ mod tests {
     #[test]
     fn missing_alert_rules_warn() {
         let mut p = plan(good_route());
-        p.alert_rules = false;
+        p.alert_rules = AlertRules::NotConfigured;
         assert_eq!(rules(&p), vec!["alert-rules-missing"]);
+        p.alert_rules = AlertRules::Unreadable {
+            path: "/etc/prometheus/idemgate.yml".into(),
+            reason: "not found".into(),
+        };
+        let f = check(&p);
+        assert_eq!(f[0].rule, "alert-rules-missing");
+        assert!(f[0].message.contains("/etc/prometheus/idemgate.yml"));
+    }
+
+    #[test]
+    fn rules_files_are_judged_by_the_alerts_they_define() {
+        let full = "groups:\n  - name: x\n    rules:\n      - alert: IdempotencyHitRatioSurge\n        expr: up\n      - alert: \"IdempotencyInflightConflictSurge\" # quoted\n";
+        assert_eq!(
+            AlertRules::from_rules_text("a.yml", full),
+            AlertRules::Deployed
+        );
+        let partial = "      - alert: IdempotencyInflightConflictSurge\n# alert: IdempotencyHitRatioSurge\n      - record: IdempotencyHitRatioSurge\n";
+        assert_eq!(
+            AlertRules::from_rules_text("b.yml", partial),
+            AlertRules::Incomplete {
+                path: "b.yml".into(),
+                missing: vec!["IdempotencyHitRatioSurge"],
+            }
+        );
+        let shipped = include_str!("../../../ops/alerts.yml");
+        assert_eq!(
+            AlertRules::from_rules_text("ops/alerts.yml", shipped),
+            AlertRules::Deployed
+        );
     }
 
     #[test]

@@ -1,6 +1,18 @@
 //! `idemgate`: the command line of the idempotency gateway.
+//!
+//! - `serve`: the gateway (refuses to start on a key template that merges
+//!   different operations; logs the other checklist findings).
+//! - `check`: the pre-launch checklist as findings, exit 1 on errors
+//!   (module `check`).
+//! - `demo`: the 2 a.m. story run locally, without and with idemgate.
+//! - `keys show`: one key's record and timeline from the store (module
+//!   `keys`).
+
+mod check;
+mod keys;
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::str::FromStr;
 
 use anyhow::Context;
@@ -22,6 +34,18 @@ struct Cli {
 enum Command {
     /// Run the gateway: an idempotent reverse proxy in front of an upstream.
     Serve(ServeArgs),
+    /// Run the pre-launch checklist on a configuration: TTLs against the
+    /// retry window, timeouts, key templates, store choice, alert rules.
+    /// Exit status 1 when any finding is an error, 2 when the configuration
+    /// cannot be read.
+    Check(check::CheckArgs),
+    /// Watch retries with a too-short client timeout charge twice, then
+    /// watch idemgate stop it: a simulated slow LLM, a report service that
+    /// charges credits, and a retrying client, all in this process.
+    Demo(DemoArgs),
+    /// Inspect idempotency keys in the store.
+    #[command(subcommand)]
+    Keys(keys::KeysCommand),
     /// Print the seed's retry-window rule for a client retry policy.
     Window {
         /// Total attempts, the first included.
@@ -33,9 +57,25 @@ enum Command {
     },
 }
 
-/// Flags of `idemgate serve`; each overrides the file and `IDEMGATE_*`.
+/// Flags of `idemgate demo`.
 #[derive(Debug, Args)]
-struct ServeArgs {
+struct DemoArgs {
+    /// Report operations the client performs.
+    #[arg(long, default_value_t = 12)]
+    operations: usize,
+    /// Seed of the random latencies and backoffs (same seed, same workload).
+    #[arg(long, default_value_t = 2)]
+    seed: u64,
+    /// Everything five times faster (for tests; timeouts get tight).
+    #[arg(long)]
+    quick: bool,
+}
+
+/// Where the configuration comes from; each flag overrides the file and
+/// `IDEMGATE_*`. Shared by `serve` and `check`, so a command line that
+/// serves can be checked by changing one word.
+#[derive(Debug, Args)]
+pub(crate) struct ConfigArgs {
     /// TOML configuration file.
     #[arg(long, short, env = "IDEMGATE_CONFIG")]
     config: Option<PathBuf>,
@@ -58,6 +98,31 @@ struct ServeArgs {
     /// Lifetime of stored results, e.g. 24h.
     #[arg(long)]
     done_ttl: Option<String>,
+}
+
+impl ConfigArgs {
+    fn overrides(&self) -> Overrides {
+        Overrides {
+            upstream: self.upstream.clone(),
+            listen: self.listen.clone(),
+            admin_listen: self.admin_listen.clone(),
+            store: self.store.clone(),
+            pending_ttl: self.pending_ttl.clone(),
+            done_ttl: self.done_ttl.clone(),
+        }
+    }
+
+    /// Reads and validates the configuration.
+    pub(crate) fn load(&self) -> Result<GatewayConfig, idemgate_gateway::ConfigError> {
+        GatewayConfig::load(self.config.as_deref(), &self.overrides())
+    }
+}
+
+/// Flags of `idemgate serve`.
+#[derive(Debug, Args)]
+struct ServeArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
     /// Log format: `json` (default) or `text`.
     #[arg(long, default_value = "json")]
     log_format: String,
@@ -115,15 +180,40 @@ async fn signal() {
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_logs(&args.log_format)?;
-    let overrides = Overrides {
-        upstream: args.upstream,
-        listen: args.listen,
-        admin_listen: args.admin_listen,
-        store: args.store,
-        pending_ttl: args.pending_ttl,
-        done_ttl: args.done_ttl,
-    };
-    let config = GatewayConfig::load(args.config.as_deref(), &overrides)?;
+    let config = args.config.load()?;
+    let findings = idemgate_gateway::plan::findings(&config);
+    for f in &findings {
+        let route = f.route.as_deref().unwrap_or("-");
+        match f.severity {
+            idemgate_check::Severity::Error => {
+                tracing::warn!(rule = f.rule, route, fix = %f.fix, "check: {}", f.message);
+            }
+            idemgate_check::Severity::Warning => {
+                tracing::info!(rule = f.rule, route, fix = %f.fix, "check: {}", f.message);
+            }
+            idemgate_check::Severity::Info => {
+                tracing::debug!(rule = f.rule, route, fix = %f.fix, "check: {}", f.message);
+            }
+        }
+    }
+    let refused = idemgate_gateway::plan::start_refusals(&findings);
+    if !refused.is_empty() {
+        let why: Vec<String> = refused
+            .iter()
+            .map(|f| {
+                format!(
+                    "route {}: {} (fix: {})",
+                    f.route.as_deref().unwrap_or("-"),
+                    f.message,
+                    f.fix
+                )
+            })
+            .collect();
+        anyhow::bail!(
+            "refusing to start: {}; `idemgate check` lists every finding",
+            why.join("; ")
+        );
+    }
     if let Err(e) = idemgate_gateway::telemetry::install_prometheus() {
         tracing::warn!(error = %e, "metrics disabled");
     }
@@ -137,16 +227,30 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn main() -> anyhow::Result<()> {
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .context("cannot start the async runtime")?;
-            rt.block_on(serve(args))?;
+            runtime()?.block_on(serve(args))?;
         }
+        Command::Check(args) => return Ok(check::run(&args)),
+        Command::Demo(args) => {
+            let options = idemgate_demo::DemoOptions {
+                operations: args.operations,
+                seed: args.seed,
+                quick: args.quick,
+            };
+            let report = runtime()?.block_on(idemgate_demo::run(&options))?;
+            print!("{}", idemgate_demo::render(&report));
+        }
+        Command::Keys(cmd) => return runtime()?.block_on(keys::run(cmd)),
         Command::Window {
             attempts,
             timeout_secs,
@@ -163,5 +267,5 @@ fn main() -> anyhow::Result<()> {
             );
         }
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }

@@ -184,3 +184,52 @@ async fn a_store_not_built_in_is_a_clear_startup_error() {
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn serve_refuses_a_key_template_that_merges_different_users() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let file = dir.path().join("merge.toml");
+    std::fs::write(
+        &file,
+        "upstream = \"http://127.0.0.1:1\"\nstore = \"memory:\"\n[[routes]]\nprefix = \"/v1\"\nkey = \"derive\"\nkey_template = [\"body\"]\nkey_window = \"10m\"\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let out = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&file)
+        .current_dir(dir.path())
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("refusing to start"), "{stderr}");
+    assert!(stderr.contains("route /v1"), "{stderr}");
+    assert!(stderr.contains("idemgate check"), "{stderr}");
+
+    // The same file with a user dimension starts (and is stopped at once).
+    let (port, admin_port) = (free_port().await, free_port().await);
+    std::fs::write(
+        &file,
+        "upstream = \"http://127.0.0.1:1\"\nstore = \"memory:\"\n[[routes]]\nprefix = \"/v1\"\nkey = \"derive\"\nkey_template = [\"header:x-user-id\", \"body\"]\nkey_window = \"10m\"\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&file)
+        .env("IDEMGATE_LISTEN", format!("127.0.0.1:{port}"))
+        .env("IDEMGATE_ADMIN_LISTEN", format!("127.0.0.1:{admin_port}"))
+        .current_dir(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let client = reqwest::Client::new();
+    wait_ready(
+        &client,
+        &format!("http://127.0.0.1:{admin_port}/readyz"),
+        &mut child,
+    )
+    .await;
+}

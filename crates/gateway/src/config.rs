@@ -12,6 +12,13 @@
 //! `127.0.0.1:9090`, store `sqlite:idemgate.db`. With only an `upstream`
 //! set, one route `/` proxies POST requests with key mode `optional` and
 //! `on_inflight = "attach"`.
+//!
+//! Some fields describe the deployment rather than steer the gateway:
+//! `[client_retry]` (how the callers retry), a route's `longest_generation`
+//! and `charges`, and `alert_rules`. `idemgate check` reads them to run the
+//! pre-launch checklist ([`crate::plan`]). A design mistake that is not a
+//! malformed value (a key template of the body hash alone, a `done_ttl`
+//! shorter than the retry window) loads, and is reported there with its fix.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -20,7 +27,9 @@ use std::time::Duration;
 
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
+use figment::value::magic::RelativePathBuf;
 use http::{HeaderName, Method};
+use idemgate_engine::{Jitter, RetryPolicy};
 use serde::{Deserialize, Serialize};
 use url::Url;
 
@@ -98,9 +107,38 @@ pub struct RawConfig {
     pub shutdown_grace: Option<String>,
     /// Token for the admin endpoints that need one.
     pub admin_token: Option<String>,
+    /// How the clients in front of the gateway retry (`[client_retry]`);
+    /// routes inherit it field by field. Used by `idemgate check`.
+    pub client_retry: Option<RawClientRetry>,
+    /// Path of the Prometheus rules file deployed for this gateway
+    /// (relative paths resolve against the configuration file). Used by
+    /// `idemgate check`.
+    pub alert_rules: Option<RelativePathBuf>,
     /// The routes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub routes: Vec<RawRoute>,
+}
+
+/// `[client_retry]` (top level or per route) as written: the retry policy
+/// of the clients calling the gateway. The gateway does not retry; this
+/// describes the callers so `idemgate check` can size `done_ttl` (seed §2:
+/// attempts × (timeout + backoff) + compensation delay, doubled).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RawClientRetry {
+    /// Total attempts, the first one included (default 3).
+    pub attempts: Option<u32>,
+    /// The client's timeout for one attempt (default `600s`).
+    pub attempt_timeout: Option<String>,
+    /// Backoff before the first retry, doubling after (default `500ms`).
+    pub backoff_base: Option<String>,
+    /// Longest backoff sleep (default `8s`).
+    pub backoff_cap: Option<String>,
+    /// `none`, `full` (default) or `equal`.
+    pub jitter: Option<String>,
+    /// Delay of an asynchronous job that may replay the operation after the
+    /// client gave up (default `0s`).
+    pub compensation_delay: Option<String>,
 }
 
 /// One `[[routes]]` entry as written.
@@ -148,6 +186,20 @@ pub struct RawRoute {
     pub concurrency_limit: Option<usize>,
     /// `fail_closed` (default) or `fail_open`.
     pub on_store_error: Option<String>,
+    /// Renew the lease while the upstream call runs (default true, every
+    /// `pending_ttl / 3`). With `false`, `pending_ttl` must outlast the
+    /// longest call.
+    pub heartbeat: Option<bool>,
+    /// The longest generation expected on this route (e.g. `90s`), checked
+    /// against `timeouts.total` and the client's timeout.
+    pub longest_generation: Option<String>,
+    /// The route charges, bills or has other side effects that must never
+    /// repeat (default false): it then needs a durable store and
+    /// `fail_closed`.
+    pub charges: Option<bool>,
+    /// This route's clients retry differently: fields set here override the
+    /// top-level `[client_retry]`.
+    pub client_retry: Option<RawClientRetry>,
 }
 
 /// `[routes.timeouts]` as written.
@@ -454,6 +506,15 @@ pub struct RouteConfig {
     pub concurrency_limit: Option<usize>,
     /// What to do when the store cannot be reached.
     pub on_store_error: StoreErrorMode,
+    /// Lease renewal interval while the upstream call runs (`pending_ttl /
+    /// 3`); `None`: no renewal, the lease must outlast the call.
+    pub heartbeat: Option<Duration>,
+    /// The longest generation expected on this route, if declared.
+    pub longest_generation: Option<Duration>,
+    /// Whether the route charges or has side effects that must never repeat.
+    pub charges: bool,
+    /// The retry policy of this route's clients.
+    pub client_retry: RetryPolicy,
 }
 
 impl RouteConfig {
@@ -490,6 +551,12 @@ pub struct GatewayConfig {
     pub shutdown_grace: Duration,
     /// Token for the admin endpoints that need one.
     pub admin_token: Option<Secret>,
+    /// The retry policy of the clients, as routes inherit it (default: the
+    /// official OpenAI and Anthropic clients' policy).
+    pub client_retry: RetryPolicy,
+    /// The deployed Prometheus rules file, resolved against the
+    /// configuration file's directory.
+    pub alert_rules: Option<PathBuf>,
     /// Routes, longest prefix first.
     pub routes: Vec<RouteConfig>,
 }
@@ -551,6 +618,15 @@ impl GatewayConfig {
             .as_deref()
             .map(|u| upstream_url("upstream", u))
             .transpose()?;
+        let client_retry_raw = raw.client_retry.unwrap_or_default();
+        let client_retry = client_retry("client_retry", &client_retry_raw, RetryPolicy::default())?;
+        let alert_rules = match raw.alert_rules {
+            Some(p) if p.original().as_os_str().is_empty() => {
+                return Err(ConfigError::invalid("alert_rules", "must not be empty"));
+            }
+            Some(p) => Some(p.relative()),
+            None => None,
+        };
 
         let mut raw_routes = raw.routes;
         if raw_routes.is_empty() {
@@ -571,6 +647,7 @@ impl GatewayConfig {
             upstream: default_upstream,
             pending_ttl,
             done_ttl,
+            client_retry,
         };
         let mut routes = Vec::with_capacity(raw_routes.len());
         for (i, r) in raw_routes.into_iter().enumerate() {
@@ -598,6 +675,8 @@ impl GatewayConfig {
             done_ttl,
             shutdown_grace,
             admin_token,
+            client_retry,
+            alert_rules,
             routes,
         })
     }
@@ -612,6 +691,7 @@ struct RouteDefaults {
     upstream: Option<Url>,
     pending_ttl: Duration,
     done_ttl: Duration,
+    client_retry: RetryPolicy,
 }
 
 fn route(at: &str, r: RawRoute, d: &RouteDefaults) -> Result<RouteConfig, ConfigError> {
@@ -754,6 +834,19 @@ fn route(at: &str, r: RawRoute, d: &RouteDefaults) -> Result<RouteConfig, Config
             ));
         }
     };
+    let heartbeat = match r.heartbeat {
+        Some(false) => None,
+        Some(true) | None => Some(pending_ttl / 3),
+    };
+    let longest_generation = r
+        .longest_generation
+        .as_deref()
+        .map(|g| duration(&field("longest_generation"), Some(g), Duration::ZERO))
+        .transpose()?;
+    let client_retry = match &r.client_retry {
+        Some(raw) => client_retry(&field("client_retry"), raw, d.client_retry)?,
+        None => d.client_retry,
+    };
     Ok(RouteConfig {
         id,
         prefix,
@@ -772,7 +865,69 @@ fn route(at: &str, r: RawRoute, d: &RouteDefaults) -> Result<RouteConfig, Config
         fingerprint_ignore,
         concurrency_limit,
         on_store_error,
+        heartbeat,
+        longest_generation,
+        charges: r.charges.unwrap_or(false),
+        client_retry,
     })
+}
+
+/// A retry policy: the fields of `raw` over `base`.
+fn client_retry(
+    at: &str,
+    raw: &RawClientRetry,
+    base: RetryPolicy,
+) -> Result<RetryPolicy, ConfigError> {
+    let f = |n: &str| format!("{at}.{n}");
+    let attempts = raw.attempts.unwrap_or(base.attempts);
+    if attempts == 0 {
+        return Err(ConfigError::invalid(
+            f("attempts"),
+            "must be at least 1 (the first attempt counts)",
+        ));
+    }
+    let policy = RetryPolicy {
+        attempts,
+        attempt_timeout: duration(
+            &f("attempt_timeout"),
+            raw.attempt_timeout.as_deref(),
+            base.attempt_timeout,
+        )?,
+        backoff_base: duration_or_zero(
+            &f("backoff_base"),
+            raw.backoff_base.as_deref(),
+            base.backoff_base,
+        )?,
+        backoff_cap: duration_or_zero(
+            &f("backoff_cap"),
+            raw.backoff_cap.as_deref(),
+            base.backoff_cap,
+        )?,
+        jitter: match raw.jitter.as_deref().map(str::trim) {
+            None => base.jitter,
+            Some("none") => Jitter::None,
+            Some("full") => Jitter::Full,
+            Some("equal") => Jitter::Equal,
+            Some(other) => {
+                return Err(ConfigError::invalid(
+                    f("jitter"),
+                    format!("`{other}`: expected `none`, `full` or `equal`"),
+                ));
+            }
+        },
+        compensation_delay: duration_or_zero(
+            &f("compensation_delay"),
+            raw.compensation_delay.as_deref(),
+            base.compensation_delay,
+        )?,
+    };
+    if policy.backoff_cap < policy.backoff_base {
+        return Err(ConfigError::invalid(
+            f("backoff_cap"),
+            "must not be shorter than backoff_base",
+        ));
+    }
+    Ok(policy)
 }
 
 /// 408, 429 and every 5xx.
@@ -826,12 +981,9 @@ fn template(
     if parts.is_empty() {
         return Err(ConfigError::invalid(&field, "must not be empty"));
     }
-    if parts.iter().all(|p| *p == KeyPart::Body) {
-        return Err(ConfigError::invalid(
-            &field,
-            "a content hash alone is not a key: two identical questions are two operations; add `tenant` or `header:…`",
-        ));
-    }
+    // A template of the body hash alone loads: it is a design mistake, not
+    // a malformed value, and `idemgate check` reports it with the fix
+    // (`idemgate serve` refuses to start with it).
     let window = window
         .map(|w| duration(&format!("{at}.key_window"), Some(w), Duration::ZERO))
         .transpose()?;

@@ -6,6 +6,8 @@
 //!   and validated [`GatewayConfig`]).
 //! - [`proxy`]: the upstream proxy service with layered timeouts.
 //! - [`problem`]: the gateway's own RFC 9457 problem responses.
+//! - [`plan`]: the configuration as the pre-launch checklist's plan
+//!   (`idemgate check`), and which findings refuse a start.
 //! - [`serve`](mod@serve): [`serve()`]: store, per-route engine + idempotency
 //!   layer + proxy, the router, the admin listener and graceful shutdown.
 //! - [`telemetry`]: the Prometheus recorder behind the admin `/metrics`.
@@ -27,6 +29,7 @@
 //! [`GatewayConfig`]: config::GatewayConfig
 
 pub mod config;
+pub mod plan;
 pub mod problem;
 pub mod proxy;
 pub mod serve;

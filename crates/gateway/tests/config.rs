@@ -7,6 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use figment::Jail;
+use idemgate_engine::{Jitter, RetryPolicy};
 use idemgate_gateway::config::{Inflight, KeyMode, KeyPart, StoreErrorMode, Timeouts};
 use idemgate_gateway::{ConfigError, GatewayConfig, Overrides, StoreUrl};
 
@@ -272,9 +273,42 @@ fn bad_configurations_name_their_field() {
             "routes[0].key_template",
         ),
         (
-            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\nkey = \"derive\"\nkey_template = [\"body\"]",
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\nkey = \"derive\"\nkey_template = []",
             "routes[0].key_template",
         ),
+        (
+            "upstream = \"http://h\"\n[client_retry]\nattempts = 0",
+            "client_retry.attempts",
+        ),
+        (
+            "upstream = \"http://h\"\n[client_retry]\nattempt_timeout = \"0s\"",
+            "client_retry.attempt_timeout",
+        ),
+        (
+            "upstream = \"http://h\"\n[client_retry]\njitter = \"some\"",
+            "client_retry.jitter",
+        ),
+        (
+            "upstream = \"http://h\"\n[client_retry]\nbackoff_base = \"10s\"\nbackoff_cap = \"1s\"",
+            "client_retry.backoff_cap",
+        ),
+        (
+            "upstream = \"http://h\"\n[client_retry]\nretries = 3",
+            "retries",
+        ),
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\n[routes.client_retry]\ncompensation_delay = \"later\"",
+            "routes[0].client_retry.compensation_delay",
+        ),
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\nlongest_generation = \"0s\"",
+            "routes[0].longest_generation",
+        ),
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\ncharges = \"yes\"",
+            "charges",
+        ),
+        ("upstream = \"http://h\"\nalert_rules = \"\"", "alert_rules"),
         (
             "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\nkey = \"derive\"\nkey_template = [\"cookie\"]",
             "routes[0].key_template",
@@ -390,6 +424,117 @@ fn a_bad_environment_value_is_an_error() {
         jail.set_env("IDEMGATE_DONE_TTL", "tomorrow");
         let err = load(None, &Overrides::default()).expect_err("bad env accepted");
         assert_eq!(err.field(), Some("done_ttl"));
+        Ok(())
+    });
+}
+
+#[test]
+fn checklist_fields_default_to_the_official_clients_and_a_quiet_route() {
+    Jail::expect_with(|_jail| {
+        let over = Overrides {
+            upstream: Some("http://127.0.0.1:9/".into()),
+            ..Overrides::default()
+        };
+        let c = load(None, &over).map_err(jail_err)?;
+        assert_eq!(c.client_retry, RetryPolicy::default());
+        assert_eq!(c.alert_rules, None);
+        let r = &c.routes[0];
+        assert_eq!(r.client_retry, RetryPolicy::default());
+        assert_eq!(r.heartbeat, Some(c.pending_ttl / 3));
+        assert_eq!(r.longest_generation, None);
+        assert!(!r.charges);
+        Ok(())
+    });
+}
+
+#[test]
+fn client_retry_is_inherited_field_by_field_and_checklist_fields_are_read() {
+    Jail::expect_with(|jail| {
+        jail.create_dir("conf")?;
+        jail.create_file(
+            "conf/gw.toml",
+            r#"
+            upstream = "http://127.0.0.1:9"
+            alert_rules = "rules/idemgate.yml"
+
+            [client_retry]
+            attempts = 5
+            attempt_timeout = "30s"
+            backoff_base = "1s"
+            backoff_cap = "4s"
+            jitter = "equal"
+            compensation_delay = "5m"
+
+            [[routes]]
+            prefix = "/charge"
+            charges = true
+            heartbeat = false
+            pending_ttl = "2m"
+            longest_generation = "90s"
+            [routes.client_retry]
+            attempts = 2
+            jitter = "none"
+
+            [[routes]]
+            prefix = "/chat"
+            "#,
+        )?;
+        let c = load(Some("conf/gw.toml"), &Overrides::default()).map_err(jail_err)?;
+        let top = RetryPolicy {
+            attempts: 5,
+            attempt_timeout: Duration::from_secs(30),
+            backoff_base: Duration::from_secs(1),
+            backoff_cap: Duration::from_secs(4),
+            jitter: Jitter::Equal,
+            compensation_delay: Duration::from_secs(300),
+        };
+        assert_eq!(c.client_retry, top);
+        // Relative to the file that names it, not the working directory.
+        assert_eq!(
+            c.alert_rules.as_deref(),
+            Some(Path::new("conf/rules/idemgate.yml"))
+        );
+        let charge = c.route_for("/charge").ok_or("no /charge route")?;
+        assert!(charge.charges);
+        assert_eq!(charge.heartbeat, None);
+        assert_eq!(charge.pending_ttl, Duration::from_secs(120));
+        assert_eq!(charge.longest_generation, Some(Duration::from_secs(90)));
+        assert_eq!(
+            charge.client_retry,
+            RetryPolicy {
+                attempts: 2,
+                jitter: Jitter::None,
+                ..top
+            }
+        );
+        let chat = c.route_for("/chat").ok_or("no /chat route")?;
+        assert_eq!(chat.client_retry, top);
+        assert!(!chat.charges);
+        assert_eq!(chat.heartbeat, Some(Duration::from_secs(10)));
+
+        jail.set_env("IDEMGATE_CLIENT_RETRY__ATTEMPTS", "7");
+        let c = load(Some("conf/gw.toml"), &Overrides::default()).map_err(jail_err)?;
+        assert_eq!(c.client_retry.attempts, 7);
+        Ok(())
+    });
+}
+
+#[test]
+fn a_content_hash_only_template_loads_for_the_checklist_to_report() {
+    Jail::expect_with(|jail| {
+        jail.create_file(
+            "gw.toml",
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\nkey = \"derive\"\nkey_template = [\"body\"]",
+        )?;
+        let c = load(Some("gw.toml"), &Overrides::default()).map_err(jail_err)?;
+        assert!(
+            matches!(&c.routes[0].key_mode, KeyMode::Derive(t) if t.parts == vec![KeyPart::Body])
+        );
+        let rules: Vec<&str> = idemgate_gateway::plan::findings(&c)
+            .iter()
+            .map(|f| f.rule)
+            .collect();
+        assert!(rules.contains(&"content-hash-only-key"), "{rules:?}");
         Ok(())
     });
 }

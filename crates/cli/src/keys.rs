@@ -1,0 +1,404 @@
+//! `idemgate keys show KEY`: one key's record and timeline, read from the
+//! store the gateway uses.
+//!
+//! A record is addressed by (tenant, namespace, key). The tenant is given
+//! as the id the gateway logs (`--tenant`), or computed from the raw
+//! credential with the same function the gateway uses (`--credential`),
+//! so nobody has to hash an API key by hand. Exit status: 0 when the key
+//! has a record or attempts, 1 when it has neither, 2 on a usage or store
+//! error.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use idemgate_engine::record::now_ms;
+use idemgate_engine::{Attempt, ClientKey, Record, RecordState, ScopedKey, Store};
+use idemgate_gateway::config::{self, RawConfig, RouteConfig, StoreUrl};
+use idemgate_gateway::{GatewayConfig, Overrides};
+use idemgate_layer::StoredResponse;
+use serde_json::json;
+
+use crate::check::Format;
+
+const EXIT_NOT_FOUND: u8 = 1;
+const EXIT_USAGE: u8 = 2;
+
+/// `idemgate keys …`
+#[derive(Debug, Subcommand)]
+pub(crate) enum KeysCommand {
+    /// Print a key's current state and the timeline of its attempts.
+    Show(ShowArgs),
+}
+
+/// Flags of `idemgate keys show`.
+#[derive(Debug, Args)]
+pub(crate) struct ShowArgs {
+    /// The idempotency key, as the client sent it (or as derived).
+    key: String,
+    /// The tenant id as the gateway logs it (32 hex digits, or `anonymous`).
+    #[arg(long, conflicts_with = "credential")]
+    tenant: Option<String>,
+    /// The raw credential the client sent: the `Authorization` header value
+    /// (`Bearer sk-…`; a bare token is also tried with `Bearer `), or the
+    /// value of the route's tenant header. Hashed here, never stored.
+    #[arg(long)]
+    credential: Option<String>,
+    /// The route id (namespace) of the key; default: the only route's id.
+    #[arg(long)]
+    namespace: Option<String>,
+    /// TOML configuration file of the gateway.
+    #[arg(long, short, env = "IDEMGATE_CONFIG")]
+    config: Option<PathBuf>,
+    /// Store URL (`sqlite:PATH`); overrides the configuration's.
+    #[arg(long)]
+    store: Option<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
+}
+
+/// Runs a `keys` subcommand.
+pub(crate) async fn run(cmd: KeysCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        KeysCommand::Show(args) => match show(&args).await {
+            Ok(code) => Ok(code),
+            Err(e) => {
+                eprintln!("idemgate keys show: {e:#}");
+                Ok(ExitCode::from(EXIT_USAGE))
+            }
+        },
+    }
+}
+
+/// The store and the routes, from the file, `IDEMGATE_*` and `--store`.
+/// Without any route or upstream configured, the gateway's implicit
+/// single route `/` is assumed, so `--store` alone is enough.
+fn deployment(args: &ShowArgs) -> anyhow::Result<(StoreUrl, Vec<RouteConfig>)> {
+    let overrides = Overrides {
+        store: args.store.clone(),
+        ..Overrides::default()
+    };
+    let figment = config::figment(args.config.as_deref(), &overrides)?;
+    let raw: RawConfig = figment.extract().map_err(Box::new).map_err(|e| {
+        anyhow::Error::new(idemgate_gateway::ConfigError::Load(e)).context("invalid configuration")
+    })?;
+    if raw.routes.is_empty() && raw.upstream.is_none() {
+        let store = StoreUrl::parse(raw.store.as_deref().unwrap_or(config::DEFAULT_STORE))
+            .map_err(|m| anyhow::anyhow!("store: {m}"))?;
+        // Any upstream will do: only the implicit route's id and tenant
+        // source are used.
+        let implicit = GatewayConfig::from_raw(RawConfig {
+            upstream: Some("http://127.0.0.1:1".into()),
+            ..RawConfig::default()
+        })?;
+        return Ok((store, implicit.routes));
+    }
+    let c = GatewayConfig::from_raw(raw).context("invalid configuration")?;
+    Ok((c.store, c.routes))
+}
+
+async fn open(
+    url: &StoreUrl,
+) -> anyhow::Result<(Arc<dyn Store>, Option<idemgate_sqlite::SqliteStore>)> {
+    match url {
+        StoreUrl::Sqlite(path) => {
+            // Never create a store at a mistyped path.
+            anyhow::ensure!(
+                path.is_file(),
+                "no store file at {} (the gateway's `store`; default sqlite:idemgate.db in its working directory)",
+                path.display()
+            );
+            let path = path.clone();
+            let store =
+                tokio::task::spawn_blocking(move || idemgate_sqlite::SqliteStore::open(path))
+                    .await
+                    .context("cannot open the store")?
+                    .with_context(|| format!("cannot open the store {url}"))?;
+            Ok((Arc::new(store.clone()), Some(store)))
+        }
+        StoreUrl::Memory => anyhow::bail!(
+            "a memory: store lives inside the gateway process; ask the gateway instead (GET /admin/keys/{{key}}/timeline on the admin listener)"
+        ),
+        other => anyhow::bail!(
+            "{} store not available: not built into this binary yet",
+            other.backend()
+        ),
+    }
+}
+
+/// What was looked up and found.
+struct Found {
+    scoped: ScopedKey,
+    tenant_from: &'static str,
+    record: Option<Record>,
+    timeline: Vec<Attempt>,
+}
+
+async fn lookup(
+    store: &dyn Store,
+    scoped: ScopedKey,
+) -> anyhow::Result<(Option<Record>, Vec<Attempt>)> {
+    let record = store.get(&scoped).await.context("cannot read the record")?;
+    let timeline = store
+        .timeline(&scoped)
+        .await
+        .context("cannot read the timeline")?;
+    Ok((record, timeline))
+}
+
+async fn show(args: &ShowArgs) -> anyhow::Result<ExitCode> {
+    let key = ClientKey::parse(&args.key).map_err(|e| anyhow::anyhow!("KEY: {e}"))?;
+    let (url, routes) = deployment(args)?;
+    let route = match &args.namespace {
+        Some(ns) => routes.iter().find(|r| &r.id == ns),
+        None => match routes.as_slice() {
+            [only] => Some(only),
+            _ => {
+                let ids: Vec<&str> = routes.iter().map(|r| r.id.as_str()).collect();
+                anyhow::bail!(
+                    "the configuration has {} routes ({}): pass --namespace with the route id",
+                    routes.len(),
+                    ids.join(", ")
+                );
+            }
+        },
+    };
+    let namespace = match (&args.namespace, route) {
+        (Some(ns), _) => ns.clone(),
+        (None, Some(r)) => r.id.clone(),
+        (None, None) => anyhow::bail!("no route"),
+    };
+    let authorization = route.is_none_or(|r| r.tenant_header.is_none());
+
+    // Candidate tenants, in order; the first with anything stored wins.
+    let mut candidates: Vec<(String, &'static str)> = Vec::new();
+    match (&args.tenant, &args.credential) {
+        (Some(t), _) => candidates.push((t.clone(), "given")),
+        (None, Some(c)) => {
+            candidates.push((
+                idemgate_layer::key::tenant_id(c.as_bytes()),
+                "hash of the credential",
+            ));
+            if authorization && !c.trim().contains(char::is_whitespace) {
+                candidates.push((
+                    idemgate_layer::key::tenant_id(format!("Bearer {}", c.trim()).as_bytes()),
+                    "hash of `Bearer <credential>`",
+                ));
+            }
+        }
+        (None, None) => candidates.push((
+            idemgate_layer::key::ANONYMOUS.to_owned(),
+            "no credential: anonymous",
+        )),
+    }
+
+    let (store, sqlite) = open(&url).await?;
+    let mut found: Option<Found> = None;
+    for (tenant, tenant_from) in &candidates {
+        let scoped = ScopedKey::new(tenant.clone(), namespace.clone(), key.clone());
+        let (record, timeline) = lookup(store.as_ref(), scoped.clone()).await?;
+        let hit = record.is_some() || !timeline.is_empty();
+        if hit || found.is_none() {
+            found = Some(Found {
+                scoped,
+                tenant_from,
+                record,
+                timeline,
+            });
+        }
+        if hit {
+            break;
+        }
+    }
+    if let Some(s) = sqlite {
+        s.close();
+    }
+    let Some(found) = found else {
+        anyhow::bail!("no tenant to look up");
+    };
+    let exists = found.record.is_some() || !found.timeline.is_empty();
+    match args.format {
+        Format::Text => print!("{}", text(&url, &found)),
+        Format::Json => println!("{}", as_json(&url, &found)),
+    }
+    if exists {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!(
+            "no record and no attempts for key `{}` in namespace `{}` for tenant {} ({}); check the credential or --tenant, and --namespace",
+            found.scoped.key.as_str(),
+            found.scoped.namespace,
+            found.scoped.tenant,
+            found.tenant_from
+        );
+        Ok(ExitCode::from(EXIT_NOT_FOUND))
+    }
+}
+
+fn rfc3339(at_ms: u64) -> String {
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(at_ms)).to_string()
+}
+
+/// `in 23h 59m` / `3m ago`, to the second.
+fn relative(at_ms: u64) -> String {
+    let now = now_ms();
+    let secs = |ms: u64| humantime::format_duration(Duration::from_secs(ms / 1000)).to_string();
+    if at_ms >= now {
+        format!("in {}", secs(at_ms - now))
+    } else {
+        format!("{} ago", secs(now - at_ms))
+    }
+}
+
+fn latency(us: u64) -> String {
+    if us >= 1_000_000 {
+        format!("{:.3}s", us as f64 / 1e6)
+    } else if us >= 1000 {
+        format!("{:.1}ms", us as f64 / 1e3)
+    } else {
+        format!("{us}µs")
+    }
+}
+
+fn state_line(record: Option<&Record>) -> String {
+    match record.map(|r| &r.state) {
+        None => "absent (never seen, released after a failure, or expired)".to_owned(),
+        Some(RecordState::Pending {
+            fence,
+            lease_expires_at_ms,
+        }) => format!(
+            "PENDING: running now (fence {fence}); lease expires {} ({})",
+            rfc3339(*lease_expires_at_ms),
+            relative(*lease_expires_at_ms)
+        ),
+        Some(RecordState::Done {
+            payload,
+            expires_at_ms,
+        }) => {
+            let what = match StoredResponse::decode(payload) {
+                Ok(r) => {
+                    let tokens = r
+                        .usage
+                        .map(|u| format!(", {} tokens", u.total()))
+                        .unwrap_or_default();
+                    format!(
+                        "{} response stored, {} body bytes{tokens}",
+                        r.status.as_u16(),
+                        r.body.len()
+                    )
+                }
+                Err(e) => format!("{} bytes stored ({e})", payload.len()),
+            };
+            format!(
+                "DONE: {what}; expires {} ({})",
+                rfc3339(*expires_at_ms),
+                relative(*expires_at_ms)
+            )
+        }
+    }
+}
+
+fn text(url: &StoreUrl, f: &Found) -> String {
+    let mut out = String::new();
+    let s = &f.scoped;
+    out.push_str(&format!("key          {}\n", s.key.as_str()));
+    out.push_str(&format!("tenant       {} ({})\n", s.tenant, f.tenant_from));
+    out.push_str(&format!("namespace    {}\n", s.namespace));
+    out.push_str(&format!("store        {url}\n"));
+    out.push_str(&format!("state        {}\n", state_line(f.record.as_ref())));
+    if let Some(r) = &f.record {
+        out.push_str(&format!("fingerprint  {}\n", &r.fingerprint.to_hex()[..16]));
+    }
+    out.push('\n');
+    if f.timeline.is_empty() {
+        out.push_str("no attempts recorded\n");
+        return out;
+    }
+    let width = f
+        .timeline
+        .iter()
+        .map(|a| a.replica.len())
+        .max()
+        .unwrap_or(0)
+        .max("REPLICA".len());
+    out.push_str(&format!(
+        "{:<24}  {:<width$}  {:<9}  {:>6}  {:>10}\n",
+        "TIME (UTC)", "REPLICA", "OUTCOME", "STATUS", "LATENCY"
+    ));
+    for a in &f.timeline {
+        out.push_str(&format!(
+            "{:<24}  {:<width$}  {:<9}  {:>6}  {:>10}\n",
+            rfc3339(a.at_ms),
+            a.replica,
+            a.outcome.as_str(),
+            a.status.map_or_else(|| "-".to_owned(), |s| s.to_string()),
+            latency(a.latency_us)
+        ));
+    }
+    let mut tally: Vec<(&str, usize)> = Vec::new();
+    for a in &f.timeline {
+        match tally.iter_mut().find(|(o, _)| *o == a.outcome.as_str()) {
+            Some((_, n)) => *n += 1,
+            None => tally.push((a.outcome.as_str(), 1)),
+        }
+    }
+    let tally: Vec<String> = tally.iter().map(|(o, n)| format!("{n} {o}")).collect();
+    out.push_str(&format!(
+        "\n{} attempts: {}\n",
+        f.timeline.len(),
+        tally.join(", ")
+    ));
+    out
+}
+
+fn as_json(url: &StoreUrl, f: &Found) -> serde_json::Value {
+    let record = match f.record.as_ref().map(|r| (&r.state, r)) {
+        None => json!(null),
+        Some((
+            RecordState::Pending {
+                fence,
+                lease_expires_at_ms,
+            },
+            r,
+        )) => json!({
+            "state": "pending",
+            "fence": fence,
+            "lease_expires_at_ms": lease_expires_at_ms,
+            "fingerprint": r.fingerprint.to_hex(),
+        }),
+        Some((
+            RecordState::Done {
+                payload,
+                expires_at_ms,
+            },
+            r,
+        )) => {
+            let stored = StoredResponse::decode(payload).ok();
+            json!({
+                "state": "done",
+                "expires_at_ms": expires_at_ms,
+                "fingerprint": r.fingerprint.to_hex(),
+                "status": stored.as_ref().map(|s| s.status.as_u16()),
+                "body_bytes": stored.as_ref().map(|s| s.body.len()),
+                "usage": stored.as_ref().and_then(|s| s.usage).map(|u| json!({
+                    "prompt_tokens": u.prompt_tokens,
+                    "completion_tokens": u.completion_tokens,
+                })),
+            })
+        }
+    };
+    json!({
+        "key": f.scoped.key.as_str(),
+        "tenant": f.scoped.tenant,
+        "tenant_from": f.tenant_from,
+        "namespace": f.scoped.namespace,
+        "store": url.to_string(),
+        "state": match &f.record { None => "absent", Some(r) if r.is_done() => "done", Some(_) => "pending" },
+        "record": record,
+        "timeline": f.timeline,
+    })
+}

@@ -1,0 +1,262 @@
+//! `idemgate keys show` against the SQLite file of a real gateway: the
+//! gateway runs in this process in front of the simulated LLM, the command
+//! runs as its own process on the same file.
+
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+use idemgate_gateway::{GatewayConfig, Overrides};
+use idemgate_llm_sim::SimConfig;
+use tokio::net::TcpListener;
+use tokio::process::Command;
+use tokio::sync::oneshot;
+
+const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
+const KEY: &str = "report-2026-q3";
+const CREDENTIAL: &str = "Bearer sk-test-credential";
+
+async fn keys_show(args: &[&str], cwd: &Path) -> Output {
+    Command::new(BIN)
+        .args(["keys", "show"])
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+async fn chat(client: &reqwest::Client, url: &str) -> (u16, Option<String>) {
+    let r = client
+        .post(format!("{url}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .header("authorization", CREDENTIAL)
+        .header("idempotency-key", KEY)
+        .body(r#"{"model":"sim-1","messages":[{"role":"user","content":"the quarterly report"}]}"#)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let replayed = r
+        .headers()
+        .get("idempotent-replayed")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let status = r.status().as_u16();
+    let _ = r.bytes().await;
+    (status, replayed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_show_prints_the_state_and_timeline_a_gateway_stored() {
+    let sim = idemgate_llm_sim::spawn(SimConfig::default())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let db = dir.path().join("gateway.db");
+    let store = format!("sqlite:{}", db.display());
+    let config = GatewayConfig::load(
+        None,
+        &Overrides {
+            upstream: Some(sim.url()),
+            store: Some(store.clone()),
+            ..Overrides::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let admin = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let url = format!(
+        "http://{}",
+        listener.local_addr().unwrap_or_else(|e| panic!("{e}"))
+    );
+    let (stop, stopped) = oneshot::channel::<()>();
+    let gateway = tokio::spawn(idemgate_gateway::serve(listener, admin, config, async {
+        let _ = stopped.await;
+    }));
+
+    let client = reqwest::Client::new();
+    assert_eq!(chat(&client, &url).await, (200, Some("false".into())));
+
+    // A second process on the same file while the gateway runs: the
+    // execution is there (DONE is durable when acknowledged).
+    let out = keys_show(
+        &[KEY, "--credential", CREDENTIAL, "--store", &store],
+        dir.path(),
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert!(
+        text(&out.stdout).contains("executed"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    assert_eq!(chat(&client, &url).await, (200, Some("true".into())));
+    assert_eq!(sim.executions_for(KEY), 1);
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(30), gateway)
+        .await
+        .unwrap_or_else(|_| panic!("gateway did not stop"))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    // The timeline: one execution, then one replay, in that order.
+    let out = keys_show(
+        &[KEY, "--credential", CREDENTIAL, "--store", &store],
+        dir.path(),
+    )
+    .await;
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains(&format!("key          {KEY}")), "{stdout}");
+    assert!(stdout.contains("namespace    /\n"), "{stdout}");
+    assert!(
+        stdout.contains("state        DONE: 200 response stored"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("TIME (UTC)"), "{stdout}");
+    let outcomes: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("20"))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find(|w| ["executed", "replayed", "conflict", "failed"].contains(w))
+        })
+        .collect();
+    assert_eq!(outcomes, vec!["executed", "replayed"], "{stdout}");
+    assert!(
+        stdout.contains("2 attempts: 1 executed, 1 replayed"),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains("sk-test-credential"),
+        "the credential is never printed"
+    );
+
+    // JSON, addressed by the tenant id the gateway logs.
+    let tenant = idemgate_layer::key::tenant_id(CREDENTIAL.as_bytes());
+    let out = keys_show(
+        &[
+            KEY, "--tenant", &tenant, "--store", &store, "--format", "json",
+        ],
+        dir.path(),
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(v["state"], "done");
+    assert_eq!(v["tenant"], tenant.as_str());
+    assert_eq!(v["namespace"], "/");
+    assert_eq!(v["record"]["status"], 200);
+    let timeline = v["timeline"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no timeline: {v}"));
+    let outcomes: Vec<&str> = timeline
+        .iter()
+        .filter_map(|a| a["outcome"].as_str())
+        .collect();
+    assert_eq!(outcomes, vec!["executed", "replayed"]);
+    assert_eq!(timeline[0]["status"], 200, "{v}");
+    assert!(
+        timeline[0]["at_ms"].as_u64() <= timeline[1]["at_ms"].as_u64(),
+        "{v}"
+    );
+
+    // A bare token is tried as `Bearer <token>` too.
+    let out = keys_show(
+        &[KEY, "--credential", "sk-test-credential", "--store", &store],
+        dir.path(),
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("`Bearer <credential>`"));
+
+    // Another tenant's view of the same key: nothing, exit 1.
+    let out = keys_show(
+        &[
+            KEY,
+            "--credential",
+            "Bearer sk-someone-else",
+            "--store",
+            &store,
+        ],
+        dir.path(),
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stdout).contains("state        absent"));
+    assert!(text(&out.stderr).contains("no record and no attempts"));
+    let out = keys_show(&[KEY, "--store", &store], dir.path()).await;
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "no credential: the anonymous tenant"
+    );
+
+    // Several routes: the namespace must be named.
+    std::fs::write(
+        dir.path().join("gw.toml"),
+        format!(
+            "upstream = {:?}\nstore = {store:?}\n[[routes]]\nprefix = \"/\"\n[[routes]]\nprefix = \"/batch\"\n",
+            sim.url()
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let out = keys_show(
+        &[KEY, "--credential", CREDENTIAL, "--config", "gw.toml"],
+        dir.path(),
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("pass --namespace"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = keys_show(
+        &[
+            KEY,
+            "--credential",
+            CREDENTIAL,
+            "--config",
+            "gw.toml",
+            "--namespace",
+            "/",
+        ],
+        dir.path(),
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("replayed"));
+
+    // A mistyped store path is an error, and no file is created there.
+    let out = keys_show(&[KEY, "--store", "sqlite:typo.db"], dir.path()).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("no store file"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!dir.path().join("typo.db").exists());
+    // Keys are validated as the gateway validates them.
+    let out = keys_show(
+        &["bad key with spaces\u{7f}", "--store", &store],
+        dir.path(),
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(2));
+}

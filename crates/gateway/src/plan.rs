@@ -1,0 +1,181 @@
+//! The gateway's configuration as an [`idemgate_check::Plan`]: what
+//! `idemgate check` judges, and what `idemgate serve` refuses to start with.
+//!
+//! The mapping states what the gateway will really do with each route: the
+//! lease and its heartbeat (`pending_ttl / 3`, as the engine renews), the
+//! layered timeouts, the key source, the store, the store-error mode. The
+//! only I/O is reading the deployed alert rules file.
+
+use std::path::Path;
+
+use idemgate_check::{AlertRules, Finding, KeyPart, KeyPlan, Plan, RoutePlan, StoreKind};
+
+use crate::config::{self, GatewayConfig, KeyMode, RouteConfig, StoreErrorMode, StoreUrl};
+
+/// Rules whose error findings make `idemgate serve` refuse to start.
+///
+/// A key that merges different operations (a content hash without a user
+/// or session, or neither user nor request) makes the gateway answer one
+/// person's request with another's stored result: a wrong answer, not a
+/// missed duplicate, and nothing at run time can tell. Every other finding
+/// leaves the gateway no worse than no gateway (a short TTL lets a late
+/// retry run again), so serving goes on and the findings are logged.
+pub const REFUSED_AT_START: [&str; 2] = ["content-hash-only-key", "key-too-coarse"];
+
+/// The plan of `config`, reading its alert rules file.
+pub fn plan(config: &GatewayConfig) -> Plan {
+    Plan {
+        store: store_kind(&config.store),
+        alert_rules: alert_rules(config.alert_rules.as_deref()),
+        routes: config.routes.iter().map(route_plan).collect(),
+    }
+}
+
+/// The checklist's findings for `config`, errors first.
+pub fn findings(config: &GatewayConfig) -> Vec<Finding> {
+    idemgate_check::check(&plan(config))
+}
+
+/// The findings that stop `idemgate serve` ([`REFUSED_AT_START`]).
+pub fn start_refusals(findings: &[Finding]) -> Vec<&Finding> {
+    findings
+        .iter()
+        .filter(|f| {
+            f.severity == idemgate_check::Severity::Error && REFUSED_AT_START.contains(&f.rule)
+        })
+        .collect()
+}
+
+/// What the rules file at `path` (if configured) holds.
+pub fn alert_rules(path: Option<&Path>) -> AlertRules {
+    let Some(path) = path else {
+        return AlertRules::NotConfigured;
+    };
+    let shown = path.display().to_string();
+    match std::fs::read_to_string(path) {
+        Ok(text) => AlertRules::from_rules_text(shown, &text),
+        Err(e) => AlertRules::Unreadable {
+            path: shown,
+            reason: match e.kind() {
+                std::io::ErrorKind::NotFound => "no such file".to_owned(),
+                _ => e.to_string(),
+            },
+        },
+    }
+}
+
+fn store_kind(store: &StoreUrl) -> StoreKind {
+    match store {
+        StoreUrl::Memory => StoreKind::Memory,
+        StoreUrl::Sqlite(_) => StoreKind::Sqlite,
+        StoreUrl::Redis(_) | StoreUrl::RedisCluster(_) => StoreKind::Redis,
+        StoreUrl::Postgres(_) => StoreKind::Postgres,
+    }
+}
+
+fn route_plan(route: &RouteConfig) -> RoutePlan {
+    RoutePlan {
+        name: route.id.clone(),
+        client_retry: route.client_retry,
+        done_ttl: route.done_ttl,
+        pending_ttl: route.pending_ttl,
+        heartbeat: route.heartbeat,
+        connect_timeout: route.timeouts.connect,
+        first_byte_timeout: route.timeouts.first_byte,
+        total_timeout: route.timeouts.total,
+        longest_generation: route.longest_generation,
+        key: match &route.key_mode {
+            KeyMode::Require => KeyPlan::Require,
+            KeyMode::Optional => KeyPlan::Optional,
+            KeyMode::Derive(t) => {
+                let mut parts: Vec<KeyPart> = t
+                    .parts
+                    .iter()
+                    .map(|p| match p {
+                        config::KeyPart::Tenant => KeyPart::Tenant,
+                        config::KeyPart::Header(h) => KeyPart::Header(h.as_str().to_owned()),
+                        config::KeyPart::Body => KeyPart::BodyHash,
+                    })
+                    .collect();
+                if let Some(w) = t.window {
+                    parts.push(KeyPart::Window(w));
+                }
+                KeyPlan::Derive(parts)
+            }
+        },
+        charges: route.charges,
+        fail_open: route.on_store_error == StoreErrorMode::FailOpen,
+        retryable_statuses: route.retryable_statuses.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::{RawConfig, RawRoute};
+
+    fn config(route: RawRoute) -> GatewayConfig {
+        GatewayConfig::from_raw(RawConfig {
+            upstream: Some("http://127.0.0.1:9".into()),
+            store: Some("memory:".into()),
+            routes: vec![RawRoute {
+                prefix: Some("/v1".into()),
+                ..route
+            }],
+            ..RawConfig::default()
+        })
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn the_plan_states_what_the_gateway_does() {
+        let c = config(RawRoute {
+            key: Some("derive".into()),
+            key_template: Some(vec![
+                "tenant".into(),
+                "header:x-user-id".into(),
+                "body".into(),
+            ]),
+            key_window: Some("10m".into()),
+            pending_ttl: Some("9s".into()),
+            on_store_error: Some("fail_open".into()),
+            ..RawRoute::default()
+        });
+        let p = plan(&c);
+        assert_eq!(p.store, StoreKind::Memory);
+        assert_eq!(p.alert_rules, AlertRules::NotConfigured);
+        let r = &p.routes[0];
+        assert_eq!(r.name, "/v1");
+        assert_eq!(r.pending_ttl, Duration::from_secs(9));
+        assert_eq!(r.heartbeat, Some(Duration::from_secs(3)));
+        assert!(r.fail_open);
+        assert!(!r.charges);
+        assert_eq!(
+            r.key,
+            KeyPlan::Derive(vec![
+                KeyPart::Tenant,
+                KeyPart::Header("x-user-id".into()),
+                KeyPart::BodyHash,
+                KeyPart::Window(Duration::from_secs(600)),
+            ])
+        );
+        assert_eq!(r.client_retry, idemgate_engine::RetryPolicy::default());
+    }
+
+    #[test]
+    fn only_merging_keys_refuse_a_start() {
+        let c = config(RawRoute {
+            key: Some("derive".into()),
+            key_template: Some(vec!["body".into()]),
+            done_ttl: Some("1s".into()),
+            ..RawRoute::default()
+        });
+        let f = findings(&c);
+        let rules: Vec<&str> = f.iter().map(|f| f.rule).collect();
+        assert!(rules.contains(&"done-ttl-short"), "{rules:?}");
+        let refused: Vec<&str> = start_refusals(&f).iter().map(|f| f.rule).collect();
+        assert_eq!(refused, vec!["content-hash-only-key"]);
+    }
+}
