@@ -8,7 +8,9 @@
 //! - [`problem`]: the gateway's own RFC 9457 problem responses.
 //! - [`serve`](mod@serve): [`serve()`]: store, per-route engine + idempotency
 //!   layer + proxy, the router, the admin listener and graceful shutdown.
-//! - [`telemetry`]: the Prometheus recorder behind the admin `/metrics`.
+//! - [`telemetry`]: the metrics pipeline (idemgate-telemetry's Prometheus
+//!   recorder) behind the admin `/metrics`.
+//! - `admin`: the admin listener's endpoints.
 //!
 //! # The key decision
 //! The upstream proxy is a plain inner service of the idempotency layer,
@@ -26,6 +28,7 @@
 //!
 //! [`GatewayConfig`]: config::GatewayConfig
 
+mod admin;
 pub mod config;
 pub mod problem;
 pub mod proxy;
