@@ -260,6 +260,15 @@ pub async fn serve(
         store: Arc::clone(&store),
         ready: Arc::clone(&ready),
         telemetry,
+        admin_token: config.admin_token.clone(),
+        routes: config
+            .routes
+            .iter()
+            .map(|r| crate::admin::RouteName {
+                id: r.id.clone(),
+                prefix: r.prefix.clone(),
+            })
+            .collect(),
     });
 
     let (stop_tx, stop_rx) = watch::channel(false);

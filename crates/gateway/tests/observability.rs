@@ -29,6 +29,15 @@ struct Gateway {
 impl Gateway {
     /// Starts the gateway on an SQLite store in a fresh directory.
     async fn start(upstream: &str, tweak: impl FnOnce(&mut RawRoute)) -> Self {
+        Self::start_with(upstream, None, tweak).await
+    }
+
+    /// As [`Gateway::start`], with an admin token.
+    async fn start_with(
+        upstream: &str,
+        admin_token: Option<&str>,
+        tweak: impl FnOnce(&mut RawRoute),
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let mut route = RawRoute {
             id: Some("obs".into()),
@@ -48,6 +57,7 @@ impl Gateway {
         let config = GatewayConfig::from_raw(RawConfig {
             store: Some(format!("sqlite:{}", dir.path().join("obs.db").display())),
             shutdown_grace: Some("1s".into()),
+            admin_token: admin_token.map(str::to_owned),
             routes: vec![route],
             ..RawConfig::default()
         })
@@ -850,4 +860,213 @@ async fn keyed_log_lines_carry_key_and_trace_id_and_no_content() {
     let tenant = idemgate_layer::key::tenant_id(CREDENTIAL.as_bytes());
     assert!(!text.contains(&tenant));
     assert!(!text.contains("sk-observability"));
+}
+
+const ADMIN_TOKEN: &str = "admin-token-for-tests-3b9e";
+
+async fn timeline(
+    client: &reqwest::Client,
+    gw: &Gateway,
+    key: &str,
+    query: &str,
+    token: Option<&str>,
+) -> (u16, serde_json::Value) {
+    let mut b = client.get(format!("{}/admin/keys/{key}/timeline?{query}", gw.admin));
+    if let Some(t) = token {
+        b = b.header("authorization", format!("Bearer {t}"));
+    }
+    let r = b.send().await.unwrap_or_else(|e| panic!("{e}"));
+    let status = r.status().as_u16();
+    let bytes = r.bytes().await.unwrap_or_else(|e| panic!("{e}"));
+    let v = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&bytes)));
+    (status, v)
+}
+
+fn outcomes(v: &serde_json::Value) -> Vec<String> {
+    v["attempts"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{v}"))
+        .iter()
+        .map(|a| a["outcome"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// Without a configured admin token the timeline is off: 403 with a
+/// problem saying how to turn it on, whatever the request sends.
+#[tokio::test]
+async fn timeline_is_disabled_without_an_admin_token() {
+    let sim = sim().await;
+    let gw = Gateway::start(&sim.url(), |_| {}).await;
+    let client = reqwest::Client::new();
+    for token in [None, Some(ADMIN_TOKEN), Some("")] {
+        let (status, v) = timeline(&client, &gw, "any-key", "", token).await;
+        assert_eq!(status, 403);
+        assert_eq!(v["type"], "https://idemgate.dev/problems/admin-disabled");
+        assert!(
+            v["detail"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("admin_token"),
+            "{v}"
+        );
+    }
+    gw.stop().await;
+}
+
+/// With a token configured: 401 without it, with a wrong one, or with
+/// another scheme; nothing about the key is revealed.
+#[tokio::test]
+async fn timeline_refuses_missing_and_wrong_tokens() {
+    let sim = sim().await;
+    let gw = Gateway::start_with(&sim.url(), Some(ADMIN_TOKEN), |_| {}).await;
+    let client = reqwest::Client::new();
+    let r = post(&client, &gw, "tl-secret", chat(false, "hidden"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status(), 200);
+    let _ = r.bytes().await;
+    let wrong = format!("{ADMIN_TOKEN}x");
+    for token in [None, Some(wrong.as_str()), Some("admin"), Some("")] {
+        let (status, v) = timeline(&client, &gw, "tl-secret", "", token).await;
+        assert_eq!(status, 401, "{token:?}");
+        assert_eq!(v["type"], "https://idemgate.dev/problems/unauthorized");
+        assert!(v.get("attempts").is_none());
+    }
+    let r = client
+        .get(format!("{}/admin/keys/tl-secret/timeline", gw.admin))
+        .header("authorization", format!("Basic {ADMIN_TOKEN}"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status(), 401);
+    assert!(r.headers().contains_key("www-authenticate"));
+    gw.stop().await;
+}
+
+/// Execute, replay, mismatch: the timeline lists the three attempts in
+/// order with replica, status and latency; the record is DONE with the
+/// upstream's status. The tenant is given as an id or as the credential;
+/// another tenant sees nothing.
+#[tokio::test]
+async fn timeline_lists_execute_replay_and_mismatch() {
+    let sim = sim().await;
+    let gw = Gateway::start_with(&sim.url(), Some(ADMIN_TOKEN), |_| {}).await;
+    let client = reqwest::Client::new();
+    let key = "tl-key-1";
+    for (body, expected) in [
+        (chat(false, "timeline"), 200),
+        (chat(false, "timeline"), 200),
+        (chat(false, "a different payload"), 422),
+    ] {
+        let r = post(&client, &gw, key, body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.status(), expected);
+        let _ = r.bytes().await;
+    }
+    let tenant = idemgate_layer::key::tenant_id(CREDENTIAL.as_bytes());
+    let by_credential = format!("credential={}&namespace=%2Fv1", url_encode(CREDENTIAL));
+    // A store may record replays and mismatches in the background (best
+    // effort, batched): wait until the third attempt is visible.
+    let first = format!("tenant={tenant}&namespace=obs");
+    for _ in 0..200 {
+        let (_, v) = timeline(&client, &gw, key, &first, Some(ADMIN_TOKEN)).await;
+        if outcomes(&v).len() >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    for query in [first.clone(), format!("tenant={tenant}"), by_credential] {
+        let (status, v) = timeline(&client, &gw, key, &query, Some(ADMIN_TOKEN)).await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["key"], key);
+        assert_eq!(v["tenant"], tenant.as_str());
+        assert_eq!(v["namespace"], "obs");
+        assert_eq!(v["state"], "done");
+        assert_eq!(v["status"], 200);
+        assert_eq!(outcomes(&v), ["executed", "replayed", "mismatch"], "{v}");
+        let attempts = v["attempts"].as_array().unwrap_or_else(|| panic!("{v}"));
+        assert_eq!(attempts[0]["status"], 200);
+        for a in attempts {
+            assert!(!a["replica"].as_str().unwrap_or_default().is_empty(), "{a}");
+            assert!(a["latency_us"].is_u64(), "{a}");
+            assert!(a["at"].as_str().unwrap_or_default().ends_with('Z'), "{a}");
+        }
+        // The credential is never echoed.
+        assert!(!v.to_string().contains("sk-observability"));
+    }
+    // Another tenant (here: no credential) has no such key.
+    let (status, v) = timeline(&client, &gw, key, "", Some(ADMIN_TOKEN)).await;
+    assert_eq!(status, 200);
+    assert_eq!(v["tenant"], "anonymous");
+    assert_eq!(v["state"], "absent");
+    assert_eq!(outcomes(&v), Vec::<String>::new());
+    // Bad requests: unknown namespace, both tenant forms, a malformed key.
+    let (status, v) = timeline(
+        &client,
+        &gw,
+        key,
+        &format!("tenant={tenant}&namespace=nope"),
+        Some(ADMIN_TOKEN),
+    )
+    .await;
+    assert_eq!(status, 404, "{v}");
+    let (status, _) = timeline(
+        &client,
+        &gw,
+        key,
+        &format!("tenant={tenant}&credential=x"),
+        Some(ADMIN_TOKEN),
+    )
+    .await;
+    assert_eq!(status, 400);
+    let long = "k".repeat(300);
+    let (status, _) = timeline(&client, &gw, &long, "", Some(ADMIN_TOKEN)).await;
+    assert_eq!(status, 400);
+    gw.stop().await;
+}
+
+/// A key whose execution is running shows as PENDING.
+#[tokio::test]
+async fn timeline_shows_a_running_key_as_pending() {
+    let sim = sim().await;
+    let gw = Gateway::start_with(&sim.url(), Some(ADMIN_TOKEN), |r| {
+        r.timeouts = Some(RawTimeouts {
+            connect: Some("2s".into()),
+            first_byte: Some("120s".into()),
+            idle: Some("120s".into()),
+            total: Some("120s".into()),
+        });
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let slow = tokio::spawn(
+        post(&client, &gw, "tl-pending", chat(false, "slow"))
+            .header(LATENCY_HEADER, "60000")
+            .send(),
+    );
+    while sim.stats().requests == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let query = format!("credential={}", url_encode(CREDENTIAL));
+    let (status, v) = timeline(&client, &gw, "tl-pending", &query, Some(ADMIN_TOKEN)).await;
+    assert_eq!(status, 200);
+    assert_eq!(v["state"], "pending", "{v}");
+    assert!(v["lease_expires_at_ms"].is_u64());
+    gw.stop().await;
+    let _ = slow.await;
+}
+
+fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
