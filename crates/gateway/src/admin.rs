@@ -1,14 +1,15 @@
-//! The admin listener: health, readiness, `/metrics`, and the timeline of
-//! one key (`GET /admin/keys/{key}/timeline`, behind the admin token).
+//! The admin listener: health, readiness, `/metrics`, the dashboard (`/`,
+//! polling `/admin/stats`), and the timeline of one key
+//! (`GET /admin/keys/{key}/timeline`, behind the admin token).
 //!
 //! The token is compared in constant time: both sides are hashed (so their
 //! lengths do not show either) and the digests compared with `subtle`.
 //! Without a configured token the token-protected endpoints are off (403),
 //! never open.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, UNIX_EPOCH};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Body;
@@ -54,8 +55,80 @@ pub(crate) fn router(state: AdminState) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
+        .route("/", get(dashboard))
+        .route("/admin/stats", get(stats))
         .route("/admin/keys/{key}/timeline", get(timeline))
         .with_state(state)
+}
+
+/// The dashboard: one self-contained page (HTML, CSS and JS from
+/// `assets/`, inlined; no external resources, no build step).
+static DASHBOARD: LazyLock<String> = LazyLock::new(|| {
+    include_str!("../assets/dashboard.html")
+        .replacen("/*STYLE*/", include_str!("../assets/dashboard.css"), 1)
+        .replacen("/*SCRIPT*/", include_str!("../assets/dashboard.js"), 1)
+});
+
+/// Only this page's own inline code, and requests to this listener.
+const DASHBOARD_CSP: &str = "default-src 'none'; script-src 'unsafe-inline'; \
+     style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; \
+     base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+async fn dashboard() -> Response<Body> {
+    let mut resp = Response::new(Body::from(DASHBOARD.as_str()));
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(DASHBOARD_CSP),
+    );
+    // The page may carry the admin token in its query: never pass it on.
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    resp
+}
+
+/// `GET /admin/stats`: the dashboard's figures. Aggregates only, no key or
+/// tenant: as open as `/metrics`.
+async fn stats(State(s): State<AdminState>) -> Response<Body> {
+    let snap = s.telemetry.snapshot();
+    let outcomes: serde_json::Map<String, serde_json::Value> = snap
+        .requests
+        .iter()
+        .map(|(o, n)| (o.as_str().to_owned(), (*n).into()))
+        .collect();
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let body = serde_json::json!({
+        "time_ms": now_ms,
+        "requests_total": snap.requests_total,
+        "hits": snap.hits,
+        "hit_ratio": snap.hit_ratio,
+        "inflight_conflicts": snap.inflight_conflicts,
+        "tokens_saved": snap.tokens_saved,
+        "stream_events_lost": snap.stream_events_lost,
+        "requests_per_key": { "p50": snap.requests_per_key_p50, "p99": snap.requests_per_key_p99 },
+        "outcomes": outcomes,
+    });
+    let mut resp = Response::new(Body::from(body.to_string()));
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
 }
 
 /// Whether `given` equals `expected`, in time independent of where they
@@ -308,6 +381,25 @@ async fn metrics_text(State(s): State<AdminState>) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_dashboard_is_self_contained() {
+        let page = DASHBOARD.as_str();
+        assert!(!page.contains("/*STYLE*/") && !page.contains("/*SCRIPT*/"));
+        assert!(page.contains("setInterval(poll"));
+        assert!(page.contains(".spark polyline"));
+        // No external resources: the only URLs are the SVG namespace.
+        for (i, _) in page.match_indices("http") {
+            assert!(
+                page[i..].starts_with("http://www.w3.org/2000/svg"),
+                "external URL at {i}: {}",
+                &page[i..(i + 60).min(page.len())]
+            );
+        }
+        for tag in ["<link", "src=", "@import"] {
+            assert!(!page.contains(tag), "{tag}");
+        }
+    }
 
     #[test]
     fn tokens_match_only_when_equal() {
