@@ -2,36 +2,15 @@
 //! request names its key and trace id, and no prompt or completion text is
 //! ever written.
 
+use std::io::BufRead;
 use std::process::Stdio;
 use std::time::Duration;
 
 use idemgate_llm_sim::SimConfig;
-use tokio::process::{Child, Command};
+use tokio::process::Command;
+use tokio::sync::oneshot;
 
 const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
-
-async fn free_port() -> u16 {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    l.local_addr().unwrap_or_else(|e| panic!("{e}")).port()
-}
-
-/// Polls `url` until it answers 200, or the process exits, or 30 s pass.
-async fn wait_ready(client: &reqwest::Client, url: &str, child: &mut Child) {
-    for _ in 0..300 {
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("gateway exited early: {status}");
-        }
-        if let Ok(r) = client.get(url).send().await {
-            if r.status() == 200 {
-                return;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("gateway never became ready at {url}");
-}
 
 /// The value of `"field":"…"` in a JSON log line.
 fn string_field<'a>(line: &'a str, field: &str) -> Option<&'a str> {
@@ -47,11 +26,20 @@ async fn keyed_lines_carry_key_and_trace_id_and_never_content() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let (port, admin_port) = (free_port().await, free_port().await);
+    // Port 0 for both listeners (no race with other tests for a port); the
+    // bound addresses are read from the "gateway started" log line.
     let mut child = Command::new(BIN)
-        .args(["serve", "--upstream", &sim.url(), "--store", "memory:"])
-        .env("IDEMGATE_LISTEN", format!("127.0.0.1:{port}"))
-        .env("IDEMGATE_ADMIN_LISTEN", format!("127.0.0.1:{admin_port}"))
+        .args([
+            "serve",
+            "--upstream",
+            &sim.url(),
+            "--store",
+            "memory:",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
         .env_remove("IDEMGATE_LOG")
         .env_remove("RUST_LOG")
         .current_dir(dir.path())
@@ -60,15 +48,37 @@ async fn keyed_lines_carry_key_and_trace_id_and_never_content() {
         .kill_on_drop(true)
         .spawn()
         .unwrap_or_else(|e| panic!("{e}"));
+    let stderr_pipe = child
+        .stderr
+        .take()
+        .unwrap_or_else(|| panic!("no stderr"))
+        .into_owned_fd()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (started_tx, started_rx) = oneshot::channel::<String>();
+    // A plain thread reads the log as it is written, until the pipe closes.
+    let reader = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        let mut started = Some(started_tx);
+        for line in std::io::BufReader::new(std::fs::File::from(stderr_pipe)).lines() {
+            let Ok(line) = line else { break };
+            if line.contains("gateway started") {
+                if let Some(tx) = started.take() {
+                    let _ = tx.send(line.clone());
+                }
+            }
+            all.push(line);
+        }
+        all.join("\n")
+    });
+    let started = tokio::time::timeout(Duration::from_secs(30), started_rx)
+        .await
+        .unwrap_or_else(|_| panic!("gateway did not start"))
+        .unwrap_or_else(|_| panic!("gateway exited before starting"));
+    let listen = string_field(&started, "listen").unwrap_or_else(|| panic!("{started}"));
+    assert!(!listen.ends_with(":0"), "{started}");
     let client = reqwest::Client::new();
-    wait_ready(
-        &client,
-        &format!("http://127.0.0.1:{admin_port}/readyz"),
-        &mut child,
-    )
-    .await;
 
-    let url = format!("http://127.0.0.1:{port}/v1/chat/completions");
+    let url = format!("http://{listen}/v1/chat/completions");
     let prompt = r#"{"model":"sim-1","messages":[{"role":"user","content":"SECRET-PROMPT-7731 tell me about the harbour"}]}"#;
     let traceparent = "00-7d3f0c2a9b8e4f6a1c5d2e3f4a5b6c7d-0123456789abcdef-01";
     let client_trace = "7d3f0c2a9b8e4f6a1c5d2e3f4a5b6c7d";
@@ -125,12 +135,16 @@ async fn keyed_lines_carry_key_and_trace_id_and_never_content() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(kill.success());
-    let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
         .await
         .unwrap_or_else(|_| panic!("gateway did not exit after SIGTERM"))
         .unwrap_or_else(|e| panic!("{e}"));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "exit {:?}: {stderr}", out.status);
+    // The process has exited: its end of the pipe is closed.
+    let stderr = tokio::task::spawn_blocking(move || reader.join())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|_| panic!("log reader panicked"));
+    assert!(status.success(), "exit {status:?}: {stderr}");
 
     let about = |key: &str| -> Vec<&str> {
         stderr
