@@ -196,17 +196,19 @@ impl Telemetry {
     /// library records through. Metrics go to whatever recorder the program
     /// installed (none: they are dropped, the dashboard figures still count).
     pub fn shared() -> &'static Telemetry {
-        SHARED.get_or_init(|| {
-            let now = Instant::now();
-            Telemetry {
-                inner: Arc::new(Inner {
-                    handle: OnceLock::new(),
-                    ratio: Mutex::new(RatioWindow::new(RATIO_WINDOW, 10, now)),
-                    keys: Mutex::new(KeyCounts::new(KEY_WINDOW, 200_000, now)),
-                    totals: Totals::default(),
-                }),
-            }
-        })
+        SHARED.get_or_init(Self::fresh)
+    }
+
+    fn fresh() -> Telemetry {
+        let now = Instant::now();
+        Telemetry {
+            inner: Arc::new(Inner {
+                handle: OnceLock::new(),
+                ratio: Mutex::new(RatioWindow::new(RATIO_WINDOW, 10, now)),
+                keys: Mutex::new(KeyCounts::new(KEY_WINDOW, 200_000, now)),
+                totals: Totals::default(),
+            }),
+        }
     }
 
     /// Whether this process's Prometheus recorder is installed.
@@ -281,11 +283,15 @@ impl Telemetry {
         labels.push(Label::new("outcome", outcome.as_str()));
         metrics::counter!(names::REQUESTS, labels).increment(1);
         let now = Instant::now();
-        self.inner
-            .ratio
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .record(outcome.is_hit(), now);
+        // The ratio is over requests idempotency protects: an unkeyed
+        // request on an optional route is neither a hit nor a miss.
+        if outcome != Outcome::Unprotected {
+            self.inner
+                .ratio
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .record(outcome.is_hit(), now);
+        }
         if let Some(id) = key_id {
             self.inner
                 .keys
@@ -452,6 +458,54 @@ fn recorder_builder() -> PrometheusBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn concurrent_recording_keeps_exact_totals() {
+        let t = Telemetry::fresh();
+        let threads = 8u64;
+        let per_thread = 5_000u64;
+        std::thread::scope(|s| {
+            for th in 0..threads {
+                let t = t.clone();
+                s.spawn(move || {
+                    for i in 0..per_thread {
+                        let outcome = match i % 4 {
+                            0 => Outcome::Executed,
+                            1 | 2 => Outcome::Replayed,
+                            _ => Outcome::Unprotected,
+                        };
+                        t.request(outcome, Some(th * per_thread + i / 4));
+                        if i % 10 == 0 {
+                            t.inflight_conflict();
+                        }
+                        t.tokens_saved(3);
+                    }
+                });
+            }
+        });
+        let snap = t.snapshot();
+        let n = threads * per_thread;
+        assert_eq!(snap.requests_total, n);
+        assert_eq!(snap.hits, n / 2);
+        assert_eq!(snap.inflight_conflicts, threads * (per_thread / 10));
+        assert_eq!(snap.tokens_saved, 3 * n);
+        let count = |o: Outcome| {
+            snap.requests
+                .iter()
+                .find(|(x, _)| *x == o)
+                .map_or(0, |(_, c)| *c)
+        };
+        assert_eq!(count(Outcome::Executed), n / 4);
+        assert_eq!(count(Outcome::Unprotected), n / 4);
+        // Unkeyed requests do not dilute the ratio: 2 hits per 3 keyed.
+        assert!(
+            (snap.hit_ratio - 2.0 / 3.0).abs() < 1e-9,
+            "{}",
+            snap.hit_ratio
+        );
+        // Each key id got 3 keyed requests plus one unprotected: 4 each.
+        assert_eq!(snap.requests_per_key_p50, 4.0);
+    }
 
     #[test]
     fn outcome_labels_are_distinct_and_indexed() {

@@ -5,7 +5,8 @@
 pub const HIT: &str = "idempotency_hit_total";
 /// Requests that met a PENDING key.
 pub const INFLIGHT_CONFLICT: &str = "idempotency_inflight_conflict_total";
-/// Hits / keyed requests over a sliding five-minute window.
+/// Hits / keyed requests over a sliding five-minute window (requests
+/// forwarded unprotected are not counted).
 pub const HIT_RATIO: &str = "idempotency_hit_ratio";
 /// Keyed requests by `outcome`.
 pub const REQUESTS: &str = "idempotency_requests_total";
