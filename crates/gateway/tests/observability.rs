@@ -335,8 +335,9 @@ async fn ten_keys_three_sends_give_exact_figures() {
     gw.stop().await;
 }
 
-/// Five concurrent duplicates of a slow request in reject mode: one runs,
-/// four are refused, and exactly four conflicts are counted.
+/// Five concurrent duplicates of a slow request in reject mode: one claims
+/// the key and runs (for a minute), the four others meet it in flight and
+/// are refused. Exactly four conflicts per round, over several rounds.
 #[tokio::test]
 async fn concurrent_duplicates_in_reject_mode_count_four_conflicts() {
     let sim = sim().await;
@@ -351,31 +352,40 @@ async fn concurrent_duplicates_in_reject_mode_count_four_conflicts() {
     })
     .await;
     let client = reqwest::Client::new();
-    let body = chat(false, "a slow question");
-    // The first holds the key for a minute: it is PENDING once the upstream
-    // has it, so the four duplicates sent then all meet it in flight.
-    let first = tokio::spawn(
-        post(&client, &gw, "dup-key-51c2", body.clone())
-            .header(LATENCY_HEADER, "60000")
-            .send(),
-    );
-    while sim.stats().requests == 0 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    let rounds = 5;
+    let mut owners = Vec::new();
+    for round in 0..rounds {
+        let key = format!("dup-key-51c2-{round}");
+        let body = chat(false, &format!("a slow question {round}"));
+        let mut sends: futures_util::stream::FuturesUnordered<_> = (0..5)
+            .map(|_| {
+                tokio::spawn(
+                    post(&client, &gw, &key, body.clone())
+                        .header(LATENCY_HEADER, "60000")
+                        .send(),
+                )
+            })
+            .collect();
+        // The owner's upstream call takes a minute: the first four answers
+        // are the refusals.
+        for _ in 0..4 {
+            let r = sends
+                .next()
+                .await
+                .unwrap_or_else(|| panic!("five sends"))
+                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(r.status(), 409);
+        }
+        owners.push(sends);
     }
-    let dups = futures_util::future::join_all((0..4).map(|_| {
-        post(&client, &gw, "dup-key-51c2", body.clone())
-            .header(LATENCY_HEADER, "60000")
-            .send()
-    }))
-    .await;
-    for r in dups {
-        let r = r.unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(r.status(), 409);
+    while sim.stats().requests < rounds {
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let text = gw.metrics(&client).await;
     assert_eq!(
         sum(&text, "idempotency_inflight_conflict_total", &[]),
-        4.0,
+        4.0 * rounds as f64,
         "{text}"
     );
     assert_eq!(
@@ -384,13 +394,15 @@ async fn concurrent_duplicates_in_reject_mode_count_four_conflicts() {
             "idempotency_requests_total",
             &[("outcome", "conflict")]
         ),
-        4.0
+        4.0 * rounds as f64
     );
     assert_eq!(sum(&text, "idempotency_hit_total", &[]), 0.0);
-    assert_eq!(sim.stats().requests, 1);
-    // Shutting down cancels the slow execution and releases its key.
+    assert_eq!(sim.stats().requests, rounds);
+    // Shutting down cancels the slow executions and releases their keys.
     gw.stop().await;
-    let _ = first.await;
+    for mut owner in owners {
+        let _ = owner.next().await;
+    }
 }
 
 /// Upstream phase histograms count each completed request once per phase;
