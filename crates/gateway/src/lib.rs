@@ -10,7 +10,9 @@
 //!   (`idemgate check`), and which findings refuse a start.
 //! - [`serve`](mod@serve): [`serve()`]: store, per-route engine + idempotency
 //!   layer + proxy, the router, the admin listener and graceful shutdown.
-//! - [`telemetry`]: the Prometheus recorder behind the admin `/metrics`.
+//! - [`telemetry`]: the metrics pipeline (idemgate-telemetry's Prometheus
+//!   recorder) behind the admin `/metrics`.
+//! - `admin`: the admin listener's endpoints.
 //!
 //! # The key decision
 //! The upstream proxy is a plain inner service of the idempotency layer,
@@ -28,6 +30,7 @@
 //!
 //! [`GatewayConfig`]: config::GatewayConfig
 
+mod admin;
 pub mod config;
 pub mod plan;
 pub mod problem;

@@ -35,6 +35,7 @@ use tower::Service;
 use url::Url;
 
 use idemgate_layer::{IdempotencyContext, RetryableFailure};
+use idemgate_telemetry::names;
 
 use crate::config::{RouteConfig, Timeouts};
 use crate::problem::problem;
@@ -113,7 +114,7 @@ impl Proxy {
                     async move {
                         let started = Instant::now();
                         let out = fut.await;
-                        metrics::histogram!("idemgate_upstream_connect_seconds", "route" => label.to_string())
+                        metrics::histogram!(names::UPSTREAM_PHASE, "route" => label.to_string(), "phase" => "connect")
                             .record(started.elapsed().as_secs_f64());
                         out
                     }
@@ -153,7 +154,7 @@ impl Proxy {
             None => None,
         };
         let queue_wait = queued.elapsed();
-        metrics::histogram!("idemgate_upstream_queue_seconds", "route" => route.clone())
+        metrics::histogram!(names::UPSTREAM_QUEUE, "route" => route.clone())
             .record(queue_wait.as_secs_f64());
         if inner.limit.is_some() {
             tracing::debug!(route = %inner.route, queue_wait_ms = queue_wait.as_millis() as u64, "upstream slot acquired");
@@ -206,7 +207,7 @@ impl Proxy {
                 return inner.timed_out("first_byte", first_byte);
             }
         };
-        metrics::histogram!("idemgate_upstream_first_byte_seconds", "route" => route.clone())
+        metrics::histogram!(names::UPSTREAM_PHASE, "route" => route.clone(), "phase" => "first_byte")
             .record(sent.elapsed().as_secs_f64());
 
         let status = response.status();
@@ -322,7 +323,7 @@ impl Inner {
             return self.timed_out("connect", self.timeouts.connect);
         }
         let phase = if e.is_connect() { "connect" } else { "send" };
-        metrics::counter!("idemgate_upstream_errors_total", "route" => self.route.to_string(), "phase" => phase)
+        metrics::counter!(names::UPSTREAM_ERRORS, "route" => self.route.to_string(), "phase" => phase)
             .increment(1);
         tracing::warn!(route = %self.route, phase, error = %e, "upstream unavailable");
         let mut resp = problem(
@@ -336,7 +337,7 @@ impl Inner {
     }
 
     fn timed_out(&self, phase: &'static str, after: Duration) -> Response<Body> {
-        metrics::counter!("idemgate_upstream_timeouts_total", "route" => self.route.to_string(), "phase" => phase)
+        metrics::counter!(names::UPSTREAM_TIMEOUTS, "route" => self.route.to_string(), "phase" => phase)
             .increment(1);
         tracing::warn!(route = %self.route, phase, timeout_ms = after.as_millis() as u64, "upstream timeout");
         let mut resp = problem(
@@ -403,18 +404,18 @@ where
         match tokio::time::timeout_at(at, upstream.next()).await {
             Ok(Some(Ok(chunk))) => Some((Ok(chunk), Some((upstream, clock)))),
             Ok(Some(Err(e))) => {
-                metrics::counter!("idemgate_upstream_errors_total", "route" => clock.route.clone(), "phase" => "body")
+                metrics::counter!(names::UPSTREAM_ERRORS, "route" => clock.route.clone(), "phase" => "body")
                     .increment(1);
                 tracing::warn!(route = %clock.route, error = %e, "upstream body failed");
                 Some((Err(UpstreamBodyError::Upstream(e)), None))
             }
             Ok(None) => {
-                metrics::histogram!("idemgate_upstream_total_seconds", "route" => clock.route.clone())
+                metrics::histogram!(names::UPSTREAM_PHASE, "route" => clock.route.clone(), "phase" => "total")
                     .record(clock.sent.elapsed().as_secs_f64());
                 None
             }
             Err(_) => {
-                metrics::counter!("idemgate_upstream_timeouts_total", "route" => clock.route.clone(), "phase" => phase)
+                metrics::counter!(names::UPSTREAM_TIMEOUTS, "route" => clock.route.clone(), "phase" => phase)
                     .increment(1);
                 tracing::warn!(route = %clock.route, phase, "upstream timeout mid-body");
                 let err = if phase == "idle" {

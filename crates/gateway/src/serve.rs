@@ -17,11 +17,10 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::State;
-use axum::routing::get;
-use http::{HeaderName, Request, Response, StatusCode};
-use idemgate_engine::{ClientKey, Engine, MemoryStore, OnInflight, Policy, ScopedKey, Store};
+use http::{HeaderName, Request, Response};
+use idemgate_engine::{Engine, MemoryStore, OnInflight, Policy, Store};
 use idemgate_layer::{IdempotencyLayer, LayerConfig};
+use idemgate_telemetry::{InstrumentedStore, Telemetry};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -220,60 +219,6 @@ impl tower::Service<Request<Body>> for Dispatch {
     }
 }
 
-/// What the admin endpoints look at.
-#[derive(Clone)]
-struct AdminState {
-    store: Arc<dyn Store>,
-    ready: Arc<AtomicBool>,
-}
-
-/// The key `/healthz` reads: never written, so the answer is always "absent".
-fn probe_key() -> Option<ScopedKey> {
-    ClientKey::parse("healthz-probe")
-        .ok()
-        .map(|k| ScopedKey::new("idemgate", "health", k))
-}
-
-async fn healthz(State(s): State<AdminState>) -> (StatusCode, &'static str) {
-    let Some(key) = probe_key() else {
-        return (StatusCode::INTERNAL_SERVER_ERROR, "probe key invalid\n");
-    };
-    match tokio::time::timeout(Duration::from_secs(2), s.store.get(&key)).await {
-        Ok(Ok(_)) => (StatusCode::OK, "ok\n"),
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "health check: store failed");
-            (StatusCode::SERVICE_UNAVAILABLE, "store unavailable\n")
-        }
-        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "store timed out\n"),
-    }
-}
-
-async fn metrics_text() -> Response<Body> {
-    match crate::telemetry::handle() {
-        Some(h) => {
-            let mut resp = Response::new(Body::from(h.render()));
-            resp.headers_mut().insert(
-                http::header::CONTENT_TYPE,
-                http::HeaderValue::from_static("text/plain; version=0.0.4"),
-            );
-            resp
-        }
-        None => {
-            let mut resp = Response::new(Body::from("metrics recorder not installed\n"));
-            *resp.status_mut() = StatusCode::NOT_FOUND;
-            resp
-        }
-    }
-}
-
-async fn readyz(State(s): State<AdminState>) -> (StatusCode, &'static str) {
-    if s.ready.load(Ordering::Relaxed) {
-        (StatusCode::OK, "ready\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
-    }
-}
-
 /// Runs the gateway on `listener` (proxy) and `admin` (health endpoints)
 /// until `shutdown` resolves, then shuts down gracefully.
 ///
@@ -291,8 +236,12 @@ pub async fn serve(
     config: GatewayConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), GatewayError> {
+    // One metrics pipeline: installed before the routes register their
+    // series (a recorder installed earlier by the program is kept).
+    let telemetry = Telemetry::global();
     let opened = open_store(&config.store).await?;
-    let store = Arc::clone(&opened.store);
+    // Store latency by backend and op, errors counted.
+    let store: Arc<dyn Store> = Arc::new(InstrumentedStore::new(Arc::clone(&opened.store)));
 
     let mut layers = Vec::with_capacity(config.routes.len());
     let mut routes = Vec::with_capacity(config.routes.len());
@@ -307,14 +256,20 @@ pub async fn serve(
     });
 
     let ready = Arc::new(AtomicBool::new(true));
-    let admin_app = Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics_text))
-        .with_state(AdminState {
-            store: Arc::clone(&store),
-            ready: Arc::clone(&ready),
-        });
+    let admin_app = crate::admin::router(crate::admin::AdminState {
+        store: Arc::clone(&store),
+        ready: Arc::clone(&ready),
+        telemetry,
+        admin_token: config.admin_token.clone(),
+        routes: config
+            .routes
+            .iter()
+            .map(|r| crate::admin::RouteName {
+                id: r.id.clone(),
+                prefix: r.prefix.clone(),
+            })
+            .collect(),
+    });
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
@@ -338,7 +293,7 @@ pub async fn serve(
             .into_future(),
     );
 
-    let upkeep = crate::telemetry::handle().map(|h| tokio::spawn(crate::telemetry::upkeep(h)));
+    let upkeep = tokio::spawn(crate::telemetry::upkeep(telemetry));
 
     let mut failure: Option<GatewayError> = None;
     tokio::select! {
@@ -388,9 +343,7 @@ pub async fn serve(
     {
         admin_task.abort();
     }
-    if let Some(u) = upkeep {
-        u.abort();
-    }
+    upkeep.abort();
     opened.close();
     tracing::info!(
         took_ms = started.elapsed().as_millis() as u64,

@@ -702,16 +702,23 @@ async fn admin_endpoints_report_health_readiness_and_metrics() {
         .text()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    for name in [
-        "idemgate_upstream_queue_seconds_bucket",
-        "idemgate_upstream_first_byte_seconds_bucket",
-        "idemgate_upstream_total_seconds_bucket",
-        "idemgate_upstream_connect_seconds_bucket",
+    for (name, phase) in [
+        ("idemgate_upstream_queue_seconds_bucket", ""),
+        (
+            "idemgate_upstream_phase_seconds_bucket",
+            "phase=\"first_byte\"",
+        ),
+        ("idemgate_upstream_phase_seconds_bucket", "phase=\"total\""),
+        (
+            "idemgate_upstream_phase_seconds_bucket",
+            "phase=\"connect\"",
+        ),
     ] {
         assert!(
-            text.lines()
-                .any(|l| l.starts_with(name) && l.contains("route=\"metrics-route\"")),
-            "{name} missing:\n{text}"
+            text.lines().any(|l| l.starts_with(name)
+                && l.contains("route=\"metrics-route\"")
+                && l.contains(phase)),
+            "{name} {phase} missing:\n{text}"
         );
     }
     assert!(!text.contains("metered"), "no key in labels");

@@ -28,7 +28,8 @@
 //! - `service`: [`IdempotencyLayer`], the [`Idempotency`] service and the
 //!   detached execution.
 //! - [`operations`]: `Prefer: respond-async` and the operation resource.
-//! - [`telemetry`]: metric names and outcomes.
+//! - [`telemetry`]: what the layer counts, through `idemgate-telemetry`
+//!   (one outcome per request, hits, tokens saved, conflicts).
 //!
 //! # The key decision
 //! The owner's work runs in a **detached task** that holds the lease, not in

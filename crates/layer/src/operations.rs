@@ -14,9 +14,8 @@ use idemgate_engine::{ClientKey, ScopedKey};
 
 use crate::key::tenant_of;
 use crate::problem::Problem;
-use crate::service::{Shared, replay_record};
+use crate::service::{Shared, replay_stored};
 use crate::sse::parse_last_event_id;
-use crate::telemetry;
 
 const ID_VERSION: u8 = 1;
 
@@ -85,7 +84,6 @@ pub(crate) async fn get(shared: &Shared, path: &str, headers: &HeaderMap) -> Opt
     let record = match shared.engine.store().get(&scoped).await {
         Ok(r) => r,
         Err(e) => {
-            telemetry::store_error(&cfg.namespace, "get");
             tracing::warn!(error = %e, "operation lookup failed");
             return Some(Problem::store_unavailable().into_response());
         }
@@ -97,7 +95,13 @@ pub(crate) async fn get(shared: &Shared, path: &str, headers: &HeaderMap) -> Opt
                 .get("last-event-id")
                 .and_then(parse_last_event_id)
                 .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX));
-            replay_record(shared, &r, skip, telemetry::outcome::REPLAYED)
+            replay_stored(
+                shared,
+                &r,
+                &scoped,
+                skip,
+                crate::telemetry::Outcome::Replayed,
+            )
         }
         Some(_) => accepted(&location(&cfg.operations_path, &cfg.namespace, &scoped.key)),
     })

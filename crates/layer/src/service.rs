@@ -41,7 +41,7 @@ use crate::operations;
 use crate::problem::Problem;
 use crate::sse::{EventScanner, is_event_stream, parse_last_event_id, rewrite_id};
 use crate::stored::{StoredBody, StoredResponse, StreamUsage, usage_of_json};
-use crate::telemetry::{self, outcome};
+use crate::telemetry::{Metrics, Outcome};
 
 /// Response header saying whether the response was replayed.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -49,6 +49,7 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 const LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
 const PREFER: HeaderName = HeaderName::from_static("prefer");
 const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
 /// The key of the request being served, in the request extensions seen by
 /// the inner service (a proxy forwards `key` upstream).
@@ -87,6 +88,8 @@ pub(crate) struct Shared {
     tracker: TaskTracker,
     /// Cancels detached executions once the shutdown grace has run out.
     cancel: CancellationToken,
+    /// The route's counters (labelled with the namespace).
+    pub(crate) metrics: Metrics,
 }
 
 /// The idempotency layer. Cheap to clone (clones share state).
@@ -101,6 +104,7 @@ impl IdempotencyLayer {
         Self {
             shared: Arc::new(Shared {
                 engine,
+                metrics: Metrics::new(&config.namespace),
                 config,
                 live: LiveRegistry::default(),
                 tracker: TaskTracker::new(),
@@ -235,20 +239,20 @@ where
     }
     let explicit = match client_key(req.headers()) {
         Ok(k) => k,
-        Err(refusal) => return refuse_key(cfg, &refusal),
+        Err(refusal) => return refuse_key(&shared, &refusal),
     };
     let derive = match (&explicit, &cfg.key_mode) {
         (Some(_), _) => None,
         (None, KeyMode::Derive(template)) => Some(template),
-        (None, KeyMode::Require) => return refuse_key(cfg, &KeyRefusal::Missing),
+        (None, KeyMode::Require) => return refuse_key(&shared, &KeyRefusal::Missing),
         (None, KeyMode::Optional) => {
             // Unprotected, but the route's size limit still holds where the
             // size is declared (the body is streamed through, not read here).
             if declared_length(req.headers()).is_some_and(|n| exceeds(n, cfg.body_limit)) {
-                telemetry::request(&cfg.namespace, outcome::BAD_BODY);
+                shared.metrics.request(Outcome::Rejected, None);
                 return Problem::body_too_large(cfg.body_limit).into_response();
             }
-            telemetry::request(&cfg.namespace, outcome::UNKEYED);
+            shared.metrics.request(Outcome::Unprotected, None);
             return call_inner(inner, req).await;
         }
     };
@@ -257,7 +261,7 @@ where
     let body = match read_body(&parts.headers, body, cfg.body_limit).await {
         Ok(b) => b,
         Err(problem) => {
-            telemetry::request(&cfg.namespace, outcome::BAD_BODY);
+            shared.metrics.request(Outcome::Rejected, None);
             return problem.into_response();
         }
     };
@@ -272,9 +276,9 @@ where
             SystemTime::now(),
         ) {
             Ok(k) => k,
-            Err(refusal) => return refuse_key(cfg, &refusal),
+            Err(refusal) => return refuse_key(&shared, &refusal),
         },
-        (None, None) => return refuse_key(cfg, &KeyRefusal::Missing),
+        (None, None) => return refuse_key(&shared, &KeyRefusal::Missing),
     };
     let path = parts
         .uri
@@ -288,15 +292,17 @@ where
         .and_then(parse_last_event_id)
         .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX));
     let prefer_async = prefers_async(&parts.headers);
+    let mut parts = parts;
+    let trace_id = ensure_traceparent(&mut parts.headers);
+    // Every line logged while this request is handled (the detached
+    // execution included) carries the client's key and the trace id; never
+    // the tenant, the credential or a body.
     let span = tracing::info_span!(
         "idempotency",
         idempotency_key = %key,
-        trace_id = tracing::field::Empty,
+        trace_id = %trace_id,
         route = %cfg.namespace,
     );
-    if let Some(trace_id) = trace_id(&parts.headers) {
-        span.record("trace_id", trace_id);
-    }
     let keyed = Keyed {
         parts,
         body,
@@ -317,20 +323,17 @@ where
 {
     let cfg = &shared.config;
     let engine = &shared.engine;
-    let begun = match cfg.on_inflight {
-        InflightMode::Wait(max) if !keyed.prefer_async => {
-            engine
-                .begin_waiting(&keyed.scoped, &keyed.fingerprint, max)
-                .await
-        }
-        _ => engine.begin(&keyed.scoped, &keyed.fingerprint).await,
-    };
-    match begun {
+    match engine.begin(&keyed.scoped, &keyed.fingerprint).await {
         Ok(Begin::Owner(guard)) => own(shared, inner, keyed, guard).await,
-        Ok(Begin::Done(record)) => replay_record(&shared, &record, keyed.skip, outcome::REPLAYED),
+        Ok(Begin::Done(record)) => replay_record(&shared, &record, &keyed, Outcome::Replayed),
         Ok(Begin::InFlight(inflight)) => {
+            // Counted once per request that meets its key in flight,
+            // whatever happens next: the seed's overload signal.
+            shared.metrics.met_inflight();
             if keyed.prefer_async {
-                telemetry::request(&cfg.namespace, outcome::ACCEPTED);
+                shared
+                    .metrics
+                    .request(Outcome::Accepted, Some(&keyed.scoped));
                 return operations::accepted(&operations::location(
                     &cfg.operations_path,
                     &cfg.namespace,
@@ -338,22 +341,28 @@ where
                 ));
             }
             match cfg.on_inflight {
-                InflightMode::Attach(max) => attach(shared, inner, keyed, inflight, max).await,
-                InflightMode::Reject | InflightMode::Wait(_) => conflict(cfg, &inflight).await,
+                // Without a live stream of this process to join (only Attach
+                // publishes them), attaching is waiting for the result.
+                InflightMode::Attach(max) | InflightMode::Wait(max) => {
+                    attach(shared, inner, keyed, inflight, max).await
+                }
+                InflightMode::Reject => conflict(&shared, &keyed, &inflight).await,
             }
         }
-        Err(BeginError::Mismatch) => mismatch(cfg),
+        Err(BeginError::Mismatch) => mismatch(&shared, &keyed),
         Err(BeginError::Store(e)) => store_failed(&shared, inner, &keyed, &e).await,
         Err(other) => {
             tracing::error!(error = %other, "unexpected engine error");
-            telemetry::request(&cfg.namespace, outcome::STORE_UNAVAILABLE);
+            shared
+                .metrics
+                .request(Outcome::StoreError, Some(&keyed.scoped));
             Problem::store_unavailable().into_response()
         }
     }
 }
 
-fn refuse_key(cfg: &LayerConfig, refusal: &KeyRefusal) -> Response {
-    telemetry::request(&cfg.namespace, outcome::BAD_KEY);
+fn refuse_key(shared: &Shared, refusal: &KeyRefusal) -> Response {
+    shared.metrics.request(Outcome::Rejected, None);
     match refusal {
         KeyRefusal::Missing | KeyRefusal::MissingDimension(_) => {
             Problem::missing_key(refusal.to_string())
@@ -363,16 +372,22 @@ fn refuse_key(cfg: &LayerConfig, refusal: &KeyRefusal) -> Response {
     .into_response()
 }
 
-fn mismatch(cfg: &LayerConfig) -> Response {
-    telemetry::request(&cfg.namespace, outcome::MISMATCH);
+fn mismatch(shared: &Shared, keyed: &Keyed) -> Response {
+    shared
+        .metrics
+        .request(Outcome::Mismatch, Some(&keyed.scoped));
     tracing::info!("idempotency key reused with a different request");
     Problem::key_mismatch().into_response()
 }
 
-async fn conflict(cfg: &LayerConfig, inflight: &InFlight) -> Response {
+/// Gives up on a key in flight (refused, or the wait ran out). The meeting
+/// itself was counted when it happened.
+async fn conflict(shared: &Shared, keyed: &Keyed, inflight: &InFlight) -> Response {
     inflight.record_conflict().await;
-    telemetry::request(&cfg.namespace, outcome::CONFLICT);
-    telemetry::conflict(&cfg.namespace);
+    shared
+        .metrics
+        .request(Outcome::Conflict, Some(&keyed.scoped));
+    tracing::info!("idempotency key in flight; request refused");
     Problem::in_flight(inflight.retry_after()).into_response()
 }
 
@@ -381,16 +396,19 @@ where
     S: Service<Request<Body>, Response = Response, Error = Infallible>,
 {
     let cfg = &shared.config;
-    telemetry::store_error(&cfg.namespace, "claim");
     match cfg.on_store_error {
         StoreErrorMode::FailClosed => {
             tracing::warn!(error = %e, "store unavailable; request refused");
-            telemetry::request(&cfg.namespace, outcome::STORE_UNAVAILABLE);
+            shared
+                .metrics
+                .request(Outcome::StoreError, Some(&keyed.scoped));
             Problem::store_unavailable().into_response()
         }
         StoreErrorMode::FailOpen => {
             tracing::warn!(error = %e, "store unavailable; request forwarded unprotected");
-            telemetry::request(&cfg.namespace, outcome::FAIL_OPEN);
+            shared
+                .metrics
+                .request(Outcome::Unprotected, Some(&keyed.scoped));
             call_inner(inner, keyed.request()).await
         }
     }
@@ -431,33 +449,92 @@ fn prefers_async(headers: &HeaderMap) -> bool {
     })
 }
 
-/// The trace id of a W3C `traceparent` header.
+/// The trace id of a valid W3C `traceparent` header (version 00 layout:
+/// `vv-<32 hex trace id>-<16 hex parent id>-<2 hex flags>`, lower-case,
+/// neither id all zeros, version not `ff`; later versions may append
+/// fields after the flags).
 fn trace_id(headers: &HeaderMap) -> Option<&str> {
-    let v = headers.get(TRACEPARENT)?.to_str().ok()?;
-    let id = v.split('-').nth(1)?;
-    (id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())).then_some(id)
+    let mut values = headers.get_all(TRACEPARENT).iter();
+    let v = values.next()?.to_str().ok()?;
+    if values.next().is_some() {
+        return None;
+    }
+    let hex = |s: &str, len: usize| {
+        s.len() == len
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let mut fields = v.split('-');
+    let (version, id, parent, flags) = (
+        fields.next()?,
+        fields.next()?,
+        fields.next()?,
+        fields.next()?,
+    );
+    let more = fields.next().is_some();
+    let valid = hex(version, 2)
+        && version != "ff"
+        && !(version == "00" && more)
+        && hex(id, 32)
+        && id.bytes().any(|b| b != b'0')
+        && hex(parent, 16)
+        && parent.bytes().any(|b| b != b'0')
+        && hex(flags, 2);
+    valid.then_some(id)
+}
+
+/// The request's trace id. A valid `traceparent` is kept as it is (we
+/// export no spans, so the caller's span stays the upstream's parent);
+/// otherwise a new trace starts: a fresh `traceparent` replaces the missing
+/// or invalid one (and any `tracestate`, which belongs to the old one), so
+/// the upstream logs the same trace id as we do.
+fn ensure_traceparent(headers: &mut HeaderMap) -> String {
+    if let Some(id) = trace_id(headers) {
+        return id.to_owned();
+    }
+    let id = loop {
+        let id: u128 = rand::random();
+        if id != 0 {
+            break format!("{id:032x}");
+        }
+    };
+    let parent = rand::random::<u64>().max(1);
+    headers.remove(TRACESTATE);
+    if let Ok(v) = HeaderValue::from_str(&format!("00-{id}-{parent:016x}-01")) {
+        headers.insert(TRACEPARENT, v);
+    }
+    id
 }
 
 /// Answers from a DONE record.
-pub(crate) fn replay_record(
+fn replay_record(shared: &Shared, record: &Record, keyed: &Keyed, outcome: Outcome) -> Response {
+    replay_stored(shared, record, &keyed.scoped, keyed.skip, outcome)
+}
+
+/// Answers `key` from a DONE record, counting a hit and the tokens saved.
+pub(crate) fn replay_stored(
     shared: &Shared,
     record: &Record,
+    key: &ScopedKey,
     skip: usize,
-    outcome_label: &'static str,
+    outcome: Outcome,
 ) -> Response {
-    let route = &shared.config.namespace;
     let decoded = record
         .payload()
         .ok_or(crate::stored::DecodeError::Truncated)
         .and_then(StoredResponse::decode);
     match decoded {
         Ok(stored) => {
-            telemetry::request(route, outcome_label);
-            telemetry::hit(route, stored.usage);
+            tracing::info!(
+                outcome = outcome.as_str(),
+                status = stored.status.as_u16(),
+                "answered from the stored result"
+            );
+            shared.metrics.replayed(outcome, key, stored.usage);
             replay_response(&stored, skip)
         }
         Err(e) => {
-            telemetry::request(route, outcome::UNREADABLE);
+            shared.metrics.request(Outcome::StoreError, Some(key));
             tracing::error!(error = %e, "stored result cannot be decoded");
             Problem::stored_result_unreadable().into_response()
         }
@@ -475,7 +552,7 @@ fn replay_response(stored: &StoredResponse, skip: usize) -> Response {
 
 /// Joins an execution in flight: its live stream if this process runs it
 /// and it streams, otherwise its stored result once DONE. Takes the key over
-/// if that execution fails.
+/// if that execution fails. (`Wait` is this without live streams.)
 async fn attach<S>(
     shared: Arc<Shared>,
     inner: S,
@@ -487,7 +564,6 @@ where
     S: Service<Request<Body>, Response = Response, Error = Infallible> + Clone + Send + 'static,
     S::Future: Send,
 {
-    let cfg = &shared.config;
     let deadline = Instant::now() + max;
     let id = keyed.scoped.storage_id();
     loop {
@@ -504,8 +580,11 @@ where
                     inflight
                         .note(AttemptOutcome::Attached, Some(status.as_u16()))
                         .await;
-                    telemetry::request(&cfg.namespace, outcome::ATTACHED);
-                    telemetry::hit(&cfg.namespace, None);
+                    // Tokens saved are counted when the stored result is
+                    // replayed; a joined live stream has no stored usage yet.
+                    shared
+                        .metrics
+                        .request(Outcome::Attached, Some(&keyed.scoped));
                     return attached_response(status, headers, follow, keyed.skip);
                 }
                 // The owner stores before answering: wait for DONE.
@@ -515,35 +594,37 @@ where
         }
         let remaining = deadline.saturating_duration_since(Instant::now());
         if remaining.is_zero() {
-            return conflict(cfg, &inflight).await;
+            return conflict(&shared, &keyed, &inflight).await;
         }
         match inflight.settled(slice.min(remaining)).await {
             Ok(Settled::StillPending) => {}
             Ok(Settled::Done(record)) if record.fingerprint == keyed.fingerprint => {
                 inflight.note(AttemptOutcome::Attached, None).await;
-                return replay_record(&shared, &record, keyed.skip, outcome::ATTACHED);
+                return replay_record(&shared, &record, &keyed, Outcome::Attached);
             }
-            Ok(Settled::Done(_)) => return mismatch(cfg),
+            Ok(Settled::Done(_)) => return mismatch(&shared, &keyed),
             Ok(Settled::Free) => {
                 match shared.engine.begin(&keyed.scoped, &keyed.fingerprint).await {
                     Ok(Begin::Owner(guard)) => return own(shared, inner, keyed, guard).await,
                     Ok(Begin::Done(record)) => {
-                        return replay_record(&shared, &record, keyed.skip, outcome::REPLAYED);
+                        return replay_record(&shared, &record, &keyed, Outcome::Replayed);
                     }
                     Ok(Begin::InFlight(next)) => inflight = next,
-                    Err(BeginError::Mismatch) => return mismatch(cfg),
+                    Err(BeginError::Mismatch) => return mismatch(&shared, &keyed),
                     Err(e) => {
                         tracing::warn!(error = %e, "store failed while attaching");
-                        telemetry::store_error(&cfg.namespace, "claim");
-                        telemetry::request(&cfg.namespace, outcome::STORE_UNAVAILABLE);
+                        shared
+                            .metrics
+                            .request(Outcome::StoreError, Some(&keyed.scoped));
                         return Problem::store_unavailable().into_response();
                     }
                 }
             }
             Err(e) => {
                 tracing::warn!(error = %e, "store failed while attaching");
-                telemetry::store_error(&cfg.namespace, "get");
-                telemetry::request(&cfg.namespace, outcome::STORE_UNAVAILABLE);
+                shared
+                    .metrics
+                    .request(Outcome::StoreError, Some(&keyed.scoped));
                 return Problem::store_unavailable().into_response();
             }
         }
@@ -615,6 +696,7 @@ where
     let request = keyed.request();
     let task = Detached {
         shared: Arc::clone(&shared),
+        key: keyed.scoped.clone(),
         reply: Some(reply_tx),
         pending: None,
         body_tx: None,
@@ -626,14 +708,13 @@ where
         .tracker
         .spawn(task.run(inner, request, guard).in_current_span());
     if keyed.prefer_async {
-        telemetry::request(&cfg.namespace, outcome::ACCEPTED);
+        // Counted when the execution ends, like any owner's.
         return operations::accepted(&operations::location(
             &cfg.operations_path,
             &cfg.namespace,
             &keyed.scoped.key,
         ));
     }
-    telemetry::request(&cfg.namespace, outcome::EXECUTED);
     match reply_rx.await {
         Ok(res) => res,
         Err(_) => Problem::internal().into_response(),
@@ -651,6 +732,8 @@ enum Decision {
 /// The state of one detached execution.
 struct Detached {
     shared: Arc<Shared>,
+    /// The key this execution owns (for the requests-per-key count).
+    key: ScopedKey,
     /// The client's response, until it is sent.
     reply: Option<oneshot::Sender<Response>>,
     /// A response to send once the store has been written.
@@ -850,27 +933,34 @@ impl Detached {
     /// Writes the outcome to the store, then tells the client (and
     /// attachers): a retry arriving after the answer finds the key settled.
     async fn finish(mut self, decision: Decision, guard: LeaseGuard) {
-        let route = self.shared.config.namespace.clone();
+        let shared = Arc::clone(&self.shared);
+        let metrics = &shared.metrics;
         match decision {
             Decision::Store(stored) => {
-                match stored.encode() {
+                let outcome = match stored.encode() {
                     Ok(payload) => match guard.complete(payload, self.status).await {
-                        Ok(Fenced::Applied) => {}
+                        Ok(Fenced::Applied) => {
+                            tracing::info!(status = self.status, "executed; result stored");
+                            Outcome::Executed
+                        }
                         Ok(Fenced::Stale) => {
-                            telemetry::fenced(&route);
                             tracing::warn!("lease lost before completion; result not stored");
+                            Outcome::Fenced
                         }
                         Err(e) => {
-                            telemetry::store_error(&route, "complete");
                             tracing::warn!(error = %e, "result not stored; key released");
+                            Outcome::StoreError
                         }
                     },
                     Err(e) => {
                         tracing::warn!(error = %e, "result cannot be encoded; key released");
                         release(guard, self.status).await;
-                        telemetry::released(&route, "encode");
+                        metrics.released("encode");
+                        Outcome::Failed
                     }
-                }
+                };
+                // Counted before the client hears the end.
+                metrics.request(outcome, Some(&self.key));
                 if let Some(p) = self.publisher.take() {
                     p.complete();
                 }
@@ -879,10 +969,17 @@ impl Detached {
             }
             Decision::Release(reason) => {
                 release(guard, self.status).await;
-                telemetry::released(&route, reason);
-                if self.events > 0 {
-                    telemetry::events_lost(&route, self.events);
+                metrics.released(reason);
+                if self.events > 0 && reason != "too_large" {
+                    metrics.events_lost(self.events);
                 }
+                // A response too large to store was still delivered whole.
+                let outcome = if reason == "too_large" {
+                    Outcome::Executed
+                } else {
+                    Outcome::Failed
+                };
+                metrics.request(outcome, Some(&self.key));
                 if let Some(p) = self.publisher.take() {
                     p.fail();
                 }
@@ -978,6 +1075,52 @@ mod tests {
         assert_eq!(trace_id(&h), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
         h.insert(TRACEPARENT, HeaderValue::from_static("garbage"));
         assert_eq!(trace_id(&h), None);
+        for bad in [
+            // upper case, all-zero ids, version ff, short ids, extra field on 00
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+        ] {
+            h.insert(TRACEPARENT, HeaderValue::from_static(bad));
+            assert_eq!(trace_id(&h), None, "{bad}");
+        }
+        // A later version may carry more fields.
+        h.insert(
+            TRACEPARENT,
+            HeaderValue::from_static("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-ab"),
+        );
+        assert_eq!(trace_id(&h), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
+    }
+
+    #[test]
+    fn a_valid_traceparent_is_kept_and_a_missing_one_is_made() {
+        let given = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut h = HeaderMap::new();
+        h.insert(TRACEPARENT, HeaderValue::from_static(given));
+        h.insert(TRACESTATE, HeaderValue::from_static("v=1"));
+        assert_eq!(
+            ensure_traceparent(&mut h),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        assert_eq!(h[TRACEPARENT], given);
+        assert_eq!(h[TRACESTATE], "v=1");
+
+        for start in [None, Some("00-zz-00f067aa0ba902b7-01")] {
+            let mut h = HeaderMap::new();
+            if let Some(v) = start {
+                h.insert(TRACEPARENT, HeaderValue::from_static(v));
+                h.insert(TRACESTATE, HeaderValue::from_static("v=1"));
+            }
+            let id = ensure_traceparent(&mut h);
+            assert_eq!(trace_id(&h), Some(id.as_str()));
+            assert!(h.get(TRACESTATE).is_none());
+            let again = ensure_traceparent(&mut HeaderMap::new());
+            assert_ne!(id, again, "each new trace gets its own id");
+        }
     }
 
     #[test]

@@ -1,87 +1,103 @@
-//! Metric names (SPEC §5) and the helpers that record them.
+//! What the layer counts (SPEC §5), through [`idemgate_telemetry`].
 //!
-//! Through the `metrics` facade, so the application picks the exporter (the
-//! gateway installs Prometheus). Labels stay low-cardinality: the route
-//! (namespace) and a fixed set of outcomes or reasons, never a key or tenant.
+//! The names are [`idemgate_telemetry::names`]; the layer records through
+//! [`Telemetry::shared`](idemgate_telemetry::Telemetry::shared), which never
+//! installs a recorder: the application picks the exporter (the gateway
+//! installs Prometheus). Every series carries the route (namespace) and, for
+//! requests, a fixed [`Outcome`]; never a key or a tenant. Keys only feed the
+//! requests-per-key distribution, as a hash that is never exported.
+//!
+//! Each request is counted once, with its final outcome: an owner when its
+//! execution ends (`executed`, `failed`, `fenced`), before the client hears
+//! the end, so a client that saw its answer also sees it counted.
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+use idemgate_engine::ScopedKey;
+pub use idemgate_telemetry::{Outcome, names};
+use idemgate_telemetry::{RouteTelemetry, Telemetry};
 
 use crate::stored::Usage;
 
-/// Requests seen by the layer, by `outcome`.
-pub const REQUESTS_TOTAL: &str = "idempotency_requests_total";
-/// Requests answered without running the work (replayed or attached).
-pub const HIT_TOTAL: &str = "idempotency_hit_total";
-/// Requests that found their key in flight and were refused or timed out
-/// waiting.
-pub const INFLIGHT_CONFLICT_TOTAL: &str = "idempotency_inflight_conflict_total";
-/// Results not stored because the lease had been taken over.
-pub const FENCED_TOTAL: &str = "idempotency_fenced_total";
-/// Tokens (prompt + completion) of replayed responses: what the duplicates
-/// would have been billed.
-pub const TOKENS_SAVED_TOTAL: &str = "idempotency_tokens_saved_total";
-/// Executions whose key was released instead of stored, by `reason`.
-pub const RELEASED_TOTAL: &str = "idempotency_released_total";
-/// Events of broken streams that were relayed but not stored.
-pub const STREAM_EVENTS_LOST_TOTAL: &str = "idempotency_stream_events_lost_total";
-/// Store failures seen by the layer, by `op`.
-pub const STORE_ERRORS_TOTAL: &str = "idempotency_store_errors_total";
-
-/// Outcomes of [`REQUESTS_TOTAL`].
+/// The [`Outcome`]s the layer uses where a label is expected.
 pub mod outcome {
-    /// The work ran for this request.
-    pub const EXECUTED: &str = "executed";
+    use super::Outcome;
+
+    /// The work ran for this request and its result was stored.
+    pub const EXECUTED: Outcome = Outcome::Executed;
     /// Answered from the stored result.
-    pub const REPLAYED: &str = "replayed";
+    pub const REPLAYED: Outcome = Outcome::Replayed;
     /// Joined an execution in flight (live stream or waited result).
-    pub const ATTACHED: &str = "attached";
-    /// Refused (or gave up waiting) because the key is in flight.
-    pub const CONFLICT: &str = "conflict";
-    /// The key was used for a different request.
-    pub const MISMATCH: &str = "mismatch";
-    /// Missing or malformed key.
-    pub const BAD_KEY: &str = "bad_key";
-    /// Body over the limit or unreadable.
-    pub const BAD_BODY: &str = "bad_body";
-    /// No key on an optional route: passed through.
-    pub const UNKEYED: &str = "unkeyed";
-    /// Store failed, request refused.
-    pub const STORE_UNAVAILABLE: &str = "store_unavailable";
-    /// Store failed, request forwarded unprotected.
-    pub const FAIL_OPEN: &str = "fail_open";
-    /// `Prefer: respond-async`: accepted, running detached.
-    pub const ACCEPTED: &str = "accepted";
-    /// The stored result could not be decoded.
-    pub const UNREADABLE: &str = "unreadable";
+    pub const ATTACHED: Outcome = Outcome::Attached;
 }
 
-pub(crate) fn request(route: &str, outcome: &'static str) {
-    metrics::counter!(REQUESTS_TOTAL, "route" => route.to_owned(), "outcome" => outcome)
-        .increment(1);
+/// The route's metrics.
+#[derive(Debug, Clone)]
+pub(crate) struct Metrics {
+    route: RouteTelemetry,
 }
 
-pub(crate) fn hit(route: &str, usage: Option<Usage>) {
-    metrics::counter!(HIT_TOTAL, "route" => route.to_owned()).increment(1);
-    if let Some(u) = usage {
-        metrics::counter!(TOKENS_SAVED_TOTAL, "route" => route.to_owned()).increment(u.total());
+/// The id of a scoped key in the requests-per-key distribution: a hash,
+/// kept in memory only.
+pub(crate) fn key_id(key: &ScopedKey) -> u64 {
+    let mut h = DefaultHasher::new();
+    key.hash(&mut h);
+    h.finish()
+}
+
+impl Metrics {
+    pub(crate) fn new(route: &str) -> Self {
+        Self {
+            route: Telemetry::shared().route(route),
+        }
+    }
+
+    /// A request that ended with `outcome`; `key` when it had one.
+    pub(crate) fn request(&self, outcome: Outcome, key: Option<&ScopedKey>) {
+        self.route.request(outcome, key.map(key_id));
+    }
+
+    /// A request answered from a stored result: a hit, and the tokens its
+    /// stored `usage` says a second execution would have billed.
+    pub(crate) fn replayed(&self, outcome: Outcome, key: &ScopedKey, usage: Option<Usage>) {
+        self.request(outcome, Some(key));
+        if let Some(u) = usage {
+            self.route.tokens_saved(u.total());
+        }
+    }
+
+    /// A request that met its key PENDING (whatever it does next: refused,
+    /// waiting, joining). How it ends is counted by [`Metrics::request`].
+    pub(crate) fn met_inflight(&self) {
+        self.route.inflight_conflict();
+    }
+
+    /// An execution whose key was released instead of stored.
+    pub(crate) fn released(&self, reason: &'static str) {
+        self.route.released(reason);
+    }
+
+    /// Events relayed on a stream that then broke: not stored.
+    pub(crate) fn events_lost(&self, n: usize) {
+        self.route
+            .stream_events_lost(u64::try_from(n).unwrap_or(u64::MAX));
     }
 }
 
-pub(crate) fn conflict(route: &str) {
-    metrics::counter!(INFLIGHT_CONFLICT_TOTAL, "route" => route.to_owned()).increment(1);
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idemgate_engine::ClientKey;
 
-pub(crate) fn fenced(route: &str) {
-    metrics::counter!(FENCED_TOTAL, "route" => route.to_owned()).increment(1);
-}
-
-pub(crate) fn released(route: &str, reason: &'static str) {
-    metrics::counter!(RELEASED_TOTAL, "route" => route.to_owned(), "reason" => reason).increment(1);
-}
-
-pub(crate) fn events_lost(route: &str, n: usize) {
-    let n = u64::try_from(n).unwrap_or(u64::MAX);
-    metrics::counter!(STREAM_EVENTS_LOST_TOTAL, "route" => route.to_owned()).increment(n);
-}
-
-pub(crate) fn store_error(route: &str, op: &'static str) {
-    metrics::counter!(STORE_ERRORS_TOTAL, "route" => route.to_owned(), "op" => op).increment(1);
+    #[test]
+    fn key_ids_separate_tenants_and_routes() {
+        let k = |t: &str, n: &str, c: &str| {
+            let key = ClientKey::parse(c).unwrap_or_else(|e| panic!("{e}"));
+            key_id(&ScopedKey::new(t, n, key))
+        };
+        assert_eq!(k("t", "r", "a"), k("t", "r", "a"));
+        assert_ne!(k("t", "r", "a"), k("u", "r", "a"));
+        assert_ne!(k("t", "r", "a"), k("t", "s", "a"));
+        assert_ne!(k("t", "r", "a"), k("t", "r", "b"));
+    }
 }

@@ -5,17 +5,25 @@
 //! are answered from stored results and the ratio climbs, minutes before the
 //! error rate moves. So the names below are the seed's, kept exactly
 //! (`idempotency_hit_total`, `idempotency_inflight_conflict_total`,
-//! `idempotency_hit_ratio`, …), and labels stay low-cardinality: never a key,
-//! never a tenant.
+//! `idempotency_hit_ratio`, …), and labels stay low-cardinality: a route at
+//! most, never a key, never a tenant.
 //!
 //! # Layout
 //! - [`names`]: every metric name, in one place.
-//! - [`Telemetry`]: the Prometheus recorder and the derived series that need
-//!   state (the sliding hit ratio, requests-per-key quantiles), refreshed at
-//!   each scrape.
+//! - [`Telemetry`]: the process-wide counters and the derived series that
+//!   need state (the sliding hit ratio, requests-per-key quantiles),
+//!   refreshed at each scrape; [`RouteTelemetry`] is its handle for one
+//!   route; [`Snapshot`] the figures a dashboard polls.
 //! - [`InstrumentedStore`]: a [`Store`](idemgate_engine::Store) decorator
 //!   timing every operation by backend and op, and counting errors.
 //! - [`logging`]: JSON-lines logs via `tracing`.
+//!
+//! # The key decision
+//! Recording and exporting are separate: libraries (the idempotency layer)
+//! record through [`Telemetry::shared`], which never installs anything, and
+//! the program (the gateway) calls [`Telemetry::global`] once to install the
+//! Prometheus recorder. A service that embeds the layer and brings its own
+//! recorder keeps it; the gateway gets one pipeline for everything.
 //!
 //! Histograms are exported with buckets (true Prometheus histograms), not the
 //! exporter's default summaries: summaries cannot be aggregated across
@@ -26,18 +34,21 @@ pub mod names;
 mod store;
 mod window;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
+use metrics::Label;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 pub use store::InstrumentedStore;
 pub use window::{KeyCounts, RatioWindow};
 
 /// How a keyed request ended, as counted in `idempotency_requests_total{outcome}`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Outcome {
-    /// Ran upstream now and was stored.
+    /// Ran upstream now and was stored (or delivered when too large to store).
     Executed,
     /// Answered from a DONE record.
     Replayed,
@@ -53,13 +64,32 @@ pub enum Outcome {
     Fenced,
     /// Refused before any work: missing/malformed key, oversized body.
     Rejected,
-    /// The store failed: refused (fail_closed) or forwarded unprotected (fail_open).
+    /// The store failed and the request was refused (`fail_closed`), or a
+    /// stored result could not be read.
     StoreError,
-    /// Forwarded without a key on an optional route, or with the store down under fail_open.
+    /// Forwarded without protection: no key on an optional route, or the
+    /// store down under `fail_open`.
     Unprotected,
+    /// `Prefer: respond-async` on a key already running: pointed at it (202).
+    Accepted,
 }
 
 impl Outcome {
+    /// Every outcome, in label order.
+    pub const ALL: [Outcome; 11] = [
+        Self::Executed,
+        Self::Replayed,
+        Self::Attached,
+        Self::Conflict,
+        Self::Mismatch,
+        Self::Failed,
+        Self::Fenced,
+        Self::Rejected,
+        Self::StoreError,
+        Self::Unprotected,
+        Self::Accepted,
+    ];
+
     /// The label value.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -73,6 +103,7 @@ impl Outcome {
             Self::Rejected => "rejected",
             Self::StoreError => "store_error",
             Self::Unprotected => "unprotected",
+            Self::Accepted => "accepted",
         }
     }
 
@@ -81,6 +112,10 @@ impl Outcome {
     pub fn is_hit(self) -> bool {
         matches!(self, Self::Replayed | Self::Attached)
     }
+
+    fn index(self) -> usize {
+        Self::ALL.iter().position(|o| *o == self).unwrap_or(0)
+    }
 }
 
 /// Sliding window of the hit ratio.
@@ -88,8 +123,9 @@ const RATIO_WINDOW: Duration = Duration::from_secs(300);
 /// Window over which requests per key are counted.
 const KEY_WINDOW: Duration = Duration::from_secs(600);
 
-/// The metrics state of one process: the Prometheus recorder plus the
-/// windows behind the derived gauges.
+/// The metrics state of one process: the counters behind the derived
+/// gauges and the dashboard, and (once [`Telemetry::global`] ran) the
+/// Prometheus recorder.
 #[derive(Debug, Clone)]
 pub struct Telemetry {
     inner: Arc<Inner>,
@@ -97,55 +133,165 @@ pub struct Telemetry {
 
 #[derive(Debug)]
 struct Inner {
-    handle: Option<PrometheusHandle>,
+    handle: OnceLock<Option<PrometheusHandle>>,
     /// Held for one short update per request, never across `.await`.
     ratio: Mutex<RatioWindow>,
     keys: Mutex<KeyCounts>,
+    totals: Totals,
 }
 
-static GLOBAL: OnceLock<Telemetry> = OnceLock::new();
+/// Process totals, mirrored from the counters so a dashboard can read them
+/// without parsing the exposition text.
+#[derive(Debug, Default)]
+struct Totals {
+    by_outcome: [AtomicU64; Outcome::ALL.len()],
+    hits: AtomicU64,
+    conflicts: AtomicU64,
+    tokens_saved: AtomicU64,
+    events_lost: AtomicU64,
+}
+
+/// The figures of [`Telemetry::snapshot`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    /// Keyed requests by outcome, since start.
+    pub requests: Vec<(Outcome, u64)>,
+    /// All keyed requests counted, since start.
+    pub requests_total: u64,
+    /// Hits (replayed or attached), since start.
+    pub hits: u64,
+    /// Hits / requests over the sliding five-minute window.
+    pub hit_ratio: f64,
+    /// Requests that met a PENDING key, since start.
+    pub inflight_conflicts: u64,
+    /// Tokens not billed again thanks to replays, since start.
+    pub tokens_saved: u64,
+    /// Stream events relayed but lost with their broken stream, since start.
+    pub stream_events_lost: u64,
+    /// Median requests per key over the last ten minutes.
+    pub requests_per_key_p50: f64,
+    /// 99th percentile of requests per key over the last ten minutes.
+    pub requests_per_key_p99: f64,
+}
+
+static SHARED: OnceLock<Telemetry> = OnceLock::new();
 
 impl Telemetry {
     /// The process-wide telemetry, installing the Prometheus recorder on
-    /// first use. If another recorder is already installed, metrics go there
-    /// and [`Telemetry::render`] returns only the derived gauges' notice.
+    /// first use: the program's call (the gateway makes it at start). If
+    /// another recorder is already installed, metrics go there and
+    /// [`Telemetry::render`] returns only a notice.
     pub fn global() -> &'static Telemetry {
-        GLOBAL.get_or_init(|| {
-            let handle = recorder_builder()
+        let t = Self::shared();
+        t.inner.handle.get_or_init(|| {
+            recorder_builder()
                 .install_recorder()
                 .map_err(|e| tracing::warn!(error = %e, "prometheus recorder not installed"))
-                .ok();
-            Telemetry::with_handle(handle)
-        })
+                .ok()
+        });
+        t
     }
 
-    fn with_handle(handle: Option<PrometheusHandle>) -> Self {
+    /// The process-wide telemetry without installing any recorder: what a
+    /// library records through. Metrics go to whatever recorder the program
+    /// installed (none: they are dropped, the dashboard figures still count).
+    pub fn shared() -> &'static Telemetry {
+        SHARED.get_or_init(Self::fresh)
+    }
+
+    fn fresh() -> Telemetry {
         let now = Instant::now();
-        Self {
+        Telemetry {
             inner: Arc::new(Inner {
-                handle,
+                handle: OnceLock::new(),
                 ratio: Mutex::new(RatioWindow::new(RATIO_WINDOW, 10, now)),
                 keys: Mutex::new(KeyCounts::new(KEY_WINDOW, 200_000, now)),
+                totals: Totals::default(),
             }),
         }
+    }
+
+    /// Whether this process's Prometheus recorder is installed.
+    pub fn is_exporting(&self) -> bool {
+        matches!(self.inner.handle.get(), Some(Some(_)))
+    }
+
+    /// A handle that labels everything it records with `route`.
+    ///
+    /// Registers the route's counters at zero, so `rate()` and the shipped
+    /// alerts see every series from the first scrape on.
+    pub fn route(&self, route: impl Into<String>) -> RouteTelemetry {
+        let r = RouteTelemetry {
+            telemetry: self.clone(),
+            route: Arc::from(route.into()),
+        };
+        let labels = r.labels();
+        for name in [
+            names::HIT,
+            names::INFLIGHT_CONFLICT,
+            names::FENCED,
+            names::TOKENS_SAVED,
+            names::STREAM_EVENTS_LOST,
+        ] {
+            metrics::counter!(name, labels.clone()).increment(0);
+        }
+        // The outcomes the shipped rules divide by or alert on; the others
+        // appear with their first request.
+        for o in [Outcome::Executed, Outcome::Replayed, Outcome::Failed] {
+            let mut l = labels.clone();
+            l.push(Label::new("outcome", o.as_str()));
+            metrics::counter!(names::REQUESTS, l).increment(0);
+        }
+        r
     }
 
     /// Counts one request and its outcome. `key_id` identifies the scoped
     /// key (a hash; never exported) for the requests-per-key distribution.
     pub fn request(&self, outcome: Outcome, key_id: Option<u64>) {
-        metrics::counter!(names::REQUESTS, "outcome" => outcome.as_str()).increment(1);
+        self.count_request(Vec::new(), outcome, key_id);
+    }
+
+    /// Counts a request that met a PENDING key (whatever happened next).
+    pub fn inflight_conflict(&self) {
+        self.count_conflict(Vec::new());
+    }
+
+    /// Adds the tokens a replay did not pay for (from the stored `usage`).
+    pub fn tokens_saved(&self, tokens: u64) {
+        self.count_tokens(Vec::new(), tokens);
+    }
+
+    /// Counts stream events that were relayed but are lost with their
+    /// broken stream (not stored: a retry runs again).
+    pub fn stream_events_lost(&self, events: u64) {
+        self.count_events_lost(Vec::new(), events);
+    }
+
+    fn count_request(&self, labels: Vec<Label>, outcome: Outcome, key_id: Option<u64>) {
+        let totals = &self.inner.totals;
+        if let Some(c) = totals.by_outcome.get(outcome.index()) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
         if outcome.is_hit() {
-            metrics::counter!(names::HIT).increment(1);
+            totals.hits.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!(names::HIT, labels.clone()).increment(1);
         }
         if outcome == Outcome::Fenced {
-            metrics::counter!(names::FENCED).increment(1);
+            metrics::counter!(names::FENCED, labels.clone()).increment(1);
         }
+        let mut labels = labels;
+        labels.push(Label::new("outcome", outcome.as_str()));
+        metrics::counter!(names::REQUESTS, labels).increment(1);
         let now = Instant::now();
-        self.inner
-            .ratio
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .record(outcome.is_hit(), now);
+        // The ratio is over requests idempotency protects: an unkeyed
+        // request on an optional route is neither a hit nor a miss.
+        if outcome != Outcome::Unprotected {
+            self.inner
+                .ratio
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .record(outcome.is_hit(), now);
+        }
         if let Some(id) = key_id {
             self.inner
                 .keys
@@ -155,23 +301,78 @@ impl Telemetry {
         }
     }
 
-    /// Counts a request that met a PENDING key (whatever happened next).
-    pub fn inflight_conflict(&self) {
-        metrics::counter!(names::INFLIGHT_CONFLICT).increment(1);
+    fn count_conflict(&self, labels: Vec<Label>) {
+        self.inner.totals.conflicts.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(names::INFLIGHT_CONFLICT, labels).increment(1);
     }
 
-    /// Adds the tokens a replay did not pay for (from the stored `usage`).
-    pub fn tokens_saved(&self, tokens: u64) {
-        metrics::counter!(names::TOKENS_SAVED).increment(tokens);
+    fn count_tokens(&self, labels: Vec<Label>, tokens: u64) {
+        self.inner
+            .totals
+            .tokens_saved
+            .fetch_add(tokens, Ordering::Relaxed);
+        metrics::counter!(names::TOKENS_SAVED, labels).increment(tokens);
+    }
+
+    fn count_events_lost(&self, labels: Vec<Label>, events: u64) {
+        self.inner
+            .totals
+            .events_lost
+            .fetch_add(events, Ordering::Relaxed);
+        metrics::counter!(names::STREAM_EVENTS_LOST, labels).increment(events);
+    }
+
+    /// The figures a dashboard shows, read now.
+    pub fn snapshot(&self) -> Snapshot {
+        let now = Instant::now();
+        let totals = &self.inner.totals;
+        let requests: Vec<(Outcome, u64)> = Outcome::ALL
+            .iter()
+            .zip(&totals.by_outcome)
+            .map(|(o, c)| (*o, c.load(Ordering::Relaxed)))
+            .collect();
+        let hit_ratio = self
+            .inner
+            .ratio
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .ratio(now);
+        let (p50, p99) = {
+            let keys = self
+                .inner
+                .keys
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            (keys.quantile(0.5, now), keys.quantile(0.99, now))
+        };
+        Snapshot {
+            requests_total: requests.iter().map(|(_, n)| n).sum(),
+            requests,
+            hits: totals.hits.load(Ordering::Relaxed),
+            hit_ratio,
+            inflight_conflicts: totals.conflicts.load(Ordering::Relaxed),
+            tokens_saved: totals.tokens_saved.load(Ordering::Relaxed),
+            stream_events_lost: totals.events_lost.load(Ordering::Relaxed),
+            requests_per_key_p50: p50,
+            requests_per_key_p99: p99,
+        }
     }
 
     /// Updates the derived gauges (hit ratio, requests-per-key quantiles)
     /// and renders everything in the Prometheus text format.
     pub fn render(&self) -> String {
         self.refresh(Instant::now());
-        match &self.inner.handle {
-            Some(h) => h.render(),
-            None => String::from("# metrics are recorded by another recorder in this process\n"),
+        match self.inner.handle.get() {
+            Some(Some(h)) => h.render(),
+            _ => String::from("# metrics are recorded by another recorder in this process\n"),
+        }
+    }
+
+    /// Drains the recorder's histogram buffers; call it every few seconds
+    /// when nothing scrapes (rendering does it too).
+    pub fn run_upkeep(&self) {
+        if let Some(Some(h)) = self.inner.handle.get() {
+            h.run_upkeep();
         }
     }
 
@@ -196,13 +397,122 @@ impl Telemetry {
     }
 }
 
+/// [`Telemetry`] for one route: everything it records carries
+/// `route="<id>"` (a configured route id: low cardinality by construction).
+/// Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct RouteTelemetry {
+    telemetry: Telemetry,
+    route: Arc<str>,
+}
+
+impl RouteTelemetry {
+    fn labels(&self) -> Vec<Label> {
+        vec![Label::new("route", self.route.to_string())]
+    }
+
+    /// The route label.
+    pub fn route(&self) -> &str {
+        &self.route
+    }
+
+    /// As [`Telemetry::request`].
+    pub fn request(&self, outcome: Outcome, key_id: Option<u64>) {
+        self.telemetry.count_request(self.labels(), outcome, key_id);
+    }
+
+    /// As [`Telemetry::inflight_conflict`].
+    pub fn inflight_conflict(&self) {
+        self.telemetry.count_conflict(self.labels());
+    }
+
+    /// As [`Telemetry::tokens_saved`].
+    pub fn tokens_saved(&self, tokens: u64) {
+        self.telemetry.count_tokens(self.labels(), tokens);
+    }
+
+    /// As [`Telemetry::stream_events_lost`].
+    pub fn stream_events_lost(&self, events: u64) {
+        self.telemetry.count_events_lost(self.labels(), events);
+    }
+
+    /// Counts an execution whose key was released instead of stored.
+    pub fn released(&self, reason: &'static str) {
+        let mut labels = self.labels();
+        labels.push(Label::new("reason", reason));
+        metrics::counter!(names::RELEASED, labels).increment(1);
+    }
+}
+
 fn recorder_builder() -> PrometheusBuilder {
     let latency = [
         0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-        0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+        0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
     ];
     let builder = PrometheusBuilder::new();
     builder
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &latency)
         .unwrap_or_else(|_| PrometheusBuilder::new())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn concurrent_recording_keeps_exact_totals() {
+        let t = Telemetry::fresh();
+        let threads = 8u64;
+        let per_thread = 5_000u64;
+        std::thread::scope(|s| {
+            for th in 0..threads {
+                let t = t.clone();
+                s.spawn(move || {
+                    for i in 0..per_thread {
+                        let outcome = match i % 4 {
+                            0 => Outcome::Executed,
+                            1 | 2 => Outcome::Replayed,
+                            _ => Outcome::Unprotected,
+                        };
+                        t.request(outcome, Some(th * per_thread + i / 4));
+                        if i % 10 == 0 {
+                            t.inflight_conflict();
+                        }
+                        t.tokens_saved(3);
+                    }
+                });
+            }
+        });
+        let snap = t.snapshot();
+        let n = threads * per_thread;
+        assert_eq!(snap.requests_total, n);
+        assert_eq!(snap.hits, n / 2);
+        assert_eq!(snap.inflight_conflicts, threads * (per_thread / 10));
+        assert_eq!(snap.tokens_saved, 3 * n);
+        let count = |o: Outcome| {
+            snap.requests
+                .iter()
+                .find(|(x, _)| *x == o)
+                .map_or(0, |(_, c)| *c)
+        };
+        assert_eq!(count(Outcome::Executed), n / 4);
+        assert_eq!(count(Outcome::Unprotected), n / 4);
+        // Unkeyed requests do not dilute the ratio: 2 hits per 3 keyed.
+        assert!(
+            (snap.hit_ratio - 2.0 / 3.0).abs() < 1e-9,
+            "{}",
+            snap.hit_ratio
+        );
+        // Each key id got 3 keyed requests plus one unprotected: 4 each.
+        assert_eq!(snap.requests_per_key_p50, 4.0);
+    }
+
+    #[test]
+    fn outcome_labels_are_distinct_and_indexed() {
+        let mut seen = std::collections::HashSet::new();
+        for (i, o) in Outcome::ALL.iter().enumerate() {
+            assert!(seen.insert(o.as_str()));
+            assert_eq!(o.index(), i);
+        }
+    }
 }

@@ -5,7 +5,8 @@
 pub const HIT: &str = "idempotency_hit_total";
 /// Requests that met a PENDING key.
 pub const INFLIGHT_CONFLICT: &str = "idempotency_inflight_conflict_total";
-/// Hits / keyed requests over a sliding five-minute window.
+/// Hits / keyed requests over a sliding five-minute window (requests
+/// forwarded unprotected are not counted).
 pub const HIT_RATIO: &str = "idempotency_hit_ratio";
 /// Keyed requests by `outcome`.
 pub const REQUESTS: &str = "idempotency_requests_total";
@@ -17,6 +18,8 @@ pub const KEYS_TRACKED: &str = "idempotency_keys_tracked";
 pub const FENCED: &str = "idempotency_fenced_total";
 /// Tokens not billed again thanks to replays (from stored `usage`).
 pub const TOKENS_SAVED: &str = "idempotency_tokens_saved_total";
+/// Executions whose key was released instead of stored, by `reason`.
+pub const RELEASED: &str = "idempotency_released_total";
 /// SSE events lost when an upstream stream broke mid-way (not stored).
 pub const STREAM_EVENTS_LOST: &str = "idempotency_stream_events_lost_total";
 /// Store operation latency by `backend` and `op`.
@@ -25,7 +28,31 @@ pub const STORE_OPERATION: &str = "idemgate_store_operation_seconds";
 pub const STORE_ERRORS: &str = "idemgate_store_errors_total";
 /// Time a request waited behind the route's concurrency limit.
 pub const UPSTREAM_QUEUE: &str = "idemgate_upstream_queue_seconds";
-/// Upstream phase durations by `phase` (first_byte, total).
+/// Upstream phase durations by `phase`: `connect` (a new connection),
+/// `first_byte` (request sent to response headers), `total` (request sent
+/// to the end of the body). Clocks start after the queue.
 pub const UPSTREAM_PHASE: &str = "idemgate_upstream_phase_seconds";
 /// Upstream timeouts by `phase` (connect, first_byte, idle, total).
 pub const UPSTREAM_TIMEOUTS: &str = "idemgate_upstream_timeouts_total";
+/// Upstream failures other than timeouts, by `phase` (connect, send, body).
+pub const UPSTREAM_ERRORS: &str = "idemgate_upstream_errors_total";
+
+/// Every name above, for consistency checks (alerts, dashboards).
+pub const ALL: &[&str] = &[
+    HIT,
+    INFLIGHT_CONFLICT,
+    HIT_RATIO,
+    REQUESTS,
+    REQUESTS_PER_KEY,
+    KEYS_TRACKED,
+    FENCED,
+    TOKENS_SAVED,
+    RELEASED,
+    STREAM_EVENTS_LOST,
+    STORE_OPERATION,
+    STORE_ERRORS,
+    UPSTREAM_QUEUE,
+    UPSTREAM_PHASE,
+    UPSTREAM_TIMEOUTS,
+    UPSTREAM_ERRORS,
+];

@@ -11,6 +11,17 @@ use idemgate_engine::{
 
 use crate::names;
 
+/// The operations timed, as their `op` label.
+const OPS: [&str; 7] = [
+    "claim",
+    "renew",
+    "complete",
+    "release",
+    "get",
+    "record_attempt",
+    "timeline",
+];
+
 /// Wraps a store; records `idemgate_store_operation_seconds{backend,op}` and
 /// `idemgate_store_errors_total{backend,op}` around each call.
 #[derive(Debug, Clone)]
@@ -19,8 +30,13 @@ pub struct InstrumentedStore {
 }
 
 impl InstrumentedStore {
-    /// Wraps `inner`.
+    /// Wraps `inner`. Registers the error counters of every op at zero, so
+    /// an alert on their rate sees the series before the first failure.
     pub fn new(inner: Arc<dyn Store>) -> Self {
+        let backend = inner.backend();
+        for op in OPS {
+            metrics::counter!(names::STORE_ERRORS, "backend" => backend, "op" => op).increment(0);
+        }
         Self { inner }
     }
 

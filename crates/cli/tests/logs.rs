@@ -1,0 +1,174 @@
+//! The logs of a real `idemgate serve` process: every line about a keyed
+//! request names its key and trace id, and no prompt or completion text is
+//! ever written.
+
+use std::io::BufRead;
+use std::process::Stdio;
+use std::time::Duration;
+
+use idemgate_llm_sim::SimConfig;
+use tokio::process::Command;
+use tokio::sync::oneshot;
+
+const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
+
+/// The value of `"field":"…"` in a JSON log line.
+fn string_field<'a>(line: &'a str, field: &str) -> Option<&'a str> {
+    let pat = format!("\"{field}\":\"");
+    let start = line.find(&pat)? + pat.len();
+    let len = line[start..].find('"')?;
+    Some(&line[start..start + len])
+}
+
+#[tokio::test]
+async fn keyed_lines_carry_key_and_trace_id_and_never_content() {
+    let sim = idemgate_llm_sim::spawn(SimConfig::default())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    // Port 0 for both listeners (no race with other tests for a port); the
+    // bound addresses are read from the "gateway started" log line.
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            "--upstream",
+            &sim.url(),
+            "--store",
+            "memory:",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .env_remove("IDEMGATE_LOG")
+        .env_remove("RUST_LOG")
+        .current_dir(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let stderr_pipe = child
+        .stderr
+        .take()
+        .unwrap_or_else(|| panic!("no stderr"))
+        .into_owned_fd()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (started_tx, started_rx) = oneshot::channel::<String>();
+    // A plain thread reads the log as it is written, until the pipe closes.
+    let reader = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        let mut started = Some(started_tx);
+        for line in std::io::BufReader::new(std::fs::File::from(stderr_pipe)).lines() {
+            let Ok(line) = line else { break };
+            if line.contains("gateway started") {
+                if let Some(tx) = started.take() {
+                    let _ = tx.send(line.clone());
+                }
+            }
+            all.push(line);
+        }
+        all.join("\n")
+    });
+    let started = tokio::time::timeout(Duration::from_secs(30), started_rx)
+        .await
+        .unwrap_or_else(|_| panic!("gateway did not start"))
+        .unwrap_or_else(|_| panic!("gateway exited before starting"));
+    let listen = string_field(&started, "listen").unwrap_or_else(|| panic!("{started}"));
+    assert!(!listen.ends_with(":0"), "{started}");
+    let client = reqwest::Client::new();
+
+    let url = format!("http://{listen}/v1/chat/completions");
+    let prompt = r#"{"model":"sim-1","messages":[{"role":"user","content":"SECRET-PROMPT-7731 tell me about the harbour"}]}"#;
+    let traceparent = "00-7d3f0c2a9b8e4f6a1c5d2e3f4a5b6c7d-0123456789abcdef-01";
+    let client_trace = "7d3f0c2a9b8e4f6a1c5d2e3f4a5b6c7d";
+    let mut completion = String::new();
+    for attempt in 0..2 {
+        let r = client
+            .post(&url)
+            .header("content-type", "application/json")
+            .header("idempotency-key", "logs-key-1")
+            .header("traceparent", traceparent)
+            .body(prompt)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.status(), 200);
+        assert_eq!(
+            r.headers()["idempotent-replayed"],
+            if attempt == 0 { "false" } else { "true" }
+        );
+        let body = r.text().await.unwrap_or_else(|e| panic!("{e}"));
+        // The simulated text is the message content; take it as the
+        // completion to look for in the logs.
+        completion = string_field(&body, "content")
+            .unwrap_or_else(|| panic!("{body}"))
+            .to_owned();
+    }
+    assert_eq!(sim.executions_for("logs-key-1"), 1);
+    // A different payload under the same key, and a key without a trace.
+    let r = client
+        .post(&url)
+        .header("content-type", "application/json")
+        .header("idempotency-key", "logs-key-1")
+        .header("traceparent", traceparent)
+        .body(prompt.replace("harbour", "lighthouse"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status(), 422);
+    let r = client
+        .post(&url)
+        .header("content-type", "application/json")
+        .header("idempotency-key", "logs-key-2")
+        .body(prompt)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status(), 200);
+    let _ = r.bytes().await;
+
+    let pid = child.id().unwrap_or_else(|| panic!("no pid"));
+    let kill = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(kill.success());
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .unwrap_or_else(|_| panic!("gateway did not exit after SIGTERM"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    // The process has exited: its end of the pipe is closed.
+    let stderr = tokio::task::spawn_blocking(move || reader.join())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|_| panic!("log reader panicked"));
+    assert!(status.success(), "exit {status:?}: {stderr}");
+
+    let about = |key: &str| -> Vec<&str> {
+        stderr
+            .lines()
+            .filter(|l| string_field(l, "idempotency_key") == Some(key))
+            .collect()
+    };
+    let one = about("logs-key-1");
+    // executed, replayed, mismatch: one line each at least.
+    assert!(one.len() >= 3, "{stderr}");
+    for line in &one {
+        assert!(line.starts_with('{'), "JSON lines: {line}");
+        assert_eq!(string_field(line, "trace_id"), Some(client_trace), "{line}");
+    }
+    let two = about("logs-key-2");
+    assert!(!two.is_empty(), "{stderr}");
+    for line in &two {
+        let id = string_field(line, "trace_id").unwrap_or_else(|| panic!("{line}"));
+        assert_eq!(id.len(), 32, "{line}");
+        assert!(id.bytes().all(|b| b.is_ascii_hexdigit()), "{line}");
+        assert_ne!(id, client_trace);
+    }
+    assert!(!completion.is_empty());
+    assert!(!stderr.contains("SECRET-PROMPT-7731"), "{stderr}");
+    assert!(!stderr.contains("harbour"), "{stderr}");
+    assert!(!stderr.contains(&completion), "{stderr}");
+}

@@ -1,0 +1,458 @@
+//! The admin listener: health, readiness, `/metrics`, the dashboard (`/`,
+//! polling `/admin/stats`), and the timeline of one key
+//! (`GET /admin/keys/{key}/timeline`, behind the admin token).
+//!
+//! The token is compared in constant time: both sides are hashed (so their
+//! lengths do not show either) and the digests compared with `subtle`.
+//! Without a configured token the token-protected endpoints are off (403),
+//! never open.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, RawQuery, State};
+use axum::routing::get;
+use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
+use idemgate_engine::{Attempt, ClientKey, RecordState, ScopedKey, Store};
+use idemgate_layer::StoredResponse;
+use idemgate_telemetry::Telemetry;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::config::Secret;
+use crate::problem::problem;
+
+/// A route as the admin endpoints name it.
+#[derive(Clone, Debug)]
+pub(crate) struct RouteName {
+    /// The route id: the namespace of its records.
+    pub(crate) id: String,
+    /// Its path prefix.
+    pub(crate) prefix: String,
+}
+
+/// What the admin endpoints look at.
+#[derive(Clone)]
+pub(crate) struct AdminState {
+    /// The gateway's (instrumented) store.
+    pub(crate) store: Arc<dyn Store>,
+    /// False once shutdown has begun.
+    pub(crate) ready: Arc<AtomicBool>,
+    /// The metrics pipeline.
+    pub(crate) telemetry: &'static Telemetry,
+    /// The token of the protected endpoints; `None` turns them off.
+    pub(crate) admin_token: Option<Secret>,
+    /// The configured routes, for namespace lookups.
+    pub(crate) routes: Arc<[RouteName]>,
+}
+
+/// The admin router.
+pub(crate) fn router(state: AdminState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
+        .route("/", get(dashboard))
+        .route("/admin/stats", get(stats))
+        .route("/admin/keys/{key}/timeline", get(timeline))
+        .with_state(state)
+}
+
+/// The dashboard: one self-contained page (HTML, CSS and JS from
+/// `assets/`, inlined; no external resources, no build step).
+static DASHBOARD: LazyLock<String> = LazyLock::new(|| {
+    include_str!("../assets/dashboard.html")
+        .replacen("/*STYLE*/", include_str!("../assets/dashboard.css"), 1)
+        .replacen("/*SCRIPT*/", include_str!("../assets/dashboard.js"), 1)
+});
+
+/// Only this page's own inline code, and requests to this listener.
+const DASHBOARD_CSP: &str = "default-src 'none'; script-src 'unsafe-inline'; \
+     style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; \
+     base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+async fn dashboard() -> Response<Body> {
+    let mut resp = Response::new(Body::from(DASHBOARD.as_str()));
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(DASHBOARD_CSP),
+    );
+    // The page may carry the admin token in its query: never pass it on.
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    resp
+}
+
+/// `GET /admin/stats`: the dashboard's figures. Aggregates only, no key or
+/// tenant: as open as `/metrics`.
+async fn stats(State(s): State<AdminState>) -> Response<Body> {
+    let snap = s.telemetry.snapshot();
+    let outcomes: serde_json::Map<String, serde_json::Value> = snap
+        .requests
+        .iter()
+        .map(|(o, n)| (o.as_str().to_owned(), (*n).into()))
+        .collect();
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let body = serde_json::json!({
+        "time_ms": now_ms,
+        "requests_total": snap.requests_total,
+        "hits": snap.hits,
+        "hit_ratio": snap.hit_ratio,
+        "inflight_conflicts": snap.inflight_conflicts,
+        "tokens_saved": snap.tokens_saved,
+        "stream_events_lost": snap.stream_events_lost,
+        "requests_per_key": { "p50": snap.requests_per_key_p50, "p99": snap.requests_per_key_p99 },
+        "outcomes": outcomes,
+    });
+    let mut resp = Response::new(Body::from(body.to_string()));
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
+}
+
+/// Whether `given` equals `expected`, in time independent of where they
+/// differ and of either length (both are hashed first).
+pub(crate) fn token_matches(given: &[u8], expected: &[u8]) -> bool {
+    let a = Sha256::digest(given);
+    let b = Sha256::digest(expected);
+    a.as_slice().ct_eq(b.as_slice()).into()
+}
+
+/// The bearer token of an `Authorization` header.
+fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
+    let v = headers.get(header::AUTHORIZATION)?.as_bytes();
+    let (scheme, token) = v.split_at_checked(7)?;
+    scheme
+        .eq_ignore_ascii_case(b"bearer ")
+        .then(|| token.trim_ascii())
+}
+
+/// `None` when the request may use a protected endpoint; otherwise the
+/// refusal: 403 while no token is configured, 401 without the right one.
+fn refuse_unauthorized(s: &AdminState, headers: &HeaderMap) -> Option<Response<Body>> {
+    let Some(expected) = &s.admin_token else {
+        return Some(problem(
+            StatusCode::FORBIDDEN,
+            "admin-disabled",
+            "Admin endpoint disabled",
+            "no admin token is configured: set `admin_token` in the configuration \
+             (or IDEMGATE_ADMIN_TOKEN) to enable the protected admin endpoints",
+        ));
+    };
+    match bearer(headers) {
+        Some(given) if token_matches(given, expected.expose().as_bytes()) => None,
+        _ => {
+            let mut resp = problem(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "Unauthorized",
+                "send the admin token as `Authorization: Bearer <token>`",
+            );
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"idemgate-admin\""),
+            );
+            Some(resp)
+        }
+    }
+}
+
+fn bad_request(detail: &str) -> Response<Body> {
+    problem(
+        StatusCode::BAD_REQUEST,
+        "bad-request",
+        "Bad request",
+        detail,
+    )
+}
+
+/// Why a namespace names no route.
+#[derive(Debug, PartialEq, Eq)]
+enum RouteLookup {
+    /// No route has this id or prefix.
+    Unknown(String),
+    /// None given, and several routes exist.
+    Ambiguous,
+}
+
+impl RouteLookup {
+    fn response(&self) -> Response<Body> {
+        match self {
+            Self::Unknown(n) => {
+                let shown: String = n.chars().take(100).collect();
+                problem(
+                    StatusCode::NOT_FOUND,
+                    "unknown-namespace",
+                    "Unknown namespace",
+                    &format!("no route has the id or prefix `{shown}`"),
+                )
+            }
+            Self::Ambiguous => bad_request(
+                "several routes are configured: name one with `namespace=<route id or prefix>`",
+            ),
+        }
+    }
+}
+
+/// Which route `namespace` names (its id or its prefix); with no
+/// namespace, the only route.
+fn find_route<'a>(
+    routes: &'a [RouteName],
+    namespace: Option<&str>,
+) -> Result<&'a RouteName, RouteLookup> {
+    match namespace {
+        Some(n) => routes
+            .iter()
+            .find(|r| r.id == n)
+            .or_else(|| routes.iter().find(|r| r.prefix == n))
+            .ok_or_else(|| RouteLookup::Unknown(n.to_owned())),
+        None => match routes {
+            [only] => Ok(only),
+            _ => Err(RouteLookup::Ambiguous),
+        },
+    }
+}
+
+/// `GET /admin/keys/{key}/timeline?tenant=…|credential=…&namespace=…`
+async fn timeline(
+    State(s): State<AdminState>,
+    Path(raw_key): Path<String>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Response<Body> {
+    if let Some(refusal) = refuse_unauthorized(&s, &headers) {
+        return refusal;
+    }
+    let Ok(key) = ClientKey::parse(&raw_key) else {
+        return bad_request("the key is not a valid idempotency key");
+    };
+    let (mut tenant, mut credential, mut namespace) = (None, None, None);
+    for (k, v) in url::form_urlencoded::parse(query.as_deref().unwrap_or("").as_bytes()) {
+        match k.as_ref() {
+            "tenant" => tenant = Some(v.into_owned()),
+            "credential" => credential = Some(v.into_owned()),
+            "namespace" => namespace = Some(v.into_owned()),
+            _ => {}
+        }
+    }
+    let tenant = match (tenant, credential) {
+        (Some(_), Some(_)) => return bad_request("give `tenant` or `credential`, not both"),
+        (Some(t), None) if !t.is_empty() => t,
+        (Some(_), None) => return bad_request("`tenant` is empty"),
+        // The tenant a request with this Authorization (or tenant header)
+        // value lands in; the credential itself is neither kept nor logged.
+        (None, Some(c)) => idemgate_layer::key::tenant_id(c.as_bytes()),
+        (None, None) => idemgate_layer::key::ANONYMOUS.to_owned(),
+    };
+    let route = match find_route(&s.routes, namespace.as_deref().filter(|n| !n.is_empty())) {
+        Ok(r) => r,
+        Err(e) => return e.response(),
+    };
+    let scoped = ScopedKey::new(tenant, route.id.clone(), key);
+    let (record, attempts) = match tokio::try_join!(s.store.get(&scoped), s.store.timeline(&scoped))
+    {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::warn!(error = %e, "timeline lookup failed");
+            return problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store-unavailable",
+                "Store unavailable",
+                "the store could not be read",
+            );
+        }
+    };
+    let mut attempts = attempts;
+    attempts.sort_by_key(|a| a.at_ms);
+    let mut body = serde_json::json!({
+        "key": scoped.key.as_str(),
+        "tenant": scoped.tenant,
+        "namespace": scoped.namespace,
+        "prefix": route.prefix,
+        "attempts": attempts.iter().map(attempt_json).collect::<Vec<_>>(),
+    });
+    let state = match record.map(|r| r.state) {
+        None => serde_json::json!({ "state": "absent" }),
+        Some(RecordState::Pending {
+            lease_expires_at_ms,
+            ..
+        }) => serde_json::json!({
+            "state": "pending",
+            "lease_expires_at_ms": lease_expires_at_ms,
+        }),
+        Some(RecordState::Done {
+            payload,
+            expires_at_ms,
+        }) => serde_json::json!({
+            "state": "done",
+            "status": StoredResponse::decode(&payload).ok().map(|r| r.status.as_u16()),
+            "expires_at_ms": expires_at_ms,
+        }),
+    };
+    if let (Some(obj), serde_json::Value::Object(st)) = (body.as_object_mut(), state) {
+        obj.extend(st);
+    }
+    let mut resp = Response::new(Body::from(body.to_string()));
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
+}
+
+fn attempt_json(a: &Attempt) -> serde_json::Value {
+    let at = humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(a.at_ms));
+    serde_json::json!({
+        "at_ms": a.at_ms,
+        "at": at.to_string(),
+        "replica": a.replica,
+        "outcome": a.outcome.as_str(),
+        "status": a.status,
+        "latency_us": a.latency_us,
+        "latency_ms": a.latency_us as f64 / 1000.0,
+    })
+}
+
+/// The key `/healthz` reads: never written, so the answer is always "absent".
+fn probe_key() -> Option<ScopedKey> {
+    ClientKey::parse("healthz-probe")
+        .ok()
+        .map(|k| ScopedKey::new("idemgate", "health", k))
+}
+
+async fn healthz(State(s): State<AdminState>) -> (StatusCode, &'static str) {
+    let Some(key) = probe_key() else {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "probe key invalid\n");
+    };
+    match tokio::time::timeout(Duration::from_secs(2), s.store.get(&key)).await {
+        Ok(Ok(_)) => (StatusCode::OK, "ok\n"),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "health check: store failed");
+            (StatusCode::SERVICE_UNAVAILABLE, "store unavailable\n")
+        }
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "store timed out\n"),
+    }
+}
+
+async fn readyz(State(s): State<AdminState>) -> (StatusCode, &'static str) {
+    if s.ready.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
+    }
+}
+
+async fn metrics_text(State(s): State<AdminState>) -> Response<Body> {
+    let mut resp = Response::new(Body::from(s.telemetry.render()));
+    if !s.telemetry.is_exporting() {
+        *resp.status_mut() = StatusCode::NOT_FOUND;
+        return resp;
+    }
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_dashboard_is_self_contained() {
+        let page = DASHBOARD.as_str();
+        assert!(!page.contains("/*STYLE*/") && !page.contains("/*SCRIPT*/"));
+        assert!(page.contains("setInterval(poll"));
+        assert!(page.contains(".spark polyline"));
+        // No external resources: the only URLs are the SVG namespace.
+        for (i, _) in page.match_indices("http") {
+            assert!(
+                page[i..].starts_with("http://www.w3.org/2000/svg"),
+                "external URL at {i}: {}",
+                &page[i..(i + 60).min(page.len())]
+            );
+        }
+        for tag in ["<link", "src=", "@import"] {
+            assert!(!page.contains(tag), "{tag}");
+        }
+    }
+
+    #[test]
+    fn tokens_match_only_when_equal() {
+        assert!(token_matches(b"s3cret-token", b"s3cret-token"));
+        assert!(!token_matches(b"s3cret-tokeN", b"s3cret-token"));
+        assert!(!token_matches(b"s3cret", b"s3cret-token"));
+        assert!(!token_matches(b"", b"s3cret-token"));
+        assert!(!token_matches(b"s3cret-token-and-more", b"s3cret-token"));
+    }
+
+    #[test]
+    fn bearer_tokens_are_read_case_insensitively() {
+        let mut h = HeaderMap::new();
+        assert_eq!(bearer(&h), None);
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer abc"),
+        );
+        assert_eq!(bearer(&h), Some(&b"abc"[..]));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("bearer  abc "),
+        );
+        assert_eq!(bearer(&h), Some(&b"abc"[..]));
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Basic abc"));
+        assert_eq!(bearer(&h), None);
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bear"));
+        assert_eq!(bearer(&h), None);
+    }
+
+    #[test]
+    fn namespaces_resolve_by_id_or_prefix() {
+        let routes = [
+            RouteName {
+                id: "chat".into(),
+                prefix: "/v1".into(),
+            },
+            RouteName {
+                id: "msgs".into(),
+                prefix: "/anthropic".into(),
+            },
+        ];
+        let id = |n: Option<&str>| find_route(&routes, n).map(|r| r.id.clone()).ok();
+        assert_eq!(id(Some("chat")), Some("chat".into()));
+        assert_eq!(id(Some("/anthropic")), Some("msgs".into()));
+        assert_eq!(id(Some("/nope")), None);
+        assert_eq!(
+            find_route(&routes, None).err(),
+            Some(RouteLookup::Ambiguous)
+        );
+        assert_eq!(
+            find_route(&routes[..1], None).map(|r| r.id.clone()).ok(),
+            Some("chat".into())
+        );
+    }
+}
