@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the test suites need beyond cargo, on a fresh machine of this
-# project's kind: promtool (Debian `prometheus`) for the alert-rule tests, and
+# project's kind: promtool (Debian `prometheus`) for the alert-rule tests,
+# Chromium for the dashboard test (headless), and
 # a Python venv (.venv) with the official openai/anthropic clients for the
 # end-to-end tests.
 # Idempotent: does nothing when everything is present.
@@ -9,11 +10,12 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
 if ! .venv/bin/python -c "import openai, anthropic, pytest" 2>/dev/null; then

@@ -176,12 +176,15 @@ pub fn layer_config(route: &RouteConfig) -> LayerConfig {
 /// The engine of a route: the shared store with the route's TTLs. The
 /// layer decides what a duplicate gets, so the engine never waits itself.
 pub fn engine(store: Arc<dyn Store>, route: &RouteConfig) -> Engine {
-    Engine::new(store).with_policy(
-        Policy::default()
+    Engine::new(store).with_policy(Policy {
+        // `heartbeat = false` on the route: the lease must then outlast the
+        // whole run (`idemgate check` compares pending_ttl with total).
+        heartbeat: route.heartbeat,
+        ..Policy::default()
             .pending_ttl(route.pending_ttl)
             .done_ttl(route.done_ttl)
-            .on_inflight(OnInflight::Reject),
-    )
+            .on_inflight(OnInflight::Reject)
+    })
 }
 
 type RouteService = idemgate_layer::Idempotency<Proxy>;

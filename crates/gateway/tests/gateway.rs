@@ -187,13 +187,15 @@ async fn a_client_timeout_during_generation_then_retry_replays() {
 async fn a_client_timeout_then_upstream_answers_then_retry_replays() {
     let sim = sim().await;
     let gw = Gateway::start(config("memory:", &sim.url(), |_| {})).await;
+    // The client's timeout must fire after the request reached the upstream
+    // (even on a loaded machine) and before the upstream answers.
     let impatient = reqwest::Client::builder()
-        .timeout(Duration::from_millis(150))
+        .timeout(Duration::from_millis(1000))
         .build()
         .unwrap_or_else(|e| panic!("{e}"));
     let body = chat_body(false, "seed position b");
     let first = post(&impatient, &gw, Some("seed-b"), body.clone())
-        .header("x-sim-latency-ms", "400")
+        .header("x-sim-latency-ms", "2500")
         .send()
         .await;
     assert!(first.is_err_and(|e| e.is_timeout()));
