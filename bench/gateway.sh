@@ -11,9 +11,10 @@ DURATION=${DURATION:-8s}; CONNS=${CONNS:-16}; THREADS=${THREADS:-1}
 WORK=$(mktemp -d)
 STORE=${1:-sqlite:$WORK/bench.db}
 UP=18091; PROXY=18092; GW=18093; ADMIN=18094
-BIN=${CARGO_TARGET_DIR:-target}/release/idemgate
+# BENCH_BIN: an already built binary to measure (default: build release).
+BIN=${BENCH_BIN:-${CARGO_TARGET_DIR:-target}/release/idemgate}
 
-cargo build --release -q -p idemgate
+[ -n "${BENCH_BIN:-}" ] || cargo build --release -q -p idemgate
 cleanup() {
   [ -n "${GW_PID:-}" ] && kill "$GW_PID" 2>/dev/null || true
   [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")" 2>/dev/null || true
@@ -53,6 +54,7 @@ nginx -c "$WORK/nginx.conf" -p "$WORK"
   --admin-listen "127.0.0.1:$ADMIN" --store "$STORE" >"$WORK/gw.log" 2>&1 &
 GW_PID=$!
 for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$ADMIN/healthz" >/dev/null && break; sleep 0.1; done
+curl -sf "http://127.0.0.1:$ADMIN/healthz" >/dev/null || { echo "idemgate did not start:"; cat "$WORK/gw.log"; exit 1; }
 
 run() { # name url script
   local out
@@ -69,7 +71,7 @@ run() { # name url script
 
 # Warm the replay keys once.
 for i in $(seq 0 99); do
-  curl -sf -o /dev/null -X POST "http://127.0.0.1:$GW/v1/chat/completions" \
+  curl -sSf -o /dev/null -X POST "http://127.0.0.1:$GW/v1/chat/completions" \
     -H 'Content-Type: application/json' -H 'Authorization: Bearer bench-tenant' \
     -H "Idempotency-Key: replay-$i" \
     -d '{"model":"m","messages":[{"role":"user","content":"hello"}]}'
