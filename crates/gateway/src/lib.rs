@@ -8,6 +8,8 @@
 //! - [`problem`]: the gateway's own RFC 9457 problem responses.
 //! - [`serve`](mod@serve): [`serve()`]: store, per-route engine + idempotency
 //!   layer + proxy, the router, the admin listener and graceful shutdown.
+//! - `stores`: opening the configured store (memory, SQLite, Redis,
+//!   Redis Cluster, PostgreSQL) and the live-event fan-out that goes with it.
 //! - [`telemetry`]: the Prometheus recorder behind the admin `/metrics`.
 //!
 //! # The key decision
@@ -30,6 +32,7 @@ pub mod config;
 pub mod problem;
 pub mod proxy;
 pub mod serve;
+mod stores;
 pub mod telemetry;
 
 pub use config::{ConfigError, GatewayConfig, Overrides, RouteConfig, StoreUrl};
