@@ -18,7 +18,8 @@
 use std::sync::Arc;
 
 use idemgate_engine::{Engine, MemoryStore, Store, StoreError};
-use idemgate_layer::{IdempotencyLayer, LayerConfig};
+use idemgate_fanout::{FanoutOptions, RedisLiveEvents};
+use idemgate_layer::{IdempotencyLayer, LayerConfig, LiveEvents};
 use idemgate_postgres::{PostgresOptions, PostgresStore};
 use idemgate_redis::{RedisOptions, RedisStore};
 use url::Url;
@@ -33,15 +34,17 @@ pub(crate) struct OpenStore {
     /// Set for SQLite, whose writer thread is stopped at shutdown.
     sqlite: Option<Arc<idemgate_sqlite::SqliteStore>>,
     /// Set when replicas share live streams through the store's server.
-    live: Option<()>,
+    live: Option<Arc<dyn LiveEvents>>,
 }
 
 impl OpenStore {
     /// The idempotency layer of a route, with the live-event fan-out that
     /// suits the store.
     pub(crate) fn layer(&self, engine: Engine, config: LayerConfig) -> IdempotencyLayer {
-        let _ = &self.live;
-        IdempotencyLayer::new(engine, config)
+        match &self.live {
+            Some(live) => IdempotencyLayer::with_live_events(engine, config, Arc::clone(live)),
+            None => IdempotencyLayer::new(engine, config),
+        }
     }
 
     /// Stops background work that must end before the process exits.
@@ -88,16 +91,21 @@ pub(crate) async fn open_store(url: &StoreUrl) -> Result<OpenStore, GatewayError
         StoreUrl::Redis(u) | StoreUrl::RedisCluster(u) => {
             let (driver_url, params) = split_params(u, &["prefix"]);
             let mut opts = RedisOptions::default();
+            let mut fanout = FanoutOptions::default();
             if let Some(prefix) = param(&params, "prefix") {
                 opts = opts.prefix(prefix);
+                fanout = fanout.prefix(prefix);
             }
             let store = RedisStore::connect_with(&driver_url, opts)
+                .await
+                .map_err(|e| open_error(url, e))?;
+            let live = RedisLiveEvents::connect(&driver_url, fanout)
                 .await
                 .map_err(|e| open_error(url, e))?;
             Ok(OpenStore {
                 store: Arc::new(store),
                 sqlite: None,
-                live: None,
+                live: Some(Arc::new(live)),
             })
         }
         StoreUrl::Postgres(u) => {

@@ -34,4 +34,4 @@ mod error;
 mod scripts;
 pub mod store;
 
-pub use store::{RedisOptions, RedisStore};
+pub use store::{RedisOptions, RedisStore, cluster_nodes, hash_tag};

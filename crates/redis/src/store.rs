@@ -257,15 +257,23 @@ impl RedisStore {
     }
 }
 
-/// The keys of `key`'s record. The hash tag holds 32 hex digits of SHA-256
-/// of the storage id, so all three land in one slot whatever the user text.
-fn record_keys(prefix: &str, key: &ScopedKey) -> Keys {
+/// The hash tag of `key`'s Redis keys, braces included: 32 hex digits of
+/// SHA-256 of the storage id. Every key kept for one record (and anything
+/// another component keeps next to it, such as its live event stream) is
+/// named `<prefix>:<tag>:<suffix>`, so all land in one cluster slot whatever
+/// the user text.
+pub fn hash_tag(key: &ScopedKey) -> String {
     let digest = Sha256::digest(key.storage_id().as_bytes());
-    let tag = hex::encode(&digest[..16]);
+    format!("{{{}}}", hex::encode(&digest[..16]))
+}
+
+/// The keys of `key`'s record, all under one hash tag.
+fn record_keys(prefix: &str, key: &ScopedKey) -> Keys {
+    let tag = hash_tag(key);
     Keys {
-        rec: format!("{prefix}:{{{tag}}}:rec"),
-        tl: format!("{prefix}:{{{tag}}}:tl"),
-        fence: format!("{prefix}:{{{tag}}}:fence"),
+        rec: format!("{prefix}:{tag}:rec"),
+        tl: format!("{prefix}:{tag}:tl"),
+        fence: format!("{prefix}:{tag}:fence"),
     }
 }
 
@@ -279,7 +287,7 @@ fn timed_out(what: &str) -> StoreError {
 
 /// Splits `redis+cluster://[auth@]h1:p1,h2:p2[/…]` into one `redis://` URL per
 /// node; `None` for any other scheme.
-fn cluster_nodes(url: &str) -> Option<Vec<String>> {
+pub fn cluster_nodes(url: &str) -> Option<Vec<String>> {
     let rest = url.strip_prefix("redis+cluster://")?;
     let (auth, hosts) = match rest.rsplit_once('@') {
         Some((auth, hosts)) => (format!("{auth}@"), hosts),
