@@ -1,11 +1,16 @@
-//! The Redis Streams backend against the shared Redis on 127.0.0.1:6379,
-//! under a random key prefix. Owner and follower use separate
-//! `RedisLiveEvents` instances, as two replicas would, so every follow goes
-//! through Redis rather than the in-process registry.
+//! The Redis Streams backend against the shared Redis on 127.0.0.1:6379
+//! under a random key prefix, and against a private 3-primary Redis
+//! Cluster (started with the Redis store's test helpers). Owner and
+//! follower use separate `RedisLiveEvents` instances, as two replicas
+//! would, so every follow goes through Redis rather than the in-process
+//! registry.
 //!
 //! Under `CI=true` a missing Redis fails the suite; it never skips.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "../../redis/tests/support/mod.rs"]
+mod support;
 
 use std::time::Duration;
 
@@ -19,21 +24,23 @@ use tokio::time::Instant;
 
 const REDIS: &str = "redis://127.0.0.1:6379";
 
-async fn replica(prefix: &str) -> RedisLiveEvents {
+async fn replica(url: &str, prefix: &str) -> RedisLiveEvents {
     let opts = FanoutOptions::default()
         .prefix(prefix)
         .block(Duration::from_millis(200));
-    match RedisLiveEvents::connect(REDIS, opts).await {
+    match RedisLiveEvents::connect(url, opts).await {
         Ok(r) => r,
-        Err(e) => panic!(
-            "Redis at {REDIS} is not available{}: {e} (start it with `bash scripts/services.sh`)",
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
-                " under CI"
-            } else {
-                ""
-            }
-        ),
+        Err(e) => {
+            support::require(&format!("Redis at {url} ({e})"), false);
+            unreachable!()
+        }
     }
+}
+
+async fn cluster() -> &'static str {
+    tokio::task::spawn_blocking(support::cluster_url)
+        .await
+        .unwrap()
 }
 
 fn prefix() -> String {
@@ -88,10 +95,9 @@ async fn read_all(f: &mut Box<dyn LiveFollower>, cursor: &mut usize) -> (Vec<u8>
     }
 }
 
-#[tokio::test]
-async fn a_follower_on_another_replica_reads_from_its_cursor_then_live_to_the_end() {
+async fn follow_from_cursor_then_live(url: &str) {
     let p = prefix();
-    let (owner, other) = (replica(&p).await, replica(&p).await);
+    let (owner, other) = (replica(url, &p).await, replica(url, &p).await);
     let key = ScopedKey::new("t", "ns", ClientKey::mint());
     let publisher = owner.publish(stream(&key, 1000));
     let mut headers = HeaderMap::new();
@@ -134,10 +140,13 @@ async fn a_follower_on_another_replica_reads_from_its_cursor_then_live_to_the_en
     assert_eq!(other.local_streams(), 0);
 }
 
-#[tokio::test]
-async fn a_takeover_ends_the_old_owners_followers_and_fences_its_late_events() {
+async fn takeover(url: &str) {
     let p = prefix();
-    let (old_owner, new_owner, other) = (replica(&p).await, replica(&p).await, replica(&p).await);
+    let (old_owner, new_owner, other) = (
+        replica(url, &p).await,
+        replica(url, &p).await,
+        replica(url, &p).await,
+    );
     let key = ScopedKey::new("t", "ns", ClientKey::mint());
     let old = old_owner.publish(stream(&key, 1000));
     old.streaming(StatusCode::OK, HeaderMap::new());
@@ -172,10 +181,9 @@ async fn a_takeover_ends_the_old_owners_followers_and_fences_its_late_events() {
     assert_eq!(cursor, 1);
 }
 
-#[tokio::test]
-async fn unknown_streams_and_dropped_owners() {
+async fn unknown_and_dropped(url: &str) {
     let p = prefix();
-    let (owner, other) = (replica(&p).await, replica(&p).await);
+    let (owner, other) = (replica(url, &p).await, replica(url, &p).await);
     let key = ScopedKey::new("t", "ns", ClientKey::mint());
     assert!(matches!(other.join(&key, 1, soon()).await, Joined::Unknown));
     // A non-streaming response publishes nothing to Redis.
@@ -195,4 +203,34 @@ async fn unknown_streams_and_dropped_owners() {
     assert_eq!(end, Next::Failed);
     // A fence with no head (the owner of the record has not streamed).
     assert!(matches!(other.join(&key, 7, soon()).await, Joined::Unknown));
+}
+
+#[tokio::test]
+async fn a_follower_on_another_replica_reads_from_its_cursor_then_live_to_the_end() {
+    follow_from_cursor_then_live(REDIS).await;
+}
+
+#[tokio::test]
+async fn a_takeover_ends_the_old_owners_followers_and_fences_its_late_events() {
+    takeover(REDIS).await;
+}
+
+#[tokio::test]
+async fn unknown_streams_and_dropped_owners() {
+    unknown_and_dropped(REDIS).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_follow_from_cursor_then_live() {
+    follow_from_cursor_then_live(cluster().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_takeover() {
+    takeover(cluster().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_unknown_and_dropped() {
+    unknown_and_dropped(cluster().await).await;
 }

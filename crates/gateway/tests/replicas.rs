@@ -9,6 +9,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+/// Private Redis servers (the Redis store's test helpers): a 3-primary
+/// cluster for the cluster case.
+#[path = "../../redis/tests/support/mod.rs"]
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -241,6 +246,31 @@ async fn redis_replicas_follow_a_live_stream_run_by_the_other() {
     b.stop().await;
     sim.shutdown().await;
     drop_prefix(&prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_replicas_follow_a_live_stream_run_by_the_other() {
+    let cluster = tokio::task::spawn_blocking(support::cluster_url)
+        .await
+        .unwrap();
+    // The configuration takes one seed node; the client discovers the rest.
+    let seed = cluster
+        .trim_start_matches("redis+cluster://")
+        .split(',')
+        .next()
+        .unwrap();
+    let sim = sim().await;
+    let prefix = tag();
+    let store = format!("redis+cluster://{seed}/?prefix={prefix}");
+    let a = Gateway::replica(&store, &sim.url()).await;
+    let b = Gateway::replica(&store, &sim.url()).await;
+    for i in 0..3 {
+        let live = duplicate_on_the_other_replica(&sim, &a, &b, &format!("{prefix}-sse-{i}")).await;
+        assert!(live, "followed live through the cluster");
+    }
+    a.stop().await;
+    b.stop().await;
+    sim.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
