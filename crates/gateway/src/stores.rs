@@ -6,13 +6,16 @@
 //! | `memory:` | [`MemoryStore`] | in-process (one replica only) |
 //! | `sqlite:PATH` | [`SqliteStore`](idemgate_sqlite::SqliteStore) | in-process |
 //! | `redis://host:port[/db][?prefix=P]` | [`RedisStore`] | Redis Streams ([`RedisLiveEvents`]) |
-//! | `redis+cluster://host:port[?prefix=P]` | [`RedisStore`] on a cluster | Redis Streams |
-//! | `postgres://user@host:port/db[?schema=S&pool=N]` | [`PostgresStore`] | in-process; a duplicate on another replica waits for DONE, then replays |
+//! | `redis+cluster://host:port[?prefix=P]` | [`RedisStore`] on a cluster (one seed node; the rest is discovered) | Redis Streams |
+//! | `postgres://user@host:port/db[?schema=S&pool=N]` | [`PostgresStore`] | in-process only: a duplicate on another replica waits for DONE, then replays the whole stream (or the events after its `Last-Event-ID`) |
 //!
 //! Query parameters the gateway reads are removed before the URL reaches
 //! the driver: `prefix` (Redis key prefix, default `idemgate`; lets several
 //! deployments or test runs share one Redis), `schema` (PostgreSQL schema,
-//! default `idemgate`) and `pool` (PostgreSQL pool size, default 10). Every
+//! default `idemgate`), `pool` (PostgreSQL pool size, default 10) and
+//! `timeline` (`background`, the default: timeline entries of replays and
+//! conflicts are written in batches off the request path; `inline`: each is
+//! written before the request is answered, one more round trip). Every
 //! other parameter is passed through.
 
 use std::sync::Arc;
@@ -89,8 +92,8 @@ pub(crate) async fn open_store(url: &StoreUrl) -> Result<OpenStore, GatewayError
             })
         }
         StoreUrl::Redis(u) | StoreUrl::RedisCluster(u) => {
-            let (driver_url, params) = split_params(u, &["prefix"]);
-            let mut opts = RedisOptions::default();
+            let (driver_url, params) = split_params(u, &["prefix", "timeline"]);
+            let mut opts = RedisOptions::default().background_timeline(background(url, &params)?);
             let mut fanout = FanoutOptions::default();
             if let Some(prefix) = param(&params, "prefix") {
                 opts = opts.prefix(prefix);
@@ -109,8 +112,9 @@ pub(crate) async fn open_store(url: &StoreUrl) -> Result<OpenStore, GatewayError
             })
         }
         StoreUrl::Postgres(u) => {
-            let (driver_url, params) = split_params(u, &["schema", "pool"]);
-            let mut opts = PostgresOptions::default();
+            let (driver_url, params) = split_params(u, &["schema", "pool", "timeline"]);
+            let mut opts =
+                PostgresOptions::default().background_timeline(background(url, &params)?);
             if let Some(schema) = param(&params, "schema") {
                 opts = opts.schema(schema);
             }
@@ -152,6 +156,22 @@ fn split_params(url: &Url, ours: &[&str]) -> (String, Vec<(String, String)>) {
         kept.query_pairs_mut().clear().extend_pairs(theirs);
     }
     (kept.to_string(), mine)
+}
+
+/// The `timeline` parameter: whether entries are written in the background.
+fn background(url: &StoreUrl, params: &[(String, String)]) -> Result<bool, GatewayError> {
+    match param(params, "timeline") {
+        None | Some("background") => Ok(true),
+        Some("inline") => Ok(false),
+        Some(other) => Err(open_error(
+            url,
+            StoreError::new(
+                idemgate_engine::StoreErrorKind::Rejected,
+                url.backend(),
+                format!("timeline={other:?}: use `background` or `inline`"),
+            ),
+        )),
+    }
 }
 
 fn param<'a>(params: &'a [(String, String)], name: &str) -> Option<&'a str> {
