@@ -737,6 +737,8 @@ async fn a_private_postgres_restarted_under_load_keeps_every_acknowledged_done()
 // ---- cleanup of the shared servers ----
 
 async fn drop_prefix(url: &str, prefix: &str) {
+    // Let writes of the just-killed gateways land first.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let port = url.rsplit(':').next().unwrap_or("6379");
     let _ = Command::new("sh")
         .arg("-c")
@@ -748,11 +750,20 @@ async fn drop_prefix(url: &str, prefix: &str) {
 }
 
 async fn drop_schema(url: &str, schema: &str) {
-    let _ = Command::new("psql")
-        .args([url, "-q", "-c"])
-        .arg(format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
-        .output()
-        .await;
+    // The gateways were just killed; their connections may take a moment
+    // to go away and release their locks.
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let done = Command::new("psql")
+            .args([url, "-q", "-c"])
+            .arg(format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+            .output()
+            .await
+            .is_ok_and(|o| o.status.success());
+        if done {
+            return;
+        }
+    }
 }
 
 // ---- private servers (never the shared ones) ----

@@ -294,11 +294,18 @@ async fn postgres_replicas_wait_for_done_and_replay_the_stream() {
 
 /// Removes the test schema (psql, if installed; leftovers are harmless).
 async fn drop_schema(schema: &str) {
-    let _ = tokio::process::Command::new("psql")
-        .args([&postgres_url(), "-q", "-c"])
-        .arg(format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
-        .output()
-        .await;
+    for _ in 0..5 {
+        let done = tokio::process::Command::new("psql")
+            .args([&postgres_url(), "-q", "-c"])
+            .arg(format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+            .output()
+            .await
+            .is_ok_and(|o| o.status.success());
+        if done {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
 }
 
 /// Removes this test's Redis keys.
