@@ -4,17 +4,21 @@
 #   nginx    wrk -> nginx proxy_pass -> upstream   (the plain-proxy floor)
 #   idemgate wrk -> idemgate (fresh keys, then replayed keys) -> upstream
 # Usage: bench/gateway.sh [STORE_URL]   (default: sqlite in a temp dir)
-# Env: DURATION (8s) CONNS (16) THREADS (1)
+# Env: DURATION (8s) CONNS (16) THREADS (1) PORT_BASE (18091)
+#      BENCH_BIN (a prebuilt binary; default: build the release binary)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-8s}; CONNS=${CONNS:-16}; THREADS=${THREADS:-1}
 WORK=$(mktemp -d)
 STORE=${1:-sqlite:$WORK/bench.db}
-UP=18091; PROXY=18092; GW=18093; ADMIN=18094
-# BENCH_BIN: an already built binary to measure (default: build release).
-BIN=${BENCH_BIN:-${CARGO_TARGET_DIR:-target}/release/idemgate}
-
-[ -n "${BENCH_BIN:-}" ] || cargo build --release -q -p idemgate
+PORT_BASE=${PORT_BASE:-18091}
+UP=$PORT_BASE; PROXY=$((PORT_BASE + 1)); GW=$((PORT_BASE + 2)); ADMIN=$((PORT_BASE + 3))
+if [ -n "${BENCH_BIN:-}" ]; then
+  BIN=$BENCH_BIN
+else
+  BIN=${CARGO_TARGET_DIR:-target}/release/idemgate
+  cargo build --release -q -p idemgate
+fi
 cleanup() {
   [ -n "${GW_PID:-}" ] && kill "$GW_PID" 2>/dev/null || true
   [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")" 2>/dev/null || true
@@ -54,7 +58,7 @@ nginx -c "$WORK/nginx.conf" -p "$WORK"
   --admin-listen "127.0.0.1:$ADMIN" --store "$STORE" >"$WORK/gw.log" 2>&1 &
 GW_PID=$!
 for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$ADMIN/healthz" >/dev/null && break; sleep 0.1; done
-curl -sf "http://127.0.0.1:$ADMIN/healthz" >/dev/null || { echo "idemgate did not start:"; cat "$WORK/gw.log"; exit 1; }
+curl -sf "http://127.0.0.1:$ADMIN/healthz" >/dev/null || { echo "the gateway did not start:" >&2; cat "$WORK/gw.log" >&2; exit 1; }
 
 run() { # name url script
   local out
@@ -71,7 +75,7 @@ run() { # name url script
 
 # Warm the replay keys once.
 for i in $(seq 0 99); do
-  curl -sSf -o /dev/null -X POST "http://127.0.0.1:$GW/v1/chat/completions" \
+  curl -sf -o /dev/null -X POST "http://127.0.0.1:$GW/v1/chat/completions" \
     -H 'Content-Type: application/json' -H 'Authorization: Bearer bench-tenant' \
     -H "Idempotency-Key: replay-$i" \
     -d '{"model":"m","messages":[{"role":"user","content":"hello"}]}'

@@ -158,31 +158,44 @@ async fn a_bad_config_file_exits_non_zero_with_a_message() {
 }
 
 #[tokio::test]
-async fn a_store_not_built_in_is_a_clear_startup_error() {
+async fn an_unreachable_store_is_a_clear_startup_error() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let (port, admin_port) = (free_port().await, free_port().await);
-    let out = Command::new(BIN)
-        .args([
-            "serve",
-            "--upstream",
-            "http://127.0.0.1:1",
-            "--store",
-            "redis://127.0.0.1:6379",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--admin-listen",
-            &format!("127.0.0.1:{admin_port}"),
-        ])
-        .current_dir(dir.path())
-        .output()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("not built into this binary yet"),
-        "{stderr}"
-    );
+    // Nothing listens on a port that was just free: every networked store
+    // fails to open, and says which store and where.
+    let dead = free_port().await;
+    for (store, backend) in [
+        (format!("redis://127.0.0.1:{dead}"), "redis"),
+        (format!("redis+cluster://127.0.0.1:{dead}"), "redis-cluster"),
+        (
+            format!("postgres://postgres@127.0.0.1:{dead}/test"),
+            "postgres",
+        ),
+    ] {
+        let out = Command::new(BIN)
+            .args([
+                "serve",
+                "--upstream",
+                "http://127.0.0.1:1",
+                "--store",
+                &store,
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--admin-listen",
+                &format!("127.0.0.1:{admin_port}"),
+            ])
+            .current_dir(dir.path())
+            .output()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!out.status.success(), "{store} opened");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!("cannot open the {backend} store")),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("not built"), "{stderr}");
+    }
 }
 
 #[tokio::test]

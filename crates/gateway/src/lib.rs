@@ -13,6 +13,8 @@
 //! - [`telemetry`]: the metrics pipeline (idemgate-telemetry's Prometheus
 //!   recorder) behind the admin `/metrics`.
 //! - `admin`: the admin listener's endpoints.
+//! - `stores`: opening the configured store (memory, SQLite, Redis,
+//!   Redis Cluster, PostgreSQL) and the live-event fan-out that goes with it.
 //!
 //! # The key decision
 //! The upstream proxy is a plain inner service of the idempotency layer,
@@ -36,6 +38,7 @@ pub mod plan;
 pub mod problem;
 pub mod proxy;
 pub mod serve;
+mod stores;
 pub mod telemetry;
 
 pub use config::{ConfigError, GatewayConfig, Overrides, RouteConfig, StoreUrl};

@@ -3,7 +3,7 @@
 //!
 //! The service stack of a route, outermost first:
 //! 1. the dispatcher: longest matching prefix, else a 404 problem;
-//! 2. [`IdempotencyLayer`]: key, tenant, fingerprint, claim; the owner's
+//! 2. `IdempotencyLayer`: key, tenant, fingerprint, claim; the owner's
 //!    upstream call runs detached so a client leaving does not cancel it;
 //! 3. [`Proxy`]: the upstream call with its layered timeouts.
 
@@ -18,17 +18,15 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use http::{HeaderName, Request, Response};
-use idemgate_engine::{Engine, MemoryStore, OnInflight, Policy, Store};
-use idemgate_layer::{IdempotencyLayer, LayerConfig};
+use idemgate_engine::{Engine, OnInflight, Policy, Store};
+use idemgate_layer::LayerConfig;
 use idemgate_telemetry::{InstrumentedStore, Telemetry};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
 
-use crate::config::{
-    GatewayConfig, Inflight, KeyMode, KeyPart, RouteConfig, StoreErrorMode, StoreUrl,
-};
+use crate::config::{GatewayConfig, Inflight, KeyMode, KeyPart, RouteConfig, StoreErrorMode};
 use crate::problem::no_route;
 use crate::proxy::{Proxy, ProxyBuildError};
 
@@ -59,53 +57,6 @@ pub enum GatewayError {
     /// A listener failed.
     #[error("listener failed")]
     Io(#[from] std::io::Error),
-}
-
-/// An open store, and how to close it.
-struct OpenStore {
-    store: Arc<dyn Store>,
-    sqlite: Option<Arc<idemgate_sqlite::SqliteStore>>,
-}
-
-impl OpenStore {
-    fn close(&self) {
-        if let Some(s) = &self.sqlite {
-            s.close();
-        }
-    }
-}
-
-async fn open_store(url: &StoreUrl) -> Result<OpenStore, GatewayError> {
-    match url {
-        StoreUrl::Memory => Ok(OpenStore {
-            store: Arc::new(MemoryStore::new()),
-            sqlite: None,
-        }),
-        StoreUrl::Sqlite(path) => {
-            let path = path.clone();
-            let opened =
-                tokio::task::spawn_blocking(move || idemgate_sqlite::SqliteStore::open(path))
-                    .await
-                    .map_err(|e| GatewayError::StoreOpen {
-                        backend: "sqlite",
-                        url: url.to_string(),
-                        source: Box::new(e),
-                    })?
-                    .map_err(|e| GatewayError::StoreOpen {
-                        backend: "sqlite",
-                        url: url.to_string(),
-                        source: Box::new(e),
-                    })?;
-            let sqlite = Arc::new(opened);
-            Ok(OpenStore {
-                store: Arc::clone(&sqlite) as Arc<dyn Store>,
-                sqlite: Some(sqlite),
-            })
-        }
-        other => Err(GatewayError::StoreNotBuilt {
-            backend: other.backend(),
-        }),
-    }
 }
 
 /// Response headers kept with a stored result for replay, besides
@@ -242,14 +193,14 @@ pub async fn serve(
     // One metrics pipeline: installed before the routes register their
     // series (a recorder installed earlier by the program is kept).
     let telemetry = Telemetry::global();
-    let opened = open_store(&config.store).await?;
+    let opened = crate::stores::open_store(&config.store).await?;
     // Store latency by backend and op, errors counted.
     let store: Arc<dyn Store> = Arc::new(InstrumentedStore::new(Arc::clone(&opened.store)));
 
     let mut layers = Vec::with_capacity(config.routes.len());
     let mut routes = Vec::with_capacity(config.routes.len());
     for route in &config.routes {
-        let layer = IdempotencyLayer::new(engine(Arc::clone(&store), route), layer_config(route));
+        let layer = opened.layer(engine(Arc::clone(&store), route), layer_config(route));
         let svc = layer.layer(Proxy::new(route)?);
         routes.push((route.prefix.clone(), svc));
         layers.push(layer);

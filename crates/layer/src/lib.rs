@@ -24,7 +24,8 @@
 //! - [`stored`]: the versioned binary form of a stored response and token
 //!   usage extraction.
 //! - [`sse`]: event boundary scanner, id rewriting, `Last-Event-ID`.
-//! - `live`: this process's streams in progress, for duplicates that attach.
+//! - [`live`]: streams in progress, for duplicates that attach: the
+//!   [`LiveEvents`] trait and its in-process default.
 //! - `service`: [`IdempotencyLayer`], the [`Idempotency`] service and the
 //!   detached execution.
 //! - [`operations`]: `Prefer: respond-async` and the operation resource.
@@ -44,7 +45,7 @@
 
 pub mod config;
 pub mod key;
-mod live;
+pub mod live;
 pub mod operations;
 pub mod problem;
 mod service;
@@ -55,6 +56,7 @@ pub mod telemetry;
 pub use config::{
     DerivePart, DeriveTemplate, InflightMode, KeyMode, LayerConfig, StoreErrorMode, TenantSource,
 };
+pub use live::{InProcessLive, LiveEvents};
 pub use problem::Problem;
 pub use service::{
     IDEMPOTENT_REPLAYED, Idempotency, IdempotencyContext, IdempotencyLayer, RetryableFailure,

@@ -1,17 +1,33 @@
-//! Live streams of this process, so that a duplicate request can join a
-//! stream that is still being generated ("attach").
+//! Streams in progress, so that a duplicate request can join a stream that
+//! is still being generated ("attach").
 //!
 //! The store knows only PENDING or DONE; the events of a PENDING stream
-//! exist only in the process that runs it. Each running execution publishes
-//! here: first whether its response is a stream (and its head), then every
-//! event, then how it ended. A subscriber reads the events so far and is
-//! woken for each new one. An entry leaves the registry when its stream
-//! ends; a duplicate arriving later finds the key DONE (or free) in the store.
-//! A duplicate served by another process finds no entry and waits for DONE.
+//! exist only where it runs. Each running execution publishes them through
+//! a [`LiveEvents`] backend: first whether its response is a stream (and
+//! its head), then every event, then how it ended. A duplicate joins with
+//! [`LiveEvents::join`] and follows the events from its cursor on.
 //!
-//! State sits in a `tokio::sync::watch` channel: it never loses a wake-up
-//! between a subscriber's read and its wait, and publishing costs one short
-//! lock with nobody subscribed.
+//! [`InProcessLive`] (the default) keeps them in this process: a duplicate
+//! served by another replica finds nothing and waits for DONE, then
+//! replays. A backend that shares them between replicas (Redis Streams, in
+//! the `idemgate-fanout` crate) lets it follow the live stream instead.
+//!
+//! A follower that cannot say more for now ([`Next::Unsure`]: a shared log
+//! went quiet or lost entries) is not trusted blindly: the layer then looks
+//! at the store, goes on following while the key is PENDING, and finishes
+//! from the DONE record once it is stored — after checking that the events
+//! it already sent are the stored ones, so a client never gets the first
+//! half of one execution and the second half of another.
+//!
+//! The in-process state sits in a `tokio::sync::watch` channel: it never
+//! loses a wake-up between a subscriber's read and its wait, and publishing
+//! costs one short lock with nobody subscribed.
+
+use std::fmt;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use idemgate_engine::ScopedKey;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -23,9 +39,149 @@ use tokio::time::Instant;
 
 use crate::stored::concat;
 
+/// Which execution a publisher speaks for.
+#[derive(Debug, Clone)]
+pub struct LiveStream {
+    /// The record's key.
+    pub key: ScopedKey,
+    /// The owner's fence: a backend shared by replicas uses it to tell the
+    /// events of one owner from those of an owner that took the key over.
+    pub fence: u64,
+    /// How long the execution may still run (the layer's completion
+    /// bound): a shared log of its events may expire after that.
+    pub horizon: Duration,
+}
+
+/// Where streams in progress are published and joined.
+///
+/// # Behavior
+/// - [`publish`](Self::publish) is called by a key's owner before it calls
+///   the inner service; the returned publisher is told the response head,
+///   each (id-rewritten) event, and the end. Publishing never blocks and
+///   never fails the owner: a backend that cannot deliver drops events, and
+///   its followers then see [`Next::Unsure`] or [`Next::Failed`].
+/// - [`join`](Self::join) finds the stream of `key` run by the owner with
+///   `fence` (the fence of the PENDING record found) if one is known: it
+///   may wait until `deadline` for the owner to know whether its response
+///   is a stream. [`Joined::Unknown`] means "nothing to follow here": the caller
+///   waits for the record in the store instead.
+pub trait LiveEvents: Send + Sync + fmt::Debug {
+    /// Starts publishing one execution.
+    fn publish(&self, stream: LiveStream) -> Box<dyn LivePublisher>;
+
+    /// Joins the stream of `key`, if one is known.
+    fn join<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        fence: u64,
+        deadline: Instant,
+    ) -> BoxFuture<'a, Joined>;
+
+    /// Streams being published by this process now.
+    fn local_streams(&self) -> usize;
+}
+
+/// The owner's side of a published stream. Dropping it without
+/// [`complete`](Self::complete) counts as [`fail`](Self::fail), so a
+/// panicking owner cannot leave followers waiting.
+pub trait LivePublisher: Send + Sync + fmt::Debug {
+    /// The response is an event stream with this head (as attachers get it).
+    fn streaming(&self, status: StatusCode, headers: HeaderMap);
+    /// The response is not an event stream.
+    fn not_streaming(&self);
+    /// One more event, already rewritten with its sequential id.
+    fn event(&self, event: Bytes);
+    /// The stream is stored DONE.
+    fn complete(self: Box<Self>);
+    /// The stream broke; the key was released.
+    fn fail(self: Box<Self>);
+}
+
+/// A follower of one stream.
+pub trait LiveFollower: Send + Sync + fmt::Debug {
+    /// Events after `*cursor` (advancing it by their number), waiting for
+    /// new ones; or how the stream ended once every event was read.
+    fn next<'a>(&'a mut self, cursor: &'a mut usize) -> BoxFuture<'a, Next>;
+}
+
+/// What [`LiveEvents::join`] found.
+#[derive(Debug)]
+pub enum Joined {
+    /// An event stream: follow it.
+    Streaming {
+        /// The response status.
+        status: StatusCode,
+        /// The response headers for attachers.
+        headers: HeaderMap,
+        /// The events.
+        follow: Box<dyn LiveFollower>,
+    },
+    /// Not a stream: wait for DONE in the store.
+    NotStreaming,
+    /// No stream known (none, not yet, or it ended): look at the store.
+    Unknown,
+}
+
+/// The next piece of a followed stream.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Events (concatenated) from the cursor on.
+    Events(Bytes),
+    /// The stream ended cleanly and is stored.
+    End,
+    /// The stream broke, or another owner took the key over.
+    Failed,
+    /// The follower cannot say more for now (quiet for a while, entries
+    /// lost): the caller should look at the store before asking again.
+    Unsure,
+}
+
+/// The in-process backend: streams are visible to duplicates served by
+/// this process only.
+#[derive(Debug, Clone, Default)]
+pub struct InProcessLive {
+    registry: LiveRegistry,
+}
+
+impl LiveEvents for InProcessLive {
+    fn publish(&self, stream: LiveStream) -> Box<dyn LivePublisher> {
+        Box::new(self.registry.publish(stream.key.storage_id()))
+    }
+
+    fn join<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        _fence: u64,
+        deadline: Instant,
+    ) -> BoxFuture<'a, Joined> {
+        Box::pin(async move {
+            let Some(sub) = self.registry.get(&key.storage_id()) else {
+                return Joined::Unknown;
+            };
+            match sub.head(deadline).await {
+                Head::Streaming {
+                    status,
+                    headers,
+                    follow,
+                } => Joined::Streaming {
+                    status,
+                    headers,
+                    follow: Box::new(follow),
+                },
+                Head::NotStreaming => Joined::NotStreaming,
+                Head::Gone => Joined::Unknown,
+            }
+        })
+    }
+
+    fn local_streams(&self) -> usize {
+        self.registry.len()
+    }
+}
+
 /// The execution's progress as subscribers see it.
 #[derive(Debug)]
-pub(crate) struct LiveState {
+struct LiveState {
     phase: Phase,
     events: Vec<Bytes>,
     end: Option<End>,
@@ -54,7 +210,7 @@ enum End {
 
 /// Map from storage id to the live execution of that key in this process.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct LiveRegistry {
+struct LiveRegistry {
     /// Held only to look up, insert or remove, never across an `.await`.
     map: Arc<Mutex<HashMap<String, Arc<watch::Sender<LiveState>>>>>,
 }
@@ -62,7 +218,7 @@ pub(crate) struct LiveRegistry {
 impl LiveRegistry {
     /// Registers the execution of `id` (replacing a stale entry) and returns
     /// its publisher.
-    pub(crate) fn publish(&self, id: String) -> Publisher {
+    fn publish(&self, id: String) -> Publisher {
         let (tx, _) = watch::channel(LiveState {
             phase: Phase::Starting,
             events: Vec::new(),
@@ -79,13 +235,13 @@ impl LiveRegistry {
     }
 
     /// The live execution of `id`, if this process runs one.
-    pub(crate) fn get(&self, id: &str) -> Option<Subscription> {
+    fn get(&self, id: &str) -> Option<Subscription> {
         let tx = self.lock().get(id).cloned()?;
         Some(Subscription { rx: tx.subscribe() })
     }
 
     /// Number of live executions (for tests and diagnostics).
-    pub(crate) fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.lock().len()
     }
 
@@ -98,22 +254,20 @@ impl LiveRegistry {
 /// execution failed (subscribers' streams end with an error) and removes
 /// the entry, so a panicking owner cannot leave a stale entry behind.
 #[derive(Debug)]
-pub(crate) struct Publisher {
+struct Publisher {
     registry: LiveRegistry,
     id: String,
     tx: Arc<watch::Sender<LiveState>>,
     ended: bool,
 }
 
-impl Publisher {
-    /// The response is an event stream with this head.
-    pub(crate) fn streaming(&self, status: StatusCode, headers: HeaderMap) {
+impl LivePublisher for Publisher {
+    fn streaming(&self, status: StatusCode, headers: HeaderMap) {
         self.tx
             .send_modify(|s| s.phase = Phase::Streaming { status, headers });
     }
 
-    /// The response is not an event stream.
-    pub(crate) fn not_streaming(&self) {
+    fn not_streaming(&self) {
         self.tx.send_modify(|s| {
             if matches!(s.phase, Phase::Starting) {
                 s.phase = Phase::NotStreaming;
@@ -121,21 +275,20 @@ impl Publisher {
         });
     }
 
-    /// One more event (already rewritten).
-    pub(crate) fn event(&self, event: Bytes) {
+    fn event(&self, event: Bytes) {
         self.tx.send_modify(|s| s.events.push(event));
     }
 
-    /// The stream is stored DONE.
-    pub(crate) fn complete(mut self) {
+    fn complete(mut self: Box<Self>) {
         self.end(End::Complete);
     }
 
-    /// The stream broke; the key was released.
-    pub(crate) fn fail(mut self) {
+    fn fail(mut self: Box<Self>) {
         self.end(End::Failed);
     }
+}
 
+impl Publisher {
     fn end(&mut self, end: End) {
         if self.ended {
             return;
@@ -157,13 +310,13 @@ impl Drop for Publisher {
 
 /// A subscriber's side.
 #[derive(Debug)]
-pub(crate) struct Subscription {
+struct Subscription {
     rx: watch::Receiver<LiveState>,
 }
 
 /// What a subscriber found when it waited for the response head.
 #[derive(Debug)]
-pub(crate) enum Head {
+enum Head {
     /// An event stream: follow it.
     Streaming {
         status: StatusCode,
@@ -179,7 +332,7 @@ pub(crate) enum Head {
 impl Subscription {
     /// Waits (until `deadline`) for the owner to know whether its response
     /// is a stream.
-    pub(crate) async fn head(mut self, deadline: Instant) -> Head {
+    async fn head(mut self, deadline: Instant) -> Head {
         loop {
             {
                 let s = self.rx.borrow_and_update();
@@ -208,25 +361,18 @@ impl Subscription {
 
 /// Follows a live stream's events.
 #[derive(Debug)]
-pub(crate) struct Follow {
+struct Follow {
     rx: watch::Receiver<LiveState>,
 }
 
-/// The next piece of a followed stream.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Next {
-    /// Events (concatenated) from the cursor on.
-    Events(Bytes),
-    /// The stream ended cleanly and is stored.
-    End,
-    /// The stream broke (or its owner went away).
-    Failed,
+impl LiveFollower for Follow {
+    fn next<'a>(&'a mut self, cursor: &'a mut usize) -> BoxFuture<'a, Next> {
+        Box::pin(self.next_events(cursor))
+    }
 }
 
 impl Follow {
-    /// Events after `*cursor` (advancing it), waiting for new ones; or how
-    /// the stream ended once every event was read.
-    pub(crate) async fn next(&mut self, cursor: &mut usize) -> Next {
+    async fn next_events(&mut self, cursor: &mut usize) -> Next {
         loop {
             {
                 let s = self.rx.borrow_and_update();
@@ -259,7 +405,6 @@ impl Follow {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     fn deadline() -> Instant {
         Instant::now() + Duration::from_secs(5)
@@ -268,7 +413,7 @@ mod tests {
     #[tokio::test]
     async fn subscriber_sees_events_so_far_then_live_ones_then_the_end() {
         let reg = LiveRegistry::default();
-        let p = reg.publish("k".into());
+        let p = Box::new(reg.publish("k".into()));
         p.streaming(StatusCode::OK, HeaderMap::new());
         p.event(Bytes::from_static(b"a"));
         p.event(Bytes::from_static(b"b"));
@@ -302,7 +447,7 @@ mod tests {
     #[tokio::test]
     async fn a_dropped_publisher_fails_its_subscribers_and_leaves() {
         let reg = LiveRegistry::default();
-        let p = reg.publish("k".into());
+        let p = Box::new(reg.publish("k".into()));
         p.streaming(StatusCode::OK, HeaderMap::new());
         let Head::Streaming { mut follow, .. } = reg.get("k").unwrap().head(deadline()).await
         else {
@@ -317,15 +462,15 @@ mod tests {
     #[tokio::test]
     async fn non_streaming_and_failed_heads() {
         let reg = LiveRegistry::default();
-        let p = reg.publish("a".into());
+        let p = Box::new(reg.publish("a".into()));
         let sub = reg.get("a").unwrap();
         p.not_streaming();
         assert!(matches!(sub.head(deadline()).await, Head::NotStreaming));
-        let q = reg.publish("b".into());
+        let q = Box::new(reg.publish("b".into()));
         let sub = reg.get("b").unwrap();
         q.fail();
         assert!(matches!(sub.head(deadline()).await, Head::Gone));
-        let _r = reg.publish("c".into());
+        let _r = Box::new(reg.publish("c".into()));
         let sub = reg.get("c").unwrap();
         let soon = Instant::now() + Duration::from_millis(10);
         assert!(matches!(sub.head(soon).await, Head::Gone));
@@ -334,8 +479,8 @@ mod tests {
     #[tokio::test]
     async fn a_replaced_entry_is_not_removed_by_the_old_publisher() {
         let reg = LiveRegistry::default();
-        let old = reg.publish("k".into());
-        let new = reg.publish("k".into());
+        let old = Box::new(reg.publish("k".into()));
+        let new = Box::new(reg.publish("k".into()));
         old.fail();
         assert!(reg.get("k").is_some());
         new.complete();

@@ -25,7 +25,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, head
 use http_body_util::BodyExt;
 use idemgate_engine::{
     AttemptOutcome, Begin, BeginError, ClientKey, Engine, Fenced, Fingerprint, InFlight,
-    LeaseGuard, Record, ScopedKey, Settled, StoreError,
+    LeaseGuard, Record, RecordState, ScopedKey, Settled, StoreError,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -36,12 +36,15 @@ use tracing::Instrument;
 
 use crate::config::{InflightMode, KeyMode, LayerConfig, StoreErrorMode};
 use crate::key::{KeyRefusal, client_key, derive_key, tenant_of};
-use crate::live::{Follow, Head, LiveRegistry, Next, Publisher};
+use crate::live::{
+    InProcessLive, Joined, LiveEvents, LiveFollower, LivePublisher, LiveStream, Next,
+};
 use crate::operations;
 use crate::problem::Problem;
 use crate::sse::{EventScanner, is_event_stream, parse_last_event_id, rewrite_id};
 use crate::stored::{StoredBody, StoredResponse, StreamUsage, usage_of_json};
 use crate::telemetry::{Metrics, Outcome};
+use sha2::{Digest, Sha256};
 
 /// Response header saying whether the response was replayed.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -82,8 +85,9 @@ pub struct ShutdownReport {
 pub(crate) struct Shared {
     pub(crate) engine: Engine,
     pub(crate) config: LayerConfig,
-    /// Streams being generated in this process, for `Attach`.
-    live: LiveRegistry,
+    /// Streams being generated, for `Attach` (this process's, or shared
+    /// between replicas).
+    live: Arc<dyn LiveEvents>,
     /// Detached executions, so shutdown can wait for them.
     tracker: TaskTracker,
     /// Cancels detached executions once the shutdown grace has run out.
@@ -100,13 +104,24 @@ pub struct IdempotencyLayer {
 
 impl IdempotencyLayer {
     /// A layer protecting a route with `config`, keeping records in `engine`.
+    /// Streams in progress are visible to duplicates served by this process.
     pub fn new(engine: Engine, config: LayerConfig) -> Self {
+        Self::with_live_events(engine, config, Arc::new(InProcessLive::default()))
+    }
+
+    /// Like [`IdempotencyLayer::new`], with streams in progress published
+    /// through `live` (e.g. shared by every replica of a gateway).
+    pub fn with_live_events(
+        engine: Engine,
+        config: LayerConfig,
+        live: Arc<dyn LiveEvents>,
+    ) -> Self {
         Self {
             shared: Arc::new(Shared {
                 engine,
                 metrics: Metrics::new(&config.namespace),
                 config,
-                live: LiveRegistry::default(),
+                live,
                 tracker: TaskTracker::new(),
                 cancel: CancellationToken::new(),
             }),
@@ -130,7 +145,7 @@ impl IdempotencyLayer {
 
     /// Streams of this process that duplicates can attach to now.
     pub fn live_streams(&self) -> usize {
-        self.shared.live.len()
+        self.shared.live.local_streams()
     }
 
     /// Graceful shutdown: waits up to `grace` for detached executions to
@@ -565,32 +580,33 @@ where
     S::Future: Send,
 {
     let deadline = Instant::now() + max;
-    let id = keyed.scoped.storage_id();
     loop {
         // Another process (or the instant before the owner registers):
         // look at the store in short slices, and at the registry between.
         let mut slice = Duration::from_millis(100);
-        if let Some(sub) = shared.live.get(&id) {
-            match sub.head(deadline).await {
-                Head::Streaming {
-                    status,
-                    headers,
-                    follow,
-                } => {
-                    inflight
-                        .note(AttemptOutcome::Attached, Some(status.as_u16()))
-                        .await;
-                    // Tokens saved are counted when the stored result is
-                    // replayed; a joined live stream has no stored usage yet.
-                    shared
-                        .metrics
-                        .request(Outcome::Attached, Some(&keyed.scoped));
-                    return attached_response(status, headers, follow, keyed.skip);
-                }
-                // The owner stores before answering: wait for DONE.
-                Head::NotStreaming => slice = max,
-                Head::Gone => {}
+        let fence = match inflight.record().state {
+            RecordState::Pending { fence, .. } => fence,
+            RecordState::Done { .. } => 0,
+        };
+        match shared.live.join(&keyed.scoped, fence, deadline).await {
+            Joined::Streaming {
+                status,
+                headers,
+                follow,
+            } => {
+                inflight
+                    .note(AttemptOutcome::Attached, Some(status.as_u16()))
+                    .await;
+                // Tokens saved are counted when the stored result is
+                // replayed; a joined live stream has no stored usage yet.
+                shared
+                    .metrics
+                    .request(Outcome::Attached, Some(&keyed.scoped));
+                return attached_response(&shared, &keyed, status, headers, follow, max);
             }
+            // The owner stores before answering: wait for DONE.
+            Joined::NotStreaming => slice = max,
+            Joined::Unknown => {}
         }
         let remaining = deadline.saturating_duration_since(Instant::now());
         if remaining.is_zero() {
@@ -638,17 +654,30 @@ where
 struct StreamBroken;
 
 fn attached_response(
+    shared: &Arc<Shared>,
+    keyed: &Keyed,
     status: StatusCode,
     headers: HeaderMap,
-    follow: Follow,
-    skip: usize,
+    follow: Box<dyn LiveFollower>,
+    wait: Duration,
 ) -> Response {
-    let stream = futures_util::stream::unfold(Some((follow, skip)), |state| async move {
-        let (mut follow, mut cursor) = state?;
-        match follow.next(&mut cursor).await {
-            Next::Events(chunk) => Some((Ok(chunk), Some((follow, cursor)))),
-            Next::End => None,
-            Next::Failed => Some((Err(StreamBroken), None)),
+    let following = Following {
+        follow,
+        cursor: keyed.skip,
+        first: keyed.skip,
+        sent: Sha256::new(),
+        shared: Arc::clone(shared),
+        key: keyed.scoped.clone(),
+        fingerprint: keyed.fingerprint,
+        wait,
+        done: false,
+    };
+    let stream = futures_util::stream::unfold(Some(following), |state| async move {
+        let mut f = state?;
+        match f.step().await {
+            Some(Ok(chunk)) => Some((Ok(chunk), Some(f))),
+            Some(Err(broken)) => Some((Err(broken), None)),
+            None => None,
         }
     });
     let mut res = Response::new(Body::from_stream(stream));
@@ -657,6 +686,90 @@ fn attached_response(
     res.headers_mut()
         .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     res
+}
+
+/// An attached client's stream: live events, and the stored record when
+/// the live feed cannot say more.
+struct Following {
+    follow: Box<dyn LiveFollower>,
+    /// Events the client has (its `Last-Event-ID`, then what was sent).
+    cursor: usize,
+    /// The cursor the client came with.
+    first: usize,
+    /// Hash of the events sent, to check them against a stored result.
+    sent: Sha256,
+    shared: Arc<Shared>,
+    key: ScopedKey,
+    fingerprint: Fingerprint,
+    /// How long to wait for the record to settle once the feed broke.
+    wait: Duration,
+    /// The rest came from the stored record: nothing more to send.
+    done: bool,
+}
+
+impl Following {
+    /// The next chunk for the client, `None` at a clean end.
+    async fn step(&mut self) -> Option<Result<Bytes, StreamBroken>> {
+        if self.done {
+            return None;
+        }
+        loop {
+            match self.follow.next(&mut self.cursor).await {
+                Next::Events(chunk) => {
+                    self.sent.update(&chunk);
+                    return Some(Ok(chunk));
+                }
+                Next::End => return None,
+                Next::Failed => return Some(Err(StreamBroken)),
+                Next::Unsure => match self.rest_from_store().await {
+                    Ok(Some(rest)) => {
+                        self.done = true;
+                        return Some(Ok(rest));
+                    }
+                    Ok(None) => {}
+                    Err(broken) => return Some(Err(broken)),
+                },
+            }
+        }
+    }
+
+    /// Looks at the record: `Ok(None)` while it is PENDING (follow on),
+    /// the events after the cursor once it is DONE — provided the events
+    /// already sent are the stored ones — and an error otherwise.
+    async fn rest_from_store(&self) -> Result<Option<Bytes>, StreamBroken> {
+        let store = self.shared.engine.store();
+        let record = match store.get(&self.key).await {
+            Ok(Some(record)) => record,
+            Ok(None) => return Err(StreamBroken),
+            Err(e) => {
+                tracing::warn!(error = %e, "store failed while following a stream");
+                return Err(StreamBroken);
+            }
+        };
+        if record.fingerprint != self.fingerprint {
+            return Err(StreamBroken);
+        }
+        let Some(payload) = record.payload() else {
+            store
+                .changed(&self.key, self.wait.min(Duration::from_millis(100)))
+                .await;
+            return Ok(None);
+        };
+        let stored = StoredResponse::decode(payload).map_err(|_| StreamBroken)?;
+        let StoredBody::Events(events) = &stored.body else {
+            return Err(StreamBroken);
+        };
+        let sent = events.get(self.first..self.cursor).ok_or(StreamBroken)?;
+        let mut check = Sha256::new();
+        for e in sent {
+            check.update(e);
+        }
+        if check.finalize() != self.sent.clone().finalize() {
+            tracing::warn!("the stored stream is not the one followed; stream ended");
+            return Err(StreamBroken);
+        }
+        Ok(Some(stored.body_bytes(self.cursor)))
+    }
 }
 
 /// What the client's streaming body receives from the detached execution.
@@ -690,8 +803,13 @@ where
     S::Future: Send,
 {
     let cfg = &shared.config;
-    let publisher = matches!(cfg.on_inflight, InflightMode::Attach(_))
-        .then(|| shared.live.publish(keyed.scoped.storage_id()));
+    let publisher = matches!(cfg.on_inflight, InflightMode::Attach(_)).then(|| {
+        shared.live.publish(LiveStream {
+            key: keyed.scoped.clone(),
+            fence: guard.lease().fence,
+            horizon: cfg.completion_timeout,
+        })
+    });
     let (reply_tx, reply_rx) = oneshot::channel();
     let request = keyed.request();
     let task = Detached {
@@ -741,7 +859,7 @@ struct Detached {
     /// The client's streaming body, once the head is sent.
     body_tx: Option<mpsc::UnboundedSender<Chunk>>,
     /// Live state for duplicates that attach (Attach mode only).
-    publisher: Option<Publisher>,
+    publisher: Option<Box<dyn LivePublisher>>,
     /// Events relayed so far (stream responses).
     events: usize,
     /// The inner service's status, for the timeline.

@@ -11,7 +11,9 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use idemgate_engine::{Attempt, AttemptOutcome, Claim, ClientKey, Fingerprint, ScopedKey, Store};
+use idemgate_engine::{
+    Attempt, AttemptOutcome, Begin, Claim, ClientKey, Engine, Fingerprint, ScopedKey, Store,
+};
 use idemgate_postgres::{PostgresOptions, PostgresStore};
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -41,7 +43,14 @@ async fn main() {
         .schema(&schema)
         .max_connections(2)
         .purge_interval(None);
-    let store = PostgresStore::connect_with(&url, opts).await.unwrap();
+    let store = PostgresStore::connect_with(&url, opts.clone())
+        .await
+        .unwrap();
+    // The same store with timeline entries written on the request path, to
+    // show what the background writer saves a replay.
+    let inline = PostgresStore::connect_with(&url, opts.background_timeline(false))
+        .await
+        .unwrap();
     let fp = Fingerprint::of_request("POST", "/v1/chat/completions", b"{\"m\":1}", &[]);
     let ttl = Duration::from_secs(300);
     let payload = Bytes::from(vec![b'x'; 1024]);
@@ -52,7 +61,11 @@ async fn main() {
         status: Some(200),
         latency_us: 0,
     };
+    let engine = Engine::new(std::sync::Arc::new(store.clone()));
     let (mut claim, mut complete, mut replay) = (Vec::new(), Vec::new(), Vec::new());
+    let mut engine_replay = Vec::new();
+    let inline_engine = Engine::new(std::sync::Arc::new(inline));
+    let mut inline_replay = Vec::new();
     for i in 0..n + n / 10 {
         let key = ScopedKey::new("bench", "ns", ClientKey::mint());
         let t = Instant::now();
@@ -71,10 +84,23 @@ async fn main() {
             panic!("replay claimed")
         };
         let r = t.elapsed();
+        // Through the engine a replay also appends a timeline entry.
+        let t = Instant::now();
+        let Begin::Done(_) = engine.begin(&key, &fp).await.unwrap() else {
+            panic!("engine replay claimed")
+        };
+        let e = t.elapsed();
+        let t = Instant::now();
+        let Begin::Done(_) = inline_engine.begin(&key, &fp).await.unwrap() else {
+            panic!("engine replay claimed")
+        };
+        let s = t.elapsed();
         if i >= n / 10 {
             claim.push(c);
             complete.push(d);
             replay.push(r);
+            engine_replay.push(e);
+            inline_replay.push(s);
         }
     }
     sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
@@ -85,4 +111,6 @@ async fn main() {
     report("claim", claim);
     report("complete", complete);
     report("replay", replay);
+    report("eng.replay", engine_replay);
+    report("eng.inline", inline_replay);
 }

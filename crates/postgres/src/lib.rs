@@ -14,6 +14,8 @@
 //! - [`store`]: [`PostgresStore`], its [`PostgresOptions`], the `Store`
 //!   implementation, [`PostgresStore::complete_in`] and the background purge.
 //! - `sql`: every statement and the schema migrations.
+//! - `timeline`: the background writer of timeline entries that change no
+//!   record (replays, conflicts), one statement per batch.
 //! - `error`: the one mapping from sqlx errors to `StoreError` kinds.
 //!
 //! # The key decision
@@ -23,6 +25,12 @@
 //! database itself decide the one winner among concurrent claimers on any
 //! number of replicas; fenced writes are `UPDATE … WHERE id AND token AND
 //! fence`. Time is the database clock (`now()`), one clock for every replica.
+//!
+//! A replay is one statement: the claim finds the live DONE row and returns
+//! it without writing. The timeline entry the engine adds for it goes to a
+//! background writer that inserts entries in batches (best effort, as the
+//! `Store` trait allows), so the request waits for no second round trip
+//! and no second commit.
 //!
 //! Because the record is an ordinary row, a service that keeps its business
 //! data in the same database can write DONE inside its own transaction
@@ -34,5 +42,6 @@
 mod error;
 mod sql;
 pub mod store;
+mod timeline;
 
 pub use store::{PostgresOptions, PostgresStore};

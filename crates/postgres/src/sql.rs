@@ -42,6 +42,10 @@ pub(crate) struct Sql {
     pub(crate) release: Arc<str>,
     pub(crate) get: Arc<str>,
     pub(crate) record_attempt: Arc<str>,
+    /// Appends many entries (of any keys) in one statement: the background
+    /// timeline writer's batch. `$1` ids, `$2` entries (JSON text), `$3`
+    /// keep-for ms, in order.
+    pub(crate) record_attempts: Arc<str>,
     pub(crate) timeline: Arc<str>,
     pub(crate) purge_records: Arc<str>,
     pub(crate) purge_timeline: Arc<str>,
@@ -131,10 +135,28 @@ impl Sql {
             trim = trim("$1"),
             k = after_ms("$3"),
         );
+        // Several new entries of one key make the trim keep a few more than
+        // `MAX_TIMELINE` rows until the key's next append; reads return the
+        // newest `MAX_TIMELINE` only.
+        let record_attempts = format!(
+            "WITH new AS (\
+               SELECT n.id, n.entry, n.keep_ms, n.ord \
+               FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY \
+                 AS n(id, entry, keep_ms, ord)), \
+             trimmed AS (DELETE FROM {tl} t WHERE t.id IN (SELECT DISTINCT id FROM new) \
+               AND t.seq <= (SELECT s.seq FROM {tl} s WHERE s.id = t.id \
+                             ORDER BY s.seq DESC OFFSET {skip} LIMIT 1)) \
+             INSERT INTO {tl} (id, entry, keep_until) \
+             SELECT id, entry::jsonb, {k} FROM new ORDER BY ord",
+            k = after_ms("keep_ms"),
+        );
+        // Entries written in the background may land after a later
+        // completion's: the newest rows, ordered by the attempts' own time.
         let read_timeline = format!(
             "SELECT entry::text AS entry FROM (\
                SELECT seq, entry FROM {tl} WHERE id = $1 AND keep_until > now() \
-               ORDER BY seq DESC LIMIT {keep}) newest ORDER BY seq"
+               ORDER BY seq DESC LIMIT {keep}) newest \
+             ORDER BY (entry->>'at_ms')::bigint, seq"
         );
         // The outer `expires_at` test is re-checked on the latest row version
         // should a claim revive the row meanwhile, so a live record is never
@@ -189,6 +211,7 @@ impl Sql {
             release: release.into(),
             get: get.into(),
             record_attempt: record_attempt.into(),
+            record_attempts: record_attempts.into(),
             timeline: read_timeline.into(),
             purge_records: purge_records.into(),
             purge_timeline: purge_timeline.into(),

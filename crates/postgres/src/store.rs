@@ -19,6 +19,7 @@ use sqlx::{AssertSqlSafe, PgConnection, Row};
 
 use crate::error::{BACKEND, corrupt, map_error};
 use crate::sql::{SCHEMA_VERSION, Sql, valid_identifier};
+use crate::timeline::{Entry, TimelineWriter};
 
 /// Settings of a [`PostgresStore`]. `Default` gives the documented defaults.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,6 +44,11 @@ pub struct PostgresOptions {
     pub purge_batch: u32,
     /// Whether connecting creates or upgrades the schema (default true).
     pub migrate: bool,
+    /// Whether timeline entries that change no record (replays,
+    /// conflicts, mismatches) are written by a background task in batches
+    /// (default true), so that a replay costs one round trip instead of two.
+    /// Such entries are best effort either way.
+    pub background_timeline: bool,
 }
 
 impl Default for PostgresOptions {
@@ -56,6 +62,7 @@ impl Default for PostgresOptions {
             purge_interval: Some(Duration::from_secs(30)),
             purge_batch: 1000,
             migrate: true,
+            background_timeline: true,
         }
     }
 }
@@ -76,6 +83,13 @@ impl PostgresOptions {
     /// Sets the bound on one operation.
     pub fn operation_timeout(mut self, timeout: Duration) -> Self {
         self.operation_timeout = timeout;
+        self
+    }
+
+    /// Sets whether timeline entries of replays and conflicts are written in
+    /// the background.
+    pub fn background_timeline(mut self, on: bool) -> Self {
+        self.background_timeline = on;
         self
     }
 
@@ -109,6 +123,8 @@ struct Inner {
     sql: Sql,
     opts: PostgresOptions,
     notify: KeyedNotify,
+    /// Background writer of timeline entries that change no record.
+    timeline: Option<TimelineWriter>,
 }
 
 impl PostgresStore {
@@ -183,12 +199,22 @@ impl PostgresStore {
             &opts.timeline_table,
             opts.purge_batch.max(1),
         );
+        let timeline = if opts.background_timeline {
+            TimelineWriter::start(
+                pool.clone(),
+                Arc::clone(&sql.record_attempts),
+                opts.operation_timeout,
+            )
+        } else {
+            None
+        };
         let store = Self {
             inner: Arc::new(Inner {
                 pool,
                 sql,
                 opts,
                 notify: KeyedNotify::new(),
+                timeline,
             }),
         };
         if store.inner.opts.migrate {
@@ -600,6 +626,14 @@ impl Store for PostgresStore {
         ttl: Duration,
     ) -> Result<(), StoreError> {
         let entry = attempt_json(attempt)?;
+        if let Some(writer) = &self.inner.timeline {
+            writer.push(Entry {
+                id: key.storage_id(),
+                json: entry,
+                keep_ms: ttl_param(ttl),
+            });
+            return Ok(());
+        }
         self.bounded("record_attempt", async {
             sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.record_attempt)))
                 .bind(key.storage_id())

@@ -84,7 +84,7 @@ async fn one_statement_per_operation() {
     let _ = store.release(&l2, &attempt(), LONG).await.unwrap();
     store.record_attempt(&warm, &attempt(), LONG).await.unwrap();
     store.get(&warm).await.unwrap();
-    store.timeline(&warm).await.unwrap();
+    landed(&store, &warm, 2).await;
     let Claim::Acquired(lease) = store.claim(&warm, &fp(), LONG).await.unwrap() else {
         panic!("warm-up claim")
     };
@@ -128,17 +128,75 @@ async fn one_statement_per_operation() {
         2,
         "engine first execution"
     );
+    // A replay is the claim; the timeline entry the engine adds for it is
+    // written by the background writer, off the request path (one more
+    // statement, counted once it has landed; the polls are subtracted).
     let before = statements(&admin).await;
     let again = engine
         .execute(&k, &fp(), || async { Ok::<_, std::io::Error>(2u8) })
         .await
         .unwrap();
     assert!(again.replayed());
+    let polls = landed(&store, &k, 2).await;
     assert_eq!(
-        statements(&admin).await - before,
+        statements(&admin).await - before - polls,
         2,
-        "engine replay: claim + timeline entry"
+        "engine replay: claim + background timeline entry"
     );
+}
+
+/// Waits until `key`'s timeline holds `n` entries; returns how many
+/// timeline reads that took.
+async fn landed(store: &PostgresStore, key: &ScopedKey, n: usize) -> i64 {
+    for polls in 1..=200 {
+        if store.timeline(key).await.unwrap().len() >= n {
+            return polls;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timeline of {key:?} never reached {n} entries");
+}
+
+/// Timeline entries of replays are batched: 64 entries queued without the
+/// caller yielding (one thread) are written with one statement, and all of
+/// them land, in order.
+#[tokio::test]
+async fn background_timeline_entries_are_batched() {
+    let pg = private().await;
+    let admin = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&pg.url())
+        .await
+        .unwrap();
+    sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .execute(&admin)
+        .await
+        .unwrap();
+    let opts = PostgresOptions::default()
+        .max_connections(1)
+        .purge_interval(None);
+    let store = PostgresStore::connect_with(&pg.url(), opts).await.unwrap();
+    let warm = key();
+    store.record_attempt(&warm, &attempt(), LONG).await.unwrap();
+    landed(&store, &warm, 1).await;
+
+    let k = key();
+    let before = statements(&admin).await;
+    for i in 0..64u64 {
+        let mut a = attempt();
+        a.outcome = AttemptOutcome::Replayed;
+        a.latency_us = i;
+        store.record_attempt(&k, &a, LONG).await.unwrap();
+    }
+    let polls = landed(&store, &k, 64).await;
+    assert_eq!(
+        statements(&admin).await - before - polls,
+        1,
+        "64 entries, one statement"
+    );
+    let tl = store.timeline(&k).await.unwrap();
+    assert_eq!(tl.len(), 64);
+    assert!(tl.iter().map(|a| a.latency_us).eq(0..64), "in order");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

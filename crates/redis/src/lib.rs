@@ -13,6 +13,8 @@
 //! - [`store`]: [`RedisStore`], its [`RedisOptions`], key naming and reply decoding.
 //! - `scripts`: the Lua scripts behind claim, renew, complete, release and
 //!   timeline appends.
+//! - `timeline`: the background writer of timeline entries that change no
+//!   record (replays, conflicts), batched off the request path.
 //! - `error`: the one mapping from driver errors to `StoreError` kinds.
 //!
 //! # The key decision
@@ -26,6 +28,11 @@
 //! alternative — `WATCH`/`MULTI` transactions — costs several round trips and
 //! retries under contention, which is exactly when a claim must be fast.
 //!
+//! A replay is therefore one round trip: the claim script finds DONE and
+//! returns it. The timeline entry the engine adds for it is handed to a
+//! background writer that appends entries in batches (best effort, as the
+//! `Store` trait allows), so it costs the request no second round trip.
+//!
 //! Fences are `max(last fence + 1, server time in µs)`: strictly growing per
 //! key while the last one is remembered (a small per-key counter kept for
 //! [`RedisOptions::fence_memory`]), and still growing after it is forgotten.
@@ -33,5 +40,6 @@
 mod error;
 mod scripts;
 pub mod store;
+mod timeline;
 
-pub use store::{RedisOptions, RedisStore};
+pub use store::{RedisOptions, RedisStore, cluster_nodes, hash_tag};

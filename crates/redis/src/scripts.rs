@@ -100,6 +100,19 @@ push(KEYS[1], ARGV[1], ARGV[2], ARGV[3])
 return 1
 ";
 
+/// Timeline append of several entries of one key (the background writer).
+/// KEYS: timeline. ARGV: max, ttl ms, entry JSON…
+const RECORD_MANY: &str = r"
+for i = 3, #ARGV do
+  redis.call('RPUSH', KEYS[1], ARGV[i])
+end
+redis.call('LTRIM', KEYS[1], -tonumber(ARGV[1]), -1)
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 1
+";
+
 /// The compiled scripts (their SHA1s are computed once).
 #[derive(Debug)]
 pub(crate) struct Scripts {
@@ -108,6 +121,7 @@ pub(crate) struct Scripts {
     pub(crate) complete: Script,
     pub(crate) release: Script,
     pub(crate) record: Script,
+    pub(crate) record_many: Script,
 }
 
 impl Scripts {
@@ -119,6 +133,7 @@ impl Scripts {
             complete: with_helpers(COMPLETE),
             release: with_helpers(RELEASE),
             record: with_helpers(RECORD),
+            record_many: Script::new(RECORD_MANY),
         }
     }
 }

@@ -19,6 +19,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{BACKEND, corrupt, map_error};
 use crate::scripts::Scripts;
+use crate::timeline::{Entry, TimelineWriter};
 
 /// Settings of a [`RedisStore`]. `Default` gives the documented defaults.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,6 +39,11 @@ pub struct RedisOptions {
     /// (default 7 days). Beyond that, fences still grow because they are at
     /// least the server time in µs.
     pub fence_memory: Duration,
+    /// Whether timeline entries that change no record (replays,
+    /// conflicts, mismatches) are written by a background task in batches
+    /// (default true), so that a replay costs one round trip instead of two.
+    /// Such entries are best effort either way.
+    pub background_timeline: bool,
 }
 
 impl Default for RedisOptions {
@@ -48,6 +54,7 @@ impl Default for RedisOptions {
             connection_timeout: Duration::from_secs(1),
             operation_timeout: Duration::from_millis(1500),
             fence_memory: Duration::from_secs(7 * 24 * 3600),
+            background_timeline: true,
         }
     }
 }
@@ -82,13 +89,20 @@ impl RedisOptions {
         self.fence_memory = memory;
         self
     }
+
+    /// Sets whether timeline entries of replays and conflicts are written in
+    /// the background.
+    pub fn background_timeline(mut self, on: bool) -> Self {
+        self.background_timeline = on;
+        self
+    }
 }
 
 /// One connection to a single node (reconnecting `ConnectionManager`) or to
 /// a cluster (the cluster client reconnects and follows slot moves itself).
 /// Both are cheap clones of a shared multiplexed connection.
 #[derive(Clone)]
-enum Conn {
+pub(crate) enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
 }
@@ -119,6 +133,8 @@ pub struct RedisStore {
     opts: RedisOptions,
     scripts: std::sync::Arc<Scripts>,
     notify: std::sync::Arc<KeyedNotify>,
+    /// Background writer of timeline entries that change no record.
+    timeline: Option<std::sync::Arc<TimelineWriter>>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -195,11 +211,24 @@ impl RedisStore {
             tokio::time::timeout(opts.connection_timeout + opts.operation_timeout, connecting)
                 .await
                 .map_err(|_| timed_out("connect"))??;
+        let scripts = std::sync::Arc::new(Scripts::new());
+        let timeline = if opts.background_timeline {
+            TimelineWriter::start(
+                conn.clone(),
+                std::sync::Arc::clone(&scripts),
+                MAX_TIMELINE,
+                opts.operation_timeout,
+            )
+            .map(std::sync::Arc::new)
+        } else {
+            None
+        };
         Ok(Self {
             conn,
             opts,
-            scripts: std::sync::Arc::new(Scripts::new()),
+            scripts,
             notify: std::sync::Arc::new(KeyedNotify::new()),
+            timeline,
         })
     }
 
@@ -257,15 +286,23 @@ impl RedisStore {
     }
 }
 
-/// The keys of `key`'s record. The hash tag holds 32 hex digits of SHA-256
-/// of the storage id, so all three land in one slot whatever the user text.
-fn record_keys(prefix: &str, key: &ScopedKey) -> Keys {
+/// The hash tag of `key`'s Redis keys, braces included: 32 hex digits of
+/// SHA-256 of the storage id. Every key kept for one record (and anything
+/// another component keeps next to it, such as its live event stream) is
+/// named `<prefix>:<tag>:<suffix>`, so all land in one cluster slot whatever
+/// the user text.
+pub fn hash_tag(key: &ScopedKey) -> String {
     let digest = Sha256::digest(key.storage_id().as_bytes());
-    let tag = hex::encode(&digest[..16]);
+    format!("{{{}}}", hex::encode(&digest[..16]))
+}
+
+/// The keys of `key`'s record, all under one hash tag.
+fn record_keys(prefix: &str, key: &ScopedKey) -> Keys {
+    let tag = hash_tag(key);
     Keys {
-        rec: format!("{prefix}:{{{tag}}}:rec"),
-        tl: format!("{prefix}:{{{tag}}}:tl"),
-        fence: format!("{prefix}:{{{tag}}}:fence"),
+        rec: format!("{prefix}:{tag}:rec"),
+        tl: format!("{prefix}:{tag}:tl"),
+        fence: format!("{prefix}:{tag}:fence"),
     }
 }
 
@@ -279,7 +316,7 @@ fn timed_out(what: &str) -> StoreError {
 
 /// Splits `redis+cluster://[auth@]h1:p1,h2:p2[/…]` into one `redis://` URL per
 /// node; `None` for any other scheme.
-fn cluster_nodes(url: &str) -> Option<Vec<String>> {
+pub fn cluster_nodes(url: &str) -> Option<Vec<String>> {
     let rest = url.strip_prefix("redis+cluster://")?;
     let (auth, hosts) = match rest.rsplit_once('@') {
         Some((auth, hosts)) => (format!("{auth}@"), hosts),
@@ -498,6 +535,14 @@ impl Store for RedisStore {
         ttl: Duration,
     ) -> Result<(), StoreError> {
         let k = self.keys(key);
+        if let Some(writer) = &self.timeline {
+            writer.push(Entry {
+                key: k.tl,
+                json: attempt_json(attempt)?,
+                ttl_ms: ttl_ms(ttl),
+            });
+            return Ok(());
+        }
         let _: i64 = self
             .invoke(
                 "record_attempt",
@@ -517,13 +562,17 @@ impl Store for RedisStore {
         let mut cmd = redis::cmd("LRANGE");
         cmd.arg(&k.tl).arg(0).arg(-1);
         let entries: Vec<Vec<u8>> = self.query("timeline", &cmd).await?;
-        entries
+        let mut attempts = entries
             .iter()
             .map(|e| {
                 serde_json::from_slice(e)
                     .map_err(|err| corrupt("timeline entry is not an attempt").with_source(err))
             })
-            .collect()
+            .collect::<Result<Vec<Attempt>, StoreError>>()?;
+        // Entries written in the background may land after a later
+        // completion's: order by time (stable, so ties keep list order).
+        attempts.sort_by_key(|a| a.at_ms);
+        Ok(attempts)
     }
 
     async fn changed(&self, key: &ScopedKey, max: Duration) {

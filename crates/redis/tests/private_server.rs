@@ -141,7 +141,9 @@ async fn one_round_trip_per_operation() {
     assert_eq!(delta(before, stats()), c(0, 0, 1), "timeline: one LRANGE");
 
     // Through the engine: a first execution is claim + complete; a replay is
-    // the claim plus the timeline entry the engine appends (record_attempt).
+    // the claim, and the timeline entry the engine appends for it
+    // (record_attempt) is written by the background writer, off the
+    // request path: one more EVALSHA, counted once it has landed.
     let engine = Engine::new(Arc::new(store.clone()));
     let k = key();
     let before = stats();
@@ -157,11 +159,62 @@ async fn one_round_trip_per_operation() {
         .await
         .unwrap();
     assert!(again.replayed());
+    landed(&store, &k, 2).await;
+    let d = delta(before, stats());
     assert_eq!(
-        delta(before, stats()),
-        c(2, 1, 0),
-        "engine replay: claim + timeline entry"
+        (d.evalsha, d.hmget, d.stray),
+        (2, 1, 0),
+        "engine replay: claim + background timeline entry"
     );
+}
+
+/// Waits until `key`'s timeline holds `n` entries.
+async fn landed(store: &RedisStore, key: &ScopedKey, n: usize) {
+    for _ in 0..200 {
+        if store.timeline(key).await.unwrap().len() >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timeline of {key:?} never reached {n} entries");
+}
+
+/// Timeline entries of replays are batched: 64 entries queued without the
+/// caller yielding (one thread) are written with one script call, and all
+/// of them land, in order.
+#[tokio::test]
+async fn background_timeline_entries_are_batched() {
+    let root = tempfile::tempdir().unwrap();
+    let server = tokio::task::spawn_blocking({
+        let root = root.path().to_owned();
+        move || Server::start(&root, false)
+    })
+    .await
+    .unwrap();
+    let store = RedisStore::connect_with(&server.url(), support::options())
+        .await
+        .unwrap();
+    // Warm up: the first call of the batch script loads it.
+    let warm = key();
+    store.record_attempt(&warm, &attempt(), LONG).await.unwrap();
+    landed(&store, &warm, 1).await;
+
+    let k = key();
+    // `counts` blocks this (only) thread briefly: nothing else needs it then.
+    let c0 = counts(&server);
+    for i in 0..64u64 {
+        let mut a = attempt();
+        a.outcome = AttemptOutcome::Replayed;
+        a.latency_us = i;
+        store.record_attempt(&k, &a, LONG).await.unwrap();
+    }
+    landed(&store, &k, 64).await;
+    let d = delta(c0, counts(&server));
+    assert_eq!(d.evalsha, 1, "64 entries, one script call: {d:?}");
+    assert_eq!(d.stray, 0);
+    let tl = store.timeline(&k).await.unwrap();
+    assert_eq!(tl.len(), 64);
+    assert!(tl.iter().map(|a| a.latency_us).eq(0..64), "in order");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The gateway load benchmark (bench/gateway.sh) on each store, one after the
+# other in one run so the figures compare: SQLite (the embedded default),
+# Redis (the shared server, a random key prefix) and PostgreSQL (the shared
+# server, db `test`, a random schema). Each store's keys are removed after.
+# Usage: bench/replicas.sh [sqlite] [redis] [postgres] [redis-inline] [postgres-inline]
+#   (default: the first three; `-inline` writes replay timeline entries on the
+#   request path, as before the background writer, for comparison)
+# Env: as bench/gateway.sh; REDIS_URL (redis://127.0.0.1:6379),
+#      POSTGRES_URL (postgres://postgres@127.0.0.1:5432/test), PG_POOL (16)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
+POSTGRES_URL=${POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}
+PG_POOL=${PG_POOL:-16}
+STORES=("$@"); [ ${#STORES[@]} -eq 0 ] && STORES=(sqlite redis postgres)
+
+# One binary for every run, copied out of the shared target directory so a
+# concurrent build cannot swap it mid-run.
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+cargo build --release -q -p idemgate
+cp "${CARGO_TARGET_DIR:-target}/release/idemgate" "$WORK/idemgate"
+export BENCH_BIN="$WORK/idemgate"
+# The copy must be this tree's build (one that has the networked stores).
+probe=$("$BENCH_BIN" serve --upstream http://127.0.0.1:1 --store redis://127.0.0.1:1 \
+  --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 2>&1 || true)
+if ! grep -q "cannot open the redis store" <<<"$probe"; then
+  echo "the release binary lacks the networked stores (another tree's build?)" >&2
+  exit 1
+fi
+
+tag="igbench$(od -An -N4 -tx4 /dev/urandom | tr -d ' ')"
+for store in "${STORES[@]}"; do
+  timeline=background
+  case "$store" in *-inline) timeline=inline; store=${store%-inline} ;; esac
+  case "$store" in
+    sqlite) bash bench/gateway.sh ;;
+    redis)
+      bash bench/gateway.sh "$REDIS_URL/?prefix=$tag&timeline=$timeline"
+      host=${REDIS_URL#redis://}; port=${host##*:}; host=${host%%:*}
+      redis-cli -h "$host" -p "$port" --scan --pattern "$tag:*" \
+        | xargs -r -n 500 redis-cli -h "$host" -p "$port" del >/dev/null ;;
+    postgres)
+      bash bench/gateway.sh "$POSTGRES_URL?schema=$tag&pool=$PG_POOL&timeline=$timeline"
+      for _ in 1 2 3; do
+        psql "$POSTGRES_URL" -q -c "DROP SCHEMA IF EXISTS $tag CASCADE" 2>/dev/null && break
+        sleep 1
+      done ;;
+    *) echo "unknown store $store" >&2; exit 2 ;;
+  esac
+  echo
+done

@@ -1,0 +1,226 @@
+//! Live SSE fan-out across idemgate replicas through Redis Streams.
+//!
+//! A duplicate of a streaming request that is still being generated joins
+//! the live stream ("attach"). Inside one process the layer's in-process
+//! registry serves it; with several gateway replicas behind a load
+//! balancer, the duplicate often lands on a replica that does not run the
+//! stream. [`RedisLiveEvents`] makes the stream visible to every replica
+//! that shares the Redis holding the records.
+//!
+//! # Layout
+//! - this file: [`RedisLiveEvents`] (the `LiveEvents` backend) and
+//!   [`FanoutOptions`].
+//! - `conn`: the shared connection, dedicated connections for blocking
+//!   reads, error mapping.
+//! - `entry`: stream entry ids and the decoding of replies.
+//! - `publish`: the owner's side — a background writer per stream.
+//! - `follow`: a follower's side — `XRANGE` from the cursor, then
+//!   `XREAD BLOCK`.
+//!
+//! # The key decision
+//! **One stream per record, entry ids chosen by the owner: `<fence>-0` is
+//! the response head, `<fence>-<n>` is event `n` (the id the client saw),
+//! `<fence>-<last + 1>` is the end marker.** The stream key sits under the
+//! record's hash tag (`<prefix>:{…}:live`), so it lives in the record's
+//! cluster slot. Because the ids carry the owner's fence:
+//! - a `Last-Event-ID: n` retry reads exactly the entries after `<fence>-n`;
+//! - a follower notices at once when the key was taken over (an entry of
+//!   another fence) and stops instead of splicing two executions together;
+//! - a stale owner (paused past its lease, then resumed) cannot append:
+//!   Redis refuses an id below the stream's top, so its late events never
+//!   reach followers of the new owner.
+//!
+//! Publishing is fire-and-forget from the owner's point of view: events go
+//! through a channel to a per-stream writer task that pipelines `XADD`s
+//! (`MAXLEN ~`, refreshed `PEXPIRE`), so a slow or absent Redis never slows
+//! the client that is being served. When the writer cannot deliver, it
+//! stops; followers then see the stream go quiet, and the layer falls back
+//! to the stored DONE record (after checking that what it already sent is
+//! what was stored). Followers block in `XREAD BLOCK` on a **dedicated**
+//! connection: the shared multiplexed one has a short response timeout and
+//! would stall every other command behind a blocking read.
+//!
+//! Duplicates served by the process that runs the stream use the in-process
+//! registry (no Redis round trip); only the others read the stream.
+
+mod conn;
+mod entry;
+mod follow;
+mod publish;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use idemgate_engine::{ScopedKey, StoreError};
+use idemgate_layer::live::{Joined, LivePublisher, LiveStream};
+use idemgate_layer::{InProcessLive, LiveEvents};
+use tokio::time::Instant;
+
+use crate::conn::{Clients, Conn};
+use crate::follow::RemoteFollow;
+use crate::publish::RedisPublisher;
+
+/// Settings of [`RedisLiveEvents`]. `Default` gives the documented defaults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FanoutOptions {
+    /// Key prefix (default `idemgate`), the same as the store's so that a
+    /// record and its stream share a hash slot.
+    pub prefix: String,
+    /// Approximate bound on entries kept per stream (`XADD MAXLEN ~`,
+    /// default 10 000). A follower that falls behind a trimmed stream
+    /// finishes from the stored result.
+    pub max_len: u64,
+    /// How long one blocking read waits before the follower reports that
+    /// it has no news (default 1 s); the layer then looks at the store.
+    pub block: Duration,
+    /// How long a stream is kept after its end marker (default 60 s), for
+    /// followers still reading; later duplicates replay the stored result.
+    pub end_grace: Duration,
+    /// Response timeout of the shared connection (default 500 ms).
+    pub response_timeout: Duration,
+    /// Connection timeout (default 1 s).
+    pub connection_timeout: Duration,
+    /// Entries read per round trip (default 512).
+    pub read_count: u64,
+}
+
+impl Default for FanoutOptions {
+    fn default() -> Self {
+        Self {
+            prefix: "idemgate".to_owned(),
+            max_len: 10_000,
+            block: Duration::from_secs(1),
+            end_grace: Duration::from_secs(60),
+            response_timeout: Duration::from_millis(500),
+            connection_timeout: Duration::from_secs(1),
+            read_count: 512,
+        }
+    }
+}
+
+impl FanoutOptions {
+    /// Sets the key prefix.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Sets how long one blocking read waits.
+    pub fn block(mut self, block: Duration) -> Self {
+        self.block = block;
+        self
+    }
+
+    /// Sets the approximate bound on entries per stream.
+    pub fn max_len(mut self, max_len: u64) -> Self {
+        self.max_len = max_len;
+        self
+    }
+}
+
+/// The Redis Streams live-event backend. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct RedisLiveEvents {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    /// Streams of this process, for duplicates served here.
+    local: InProcessLive,
+    /// Writes and non-blocking reads.
+    shared: Conn,
+    /// Makes dedicated connections for blocking reads.
+    clients: Clients,
+    pub(crate) opts: FanoutOptions,
+}
+
+impl RedisLiveEvents {
+    /// Connects to `redis://host:port[/db]` or `redis+cluster://host:port[,…]`.
+    ///
+    /// # Errors
+    /// `Rejected` for a malformed URL or prefix; `Unavailable` when the
+    /// server cannot be reached.
+    pub async fn connect(url: &str, opts: FanoutOptions) -> Result<Self, StoreError> {
+        if opts.prefix.is_empty() || opts.prefix.contains(['{', '}']) {
+            return Err(conn::rejected(format!(
+                "key prefix {:?} must be non-empty and free of '{{' and '}}'",
+                opts.prefix
+            )));
+        }
+        let (shared, clients) = conn::connect(url, &opts).await?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                local: InProcessLive::default(),
+                shared,
+                clients,
+                opts,
+            }),
+        })
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &FanoutOptions {
+        &self.inner.opts
+    }
+
+    /// The stream key of a record.
+    pub fn stream_key(&self, key: &ScopedKey) -> String {
+        format!(
+            "{}:{}:live",
+            self.inner.opts.prefix,
+            idemgate_redis::hash_tag(key)
+        )
+    }
+}
+
+impl LiveEvents for RedisLiveEvents {
+    fn publish(&self, stream: LiveStream) -> Box<dyn LivePublisher> {
+        let key = self.stream_key(&stream.key);
+        let local = self.inner.local.publish(stream.clone());
+        Box::new(RedisPublisher::new(
+            Arc::clone(&self.inner),
+            local,
+            key,
+            &stream,
+        ))
+    }
+
+    fn join<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        fence: u64,
+        deadline: Instant,
+    ) -> BoxFuture<'a, Joined> {
+        Box::pin(async move {
+            match self.inner.local.join(key, fence, deadline).await {
+                Joined::Unknown => {}
+                found => return found,
+            }
+            let stream = self.stream_key(key);
+            match follow::head(&self.inner, &stream, fence).await {
+                Some((status, headers)) => Joined::Streaming {
+                    status,
+                    headers,
+                    follow: Box::new(RemoteFollow::new(Arc::clone(&self.inner), stream, fence)),
+                },
+                None => Joined::Unknown,
+            }
+        })
+    }
+
+    fn local_streams(&self) -> usize {
+        self.inner.local.local_streams()
+    }
+}
+
+impl Inner {
+    pub(crate) fn shared(&self) -> Conn {
+        self.shared.clone()
+    }
+
+    pub(crate) async fn dedicated(&self) -> Result<Conn, StoreError> {
+        self.clients.dedicated(&self.opts).await
+    }
+}

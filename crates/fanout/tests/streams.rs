@@ -1,0 +1,236 @@
+//! The Redis Streams backend against the shared Redis on 127.0.0.1:6379
+//! under a random key prefix, and against a private 3-primary Redis
+//! Cluster (started with the Redis store's test helpers). Owner and
+//! follower use separate `RedisLiveEvents` instances, as two replicas
+//! would, so every follow goes through Redis rather than the in-process
+//! registry.
+//!
+//! Under `CI=true` a missing Redis fails the suite; it never skips.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "../../redis/tests/support/mod.rs"]
+mod support;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+use idemgate_engine::{ClientKey, ScopedKey};
+use idemgate_fanout::{FanoutOptions, RedisLiveEvents};
+use idemgate_layer::LiveEvents;
+use idemgate_layer::live::{Joined, LiveFollower, LiveStream, Next};
+use tokio::time::Instant;
+
+const REDIS: &str = "redis://127.0.0.1:6379";
+
+async fn replica(url: &str, prefix: &str) -> RedisLiveEvents {
+    let opts = FanoutOptions::default()
+        .prefix(prefix)
+        .block(Duration::from_millis(200));
+    match RedisLiveEvents::connect(url, opts).await {
+        Ok(r) => r,
+        Err(e) => {
+            support::require(&format!("Redis at {url} ({e})"), false);
+            unreachable!()
+        }
+    }
+}
+
+async fn cluster() -> &'static str {
+    tokio::task::spawn_blocking(support::cluster_url)
+        .await
+        .unwrap()
+}
+
+fn prefix() -> String {
+    format!("igfan{:08x}", rand::random::<u32>())
+}
+
+fn stream(key: &ScopedKey, fence: u64) -> LiveStream {
+    LiveStream {
+        key: key.clone(),
+        fence,
+        horizon: Duration::from_secs(30),
+    }
+}
+
+fn event(n: u32) -> Bytes {
+    Bytes::from(format!("id: {n}\ndata: token {n}\n\n"))
+}
+
+fn soon() -> Instant {
+    Instant::now() + Duration::from_secs(2)
+}
+
+async fn join(r: &RedisLiveEvents, key: &ScopedKey, fence: u64) -> Box<dyn LiveFollower> {
+    // The writer is asynchronous: give it a moment to publish the head.
+    for _ in 0..100 {
+        match r.join(key, fence, soon()).await {
+            Joined::Streaming { status, follow, .. } => {
+                assert_eq!(status, StatusCode::OK);
+                return follow;
+            }
+            Joined::NotStreaming => panic!("a stream was published"),
+            Joined::Unknown => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+    panic!("the stream never became visible to the other replica");
+}
+
+/// Reads until the stream ends (`End` or `Failed`); quiet blocks
+/// (`Unsure`) are waited through, a few seconds at most.
+async fn read_all(f: &mut Box<dyn LiveFollower>, cursor: &mut usize) -> (Vec<u8>, Next) {
+    let mut out = Vec::new();
+    let mut quiet = 0;
+    loop {
+        match f.next(cursor).await {
+            Next::Events(b) => out.extend_from_slice(&b),
+            Next::Unsure => {
+                quiet += 1;
+                assert!(quiet < 25, "the stream never ended");
+            }
+            other => return (out, other),
+        }
+    }
+}
+
+async fn follow_from_cursor_then_live(url: &str) {
+    let p = prefix();
+    let (owner, other) = (replica(url, &p).await, replica(url, &p).await);
+    let key = ScopedKey::new("t", "ns", ClientKey::mint());
+    let publisher = owner.publish(stream(&key, 1000));
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", "text/event-stream".parse().unwrap());
+    publisher.streaming(StatusCode::OK, headers.clone());
+    for n in 1..=3 {
+        publisher.event(event(n));
+    }
+    let mut follow = join(&other, &key, 1000).await;
+    let mut cursor = 1;
+    let mut got = Vec::new();
+    while cursor < 3 {
+        match follow.next(&mut cursor).await {
+            Next::Events(b) => got.extend_from_slice(&b),
+            Next::Unsure => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(got, [event(2), event(3)].concat());
+    let reader = tokio::spawn(async move {
+        let mut cursor = 3;
+        let (bytes, end) = read_all(&mut follow, &mut cursor).await;
+        (bytes, end, cursor)
+    });
+    for n in 4..=6 {
+        publisher.event(event(n));
+    }
+    publisher.complete();
+    let (bytes, end, cursor) = reader.await.unwrap();
+    assert_eq!(bytes, [event(4), event(5), event(6)].concat());
+    assert_eq!(end, Next::End);
+    assert_eq!(cursor, 6);
+    // A late joiner reads the whole stream and the end marker.
+    let mut late = join(&other, &key, 1000).await;
+    let mut cursor = 0;
+    let (all, end) = read_all(&mut late, &mut cursor).await;
+    assert_eq!(end, Next::End);
+    assert_eq!(all, (1..=6).map(event).collect::<Vec<_>>().concat());
+    assert_eq!(cursor, 6);
+    assert_eq!(other.local_streams(), 0);
+}
+
+async fn takeover(url: &str) {
+    let p = prefix();
+    let (old_owner, new_owner, other) = (
+        replica(url, &p).await,
+        replica(url, &p).await,
+        replica(url, &p).await,
+    );
+    let key = ScopedKey::new("t", "ns", ClientKey::mint());
+    let old = old_owner.publish(stream(&key, 1000));
+    old.streaming(StatusCode::OK, HeaderMap::new());
+    old.event(event(1));
+    let mut follow_old = join(&other, &key, 1000).await;
+    let mut cursor = 0;
+    assert_eq!(follow_old.next(&mut cursor).await, Next::Events(event(1)));
+
+    // The lease expired; another owner (a higher fence) streams now.
+    let new = new_owner.publish(stream(&key, 2000));
+    new.streaming(StatusCode::OK, HeaderMap::new());
+    new.event(Bytes::from_static(b"id: 1\ndata: other\n\n"));
+    let mut follow_new = join(&other, &key, 2000).await;
+    let mut c2 = 0;
+    assert_eq!(
+        follow_new.next(&mut c2).await,
+        Next::Events(Bytes::from_static(b"id: 1\ndata: other\n\n"))
+    );
+    // The stale owner resumes: Redis refuses its entries (ids below the
+    // top), so the new owner's followers never see them.
+    old.event(event(2));
+    old.complete();
+    new.event(Bytes::from_static(b"id: 2\ndata: more\n\n"));
+    new.complete();
+    let (rest, end) = read_all(&mut follow_new, &mut c2).await;
+    assert_eq!(rest, b"id: 2\ndata: more\n\n");
+    assert_eq!(end, Next::End);
+    // The old owner's follower learns of the takeover instead of splicing.
+    let (none, end_old) = read_all(&mut follow_old, &mut cursor).await;
+    assert!(none.is_empty(), "no event of another owner");
+    assert_eq!(end_old, Next::Failed);
+    assert_eq!(cursor, 1);
+}
+
+async fn unknown_and_dropped(url: &str) {
+    let p = prefix();
+    let (owner, other) = (replica(url, &p).await, replica(url, &p).await);
+    let key = ScopedKey::new("t", "ns", ClientKey::mint());
+    assert!(matches!(other.join(&key, 1, soon()).await, Joined::Unknown));
+    // A non-streaming response publishes nothing to Redis.
+    let p1 = owner.publish(stream(&key, 5));
+    p1.not_streaming();
+    assert!(matches!(other.join(&key, 5, soon()).await, Joined::Unknown));
+    drop(p1);
+    // An owner dropped mid-stream (a panic) ends its followers with a failure.
+    let p2 = owner.publish(stream(&key, 6));
+    p2.streaming(StatusCode::OK, HeaderMap::new());
+    p2.event(event(1));
+    let mut f = join(&other, &key, 6).await;
+    drop(p2);
+    let mut cursor = 0;
+    let (bytes, end) = read_all(&mut f, &mut cursor).await;
+    assert_eq!(bytes, event(1));
+    assert_eq!(end, Next::Failed);
+    // A fence with no head (the owner of the record has not streamed).
+    assert!(matches!(other.join(&key, 7, soon()).await, Joined::Unknown));
+}
+
+#[tokio::test]
+async fn a_follower_on_another_replica_reads_from_its_cursor_then_live_to_the_end() {
+    follow_from_cursor_then_live(REDIS).await;
+}
+
+#[tokio::test]
+async fn a_takeover_ends_the_old_owners_followers_and_fences_its_late_events() {
+    takeover(REDIS).await;
+}
+
+#[tokio::test]
+async fn unknown_streams_and_dropped_owners() {
+    unknown_and_dropped(REDIS).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_follow_from_cursor_then_live() {
+    follow_from_cursor_then_live(cluster().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_takeover() {
+    takeover(cluster().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_unknown_and_dropped() {
+    unknown_and_dropped(cluster().await).await;
+}

@@ -1,0 +1,202 @@
+//! Opening the configured store, and the live-event fan-out that goes with
+//! it.
+//!
+//! | URL | store | live SSE fan-out across replicas |
+//! |---|---|---|
+//! | `memory:` | [`MemoryStore`] | in-process (one replica only) |
+//! | `sqlite:PATH` | [`SqliteStore`](idemgate_sqlite::SqliteStore) | in-process |
+//! | `redis://host:port[/db][?prefix=P]` | [`RedisStore`] | Redis Streams ([`RedisLiveEvents`]) |
+//! | `redis+cluster://host:port[?prefix=P]` | [`RedisStore`] on a cluster (one seed node; the rest is discovered) | Redis Streams |
+//! | `postgres://user@host:port/db[?schema=S&pool=N]` | [`PostgresStore`] | in-process only: a duplicate on another replica waits for DONE, then replays the whole stream (or the events after its `Last-Event-ID`) |
+//!
+//! Query parameters the gateway reads are removed before the URL reaches
+//! the driver: `prefix` (Redis key prefix, default `idemgate`; lets several
+//! deployments or test runs share one Redis), `schema` (PostgreSQL schema,
+//! default `idemgate`), `pool` (PostgreSQL pool size, default 10) and
+//! `timeline` (`background`, the default: timeline entries of replays and
+//! conflicts are written in batches off the request path; `inline`: each is
+//! written before the request is answered, one more round trip). Every
+//! other parameter is passed through.
+
+use std::sync::Arc;
+
+use idemgate_engine::{Engine, MemoryStore, Store, StoreError};
+use idemgate_fanout::{FanoutOptions, RedisLiveEvents};
+use idemgate_layer::{IdempotencyLayer, LayerConfig, LiveEvents};
+use idemgate_postgres::{PostgresOptions, PostgresStore};
+use idemgate_redis::{RedisOptions, RedisStore};
+use url::Url;
+
+use crate::config::StoreUrl;
+use crate::serve::GatewayError;
+
+/// An open store, what publishes live events next to it, and how to close it.
+pub(crate) struct OpenStore {
+    /// The store every route's engine uses.
+    pub(crate) store: Arc<dyn Store>,
+    /// Set for SQLite, whose writer thread is stopped at shutdown.
+    sqlite: Option<Arc<idemgate_sqlite::SqliteStore>>,
+    /// Set when replicas share live streams through the store's server.
+    live: Option<Arc<dyn LiveEvents>>,
+}
+
+impl OpenStore {
+    /// The idempotency layer of a route, with the live-event fan-out that
+    /// suits the store.
+    pub(crate) fn layer(&self, engine: Engine, config: LayerConfig) -> IdempotencyLayer {
+        match &self.live {
+            Some(live) => IdempotencyLayer::with_live_events(engine, config, Arc::clone(live)),
+            None => IdempotencyLayer::new(engine, config),
+        }
+    }
+
+    /// Stops background work that must end before the process exits.
+    pub(crate) fn close(&self) {
+        if let Some(s) = &self.sqlite {
+            s.close();
+        }
+    }
+}
+
+fn open_error(
+    url: &StoreUrl,
+    source: impl std::error::Error + Send + Sync + 'static,
+) -> GatewayError {
+    GatewayError::StoreOpen {
+        backend: url.backend(),
+        url: url.to_string(),
+        source: Box::new(source),
+    }
+}
+
+/// Opens the store named by `url`.
+pub(crate) async fn open_store(url: &StoreUrl) -> Result<OpenStore, GatewayError> {
+    match url {
+        StoreUrl::Memory => Ok(OpenStore {
+            store: Arc::new(MemoryStore::new()),
+            sqlite: None,
+            live: None,
+        }),
+        StoreUrl::Sqlite(path) => {
+            let path = path.clone();
+            let opened =
+                tokio::task::spawn_blocking(move || idemgate_sqlite::SqliteStore::open(path))
+                    .await
+                    .map_err(|e| open_error(url, e))?
+                    .map_err(|e| open_error(url, e))?;
+            let sqlite = Arc::new(opened);
+            Ok(OpenStore {
+                store: Arc::clone(&sqlite) as Arc<dyn Store>,
+                sqlite: Some(sqlite),
+                live: None,
+            })
+        }
+        StoreUrl::Redis(u) | StoreUrl::RedisCluster(u) => {
+            let (driver_url, params) = split_params(u, &["prefix", "timeline"]);
+            let mut opts = RedisOptions::default().background_timeline(background(url, &params)?);
+            let mut fanout = FanoutOptions::default();
+            if let Some(prefix) = param(&params, "prefix") {
+                opts = opts.prefix(prefix);
+                fanout = fanout.prefix(prefix);
+            }
+            let store = RedisStore::connect_with(&driver_url, opts)
+                .await
+                .map_err(|e| open_error(url, e))?;
+            let live = RedisLiveEvents::connect(&driver_url, fanout)
+                .await
+                .map_err(|e| open_error(url, e))?;
+            Ok(OpenStore {
+                store: Arc::new(store),
+                sqlite: None,
+                live: Some(Arc::new(live)),
+            })
+        }
+        StoreUrl::Postgres(u) => {
+            let (driver_url, params) = split_params(u, &["schema", "pool", "timeline"]);
+            let mut opts =
+                PostgresOptions::default().background_timeline(background(url, &params)?);
+            if let Some(schema) = param(&params, "schema") {
+                opts = opts.schema(schema);
+            }
+            if let Some(pool) = param(&params, "pool") {
+                let n = pool.parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(|| {
+                    open_error(
+                        url,
+                        StoreError::new(
+                            idemgate_engine::StoreErrorKind::Rejected,
+                            "postgres",
+                            format!("pool={pool:?} is not a positive number"),
+                        ),
+                    )
+                })?;
+                opts = opts.max_connections(n);
+            }
+            let store = PostgresStore::connect_with(&driver_url, opts)
+                .await
+                .map_err(|e| open_error(url, e))?;
+            Ok(OpenStore {
+                store: Arc::new(store),
+                sqlite: None,
+                live: None,
+            })
+        }
+    }
+}
+
+/// The URL without the query parameters in `ours`, and those parameters.
+fn split_params(url: &Url, ours: &[&str]) -> (String, Vec<(String, String)>) {
+    let mut kept = url.clone();
+    let (mine, theirs): (Vec<_>, Vec<_>) = url
+        .query_pairs()
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .partition(|(k, _)| ours.contains(&k.as_str()));
+    if theirs.is_empty() {
+        kept.set_query(None);
+    } else {
+        kept.query_pairs_mut().clear().extend_pairs(theirs);
+    }
+    (kept.to_string(), mine)
+}
+
+/// The `timeline` parameter: whether entries are written in the background.
+fn background(url: &StoreUrl, params: &[(String, String)]) -> Result<bool, GatewayError> {
+    match param(params, "timeline") {
+        None | Some("background") => Ok(true),
+        Some("inline") => Ok(false),
+        Some(other) => Err(open_error(
+            url,
+            StoreError::new(
+                idemgate_engine::StoreErrorKind::Rejected,
+                url.backend(),
+                format!("timeline={other:?}: use `background` or `inline`"),
+            ),
+        )),
+    }
+}
+
+fn param<'a>(params: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    params
+        .iter()
+        .rev()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn our_parameters_are_taken_out_and_the_rest_kept() {
+        let u = Url::parse("redis://127.0.0.1:6379/2?prefix=run1&protocol=resp3").unwrap();
+        let (driver, params) = split_params(&u, &["prefix"]);
+        assert_eq!(driver, "redis://127.0.0.1:6379/2?protocol=resp3");
+        assert_eq!(param(&params, "prefix"), Some("run1"));
+        let u = Url::parse("postgres://u:p@h:5432/test?schema=s1&pool=4").unwrap();
+        let (driver, params) = split_params(&u, &["schema", "pool"]);
+        assert_eq!(driver, "postgres://u:p@h:5432/test");
+        assert_eq!(param(&params, "schema"), Some("s1"));
+        assert_eq!(param(&params, "pool"), Some("4"));
+        assert_eq!(param(&params, "prefix"), None);
+    }
+}

@@ -1,0 +1,320 @@
+//! Two gateway replicas (two `serve` instances with separate layers and live
+//! registries) sharing one store: the shared Redis on 127.0.0.1:6379 under a
+//! random key prefix, and the shared PostgreSQL (db `test`) under a random
+//! schema. A duplicate of a streaming request sent to the replica that does
+//! not run it follows the live stream through Redis Streams, or — with
+//! PostgreSQL — waits for DONE and replays it.
+//!
+//! Under `CI=true` a missing server fails the suite; it never skips.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+/// Private Redis servers (the Redis store's test helpers): a 3-primary
+/// cluster for the cluster case.
+#[path = "../../redis/tests/support/mod.rs"]
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use idemgate_gateway::config::{RawConfig, RawRoute, RawTimeouts};
+use idemgate_gateway::{GatewayConfig, GatewayError};
+use idemgate_llm_sim::{SimConfig, SimHandle};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+const REDIS: &str = "redis://127.0.0.1:6379";
+
+fn postgres_url() -> String {
+    std::env::var("IDEMGATE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+fn tag() -> String {
+    format!("igrep{:08x}", rand::random::<u32>())
+}
+
+struct Gateway {
+    base: String,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<(), GatewayError>>,
+}
+
+impl Gateway {
+    async fn start(config: GatewayConfig) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(idemgate_gateway::serve(
+            listener,
+            admin,
+            config,
+            async move {
+                let _ = rx.await;
+            },
+        ));
+        Self {
+            base,
+            stop: Some(tx),
+            task,
+        }
+    }
+
+    /// Starts a replica on `store`; a store that cannot be opened fails
+    /// the test (under CI and outside it alike: no silent skip).
+    async fn replica(store: &str, upstream: &str) -> Self {
+        let gw = Self::start(config(store, upstream)).await;
+        // `serve` opens the store before it answers; a failure ends the task.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if gw.task.is_finished() {
+            let err = gw.task.await.unwrap().err();
+            panic!(
+                "the store at {store} is not available{}: {err:?} (start it with `bash scripts/services.sh`)",
+                if std::env::var("CI").is_ok_and(|v| v == "true") {
+                    " under CI"
+                } else {
+                    ""
+                }
+            );
+        }
+        gw
+    }
+
+    async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(30), self.task)
+            .await
+            .expect("gateway did not stop")
+            .unwrap()
+            .unwrap();
+    }
+}
+
+fn config(store: &str, upstream: &str) -> GatewayConfig {
+    let r = RawRoute {
+        prefix: Some("/v1".into()),
+        upstream: Some(upstream.into()),
+        key: Some("require".into()),
+        on_inflight: Some("attach".into()),
+        inflight_wait: Some("30s".into()),
+        timeouts: Some(RawTimeouts {
+            connect: Some("1s".into()),
+            first_byte: Some("10s".into()),
+            idle: Some("5s".into()),
+            total: Some("30s".into()),
+        }),
+        ..RawRoute::default()
+    };
+    GatewayConfig::from_raw(RawConfig {
+        store: Some(store.into()),
+        shutdown_grace: Some("5s".into()),
+        routes: vec![r],
+        ..RawConfig::default()
+    })
+    .unwrap_or_else(|e| panic!("config: {e}"))
+}
+
+async fn sim() -> SimHandle {
+    idemgate_llm_sim::spawn(SimConfig::default()).await.unwrap()
+}
+
+fn stream_request(client: &reqwest::Client, gw: &Gateway, key: &str) -> reqwest::RequestBuilder {
+    let body = serde_json::json!({
+        "model": "sim-1",
+        "stream": true,
+        "messages": [{"role": "user", "content": format!("tell me about {key}")}],
+    });
+    client
+        .post(format!("{}/v1/chat/completions", gw.base))
+        .header("content-type", "application/json")
+        .header("authorization", "Bearer tenant-a")
+        .header("idempotency-key", key)
+        // ~2 s of generation: 40 tokens, 50 ms apart.
+        .header("x-sim-tokens", "40")
+        .header("x-sim-token-interval-ms", "50")
+        .body(body.to_string())
+}
+
+fn replayed(r: &reqwest::Response) -> Option<String> {
+    r.headers()
+        .get("idempotent-replayed")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+/// The events of an SSE body after the first `n`.
+fn after_events(body: &[u8], n: usize) -> Vec<u8> {
+    let mut at = 0;
+    for _ in 0..n {
+        let rest = &body[at..];
+        let end = rest
+            .windows(2)
+            .position(|w| w == b"\n\n")
+            .expect("fewer events than expected");
+        at += end + 2;
+    }
+    body[at..].to_vec()
+}
+
+/// Runs a streaming request on replica `a`, and while it generates, sends
+/// the same request to replica `b` (whole stream) and again with
+/// `Last-Event-ID: 3`. Returns whether b's duplicates got their first
+/// bytes while a's stream was still running (live), and checks the bytes.
+async fn duplicate_on_the_other_replica(
+    sim: &SimHandle,
+    a: &Gateway,
+    b: &Gateway,
+    key: &str,
+) -> bool {
+    let client = reqwest::Client::new();
+    let first = stream_request(&client, a, key).send().await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert_eq!(replayed(&first).as_deref(), Some("false"));
+    let mut a_stream = first.bytes_stream();
+    let mut a_body = a_stream.next().await.unwrap().unwrap().to_vec();
+    let a_done = Arc::new(AtomicBool::new(false));
+    let a_reader = {
+        let a_done = Arc::clone(&a_done);
+        tokio::spawn(async move {
+            while let Some(chunk) = a_stream.next().await {
+                a_body.extend_from_slice(&chunk.unwrap());
+            }
+            a_done.store(true, Ordering::SeqCst);
+            a_body
+        })
+    };
+
+    let read_dup = |req: reqwest::RequestBuilder| {
+        let a_done = Arc::clone(&a_done);
+        async move {
+            let r = req.send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            assert_eq!(replayed(&r).as_deref(), Some("true"));
+            let mut s = r.bytes_stream();
+            let mut body = Vec::new();
+            let mut live = None;
+            while let Some(chunk) = s.next().await {
+                let chunk = chunk.unwrap();
+                if live.is_none() && !chunk.is_empty() {
+                    live = Some(!a_done.load(Ordering::SeqCst));
+                }
+                body.extend_from_slice(&chunk);
+            }
+            (body, live.unwrap_or(false))
+        }
+    };
+    let whole = read_dup(stream_request(&client, b, key));
+    let resumed = read_dup(stream_request(&client, b, key).header("last-event-id", "3"));
+    let ((b_body, b_live), (c_body, c_live)) = tokio::join!(whole, resumed);
+    let a_body = a_reader.await.unwrap();
+
+    assert!(a_body.ends_with(b"data: [DONE]\n\n"), "a's stream is whole");
+    assert_eq!(
+        String::from_utf8_lossy(&b_body),
+        String::from_utf8_lossy(&a_body),
+        "the duplicate on the other replica got exactly the owner's stream"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&c_body),
+        String::from_utf8_lossy(&after_events(&a_body, 3)),
+        "Last-Event-ID: 3 gets the events after 3"
+    );
+    assert_eq!(sim.executions_for(key), 1, "one upstream execution");
+    b_live && c_live
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_replicas_follow_a_live_stream_run_by_the_other() {
+    let sim = sim().await;
+    let prefix = tag();
+    let store = format!("{REDIS}/?prefix={prefix}");
+    let a = Gateway::replica(&store, &sim.url()).await;
+    let b = Gateway::replica(&store, &sim.url()).await;
+    for i in 0..3 {
+        let live = duplicate_on_the_other_replica(&sim, &a, &b, &format!("{prefix}-sse-{i}")).await;
+        assert!(
+            live,
+            "the duplicates on the other replica received events before the owner's stream ended"
+        );
+    }
+    a.stop().await;
+    b.stop().await;
+    sim.shutdown().await;
+    drop_prefix(&prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_replicas_follow_a_live_stream_run_by_the_other() {
+    let cluster = tokio::task::spawn_blocking(support::cluster_url)
+        .await
+        .unwrap();
+    // The configuration takes one seed node; the client discovers the rest.
+    let seed = cluster
+        .trim_start_matches("redis+cluster://")
+        .split(',')
+        .next()
+        .unwrap();
+    let sim = sim().await;
+    let prefix = tag();
+    let store = format!("redis+cluster://{seed}/?prefix={prefix}");
+    let a = Gateway::replica(&store, &sim.url()).await;
+    let b = Gateway::replica(&store, &sim.url()).await;
+    for i in 0..3 {
+        let live = duplicate_on_the_other_replica(&sim, &a, &b, &format!("{prefix}-sse-{i}")).await;
+        assert!(live, "followed live through the cluster");
+    }
+    a.stop().await;
+    b.stop().await;
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_replicas_wait_for_done_and_replay_the_stream() {
+    let sim = sim().await;
+    let schema = tag();
+    let store = format!("{}?schema={schema}&pool=4", postgres_url());
+    let a = Gateway::replica(&store, &sim.url()).await;
+    let b = Gateway::replica(&store, &sim.url()).await;
+    for i in 0..2 {
+        // No shared live feed with PostgreSQL: the duplicate gets the
+        // stored stream once DONE. Whether its bytes arrive "live" is not
+        // asserted; that they are the owner's stream is.
+        duplicate_on_the_other_replica(&sim, &a, &b, &format!("{schema}-sse-{i}")).await;
+    }
+    a.stop().await;
+    b.stop().await;
+    sim.shutdown().await;
+    drop_schema(&schema).await;
+}
+
+/// Removes the test schema (psql, if installed; leftovers are harmless).
+async fn drop_schema(schema: &str) {
+    for _ in 0..5 {
+        let done = tokio::process::Command::new("psql")
+            .args([&postgres_url(), "-q", "-c"])
+            .arg(format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+            .output()
+            .await
+            .is_ok_and(|o| o.status.success());
+        if done {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// Removes this test's Redis keys.
+async fn drop_prefix(prefix: &str) {
+    let _ = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "redis-cli -h 127.0.0.1 -p 6379 --scan --pattern '{prefix}:*' | xargs -r redis-cli -h 127.0.0.1 -p 6379 del"
+        ))
+        .output()
+        .await;
+}
