@@ -123,10 +123,12 @@ async fn open(
         StoreUrl::Memory => anyhow::bail!(
             "a memory: store lives inside the gateway process; ask the gateway instead (GET /admin/keys/{{key}}/timeline on the admin listener)"
         ),
-        other => anyhow::bail!(
-            "{} store not available: not built into this binary yet",
-            other.backend()
-        ),
+        other => {
+            let store = idemgate_gateway::open_records(other)
+                .await
+                .with_context(|| format!("cannot open the store {other}"))?;
+            Ok((store, None))
+        }
     }
 }
 

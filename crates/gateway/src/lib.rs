@@ -45,3 +45,4 @@ pub use config::{ConfigError, GatewayConfig, Overrides, RouteConfig, StoreUrl};
 pub use idemgate_layer::RetryableFailure;
 pub use proxy::{Proxy, UpstreamBodyError};
 pub use serve::{GatewayError, serve};
+pub use stores::open_records;

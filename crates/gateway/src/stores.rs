@@ -182,6 +182,15 @@ fn param<'a>(params: &'a [(String, String)], name: &str) -> Option<&'a str> {
         .map(|(_, v)| v.as_str())
 }
 
+/// Opens the store named by `url` for tools that only read records and
+/// timelines (`idemgate keys show`).
+///
+/// # Errors
+/// [`GatewayError::StoreOpen`] when the store cannot be reached or opened.
+pub async fn open_records(url: &StoreUrl) -> Result<Arc<dyn Store>, GatewayError> {
+    Ok(open_store(url).await?.store)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
