@@ -6,16 +6,16 @@
 //! missing browser fails the test; elsewhere the test says so and skips.
 //! One test in this binary: the metrics recorder is process-wide.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use idemgate_gateway::GatewayConfig;
 use idemgate_gateway::config::{RawConfig, RawRoute};
-use idemgate_gateway::{GatewayConfig, GatewayError};
 use idemgate_llm_sim::SimConfig;
 use tokio::process::Command;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
 const CREDENTIAL: &str = "Bearer sk-dashboard-credential-41aa";
 const ADMIN_TOKEN: &str = "dashboard-admin-token-6c1d";
@@ -150,29 +150,12 @@ async fn the_dashboard_shows_hit_ratio_tokens_saved_and_a_timeline() {
         ..RawConfig::default()
     })
     .unwrap_or_else(|e| panic!("{e}"));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let admin = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let base = format!(
-        "http://{}",
-        listener.local_addr().unwrap_or_else(|e| panic!("{e}"))
-    );
-    let admin_url = format!(
-        "http://{}",
-        admin.local_addr().unwrap_or_else(|e| panic!("{e}"))
-    );
-    let (stop, stopped) = oneshot::channel::<()>();
-    let gateway: JoinHandle<Result<(), GatewayError>> = tokio::spawn(idemgate_gateway::serve(
-        listener,
-        admin,
-        config,
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let support::Spawned {
+        base,
+        admin: admin_url,
+        stop,
+        task: gateway,
+    } = support::spawn(config).await;
 
     // 4 keys x 3 sends: 4 executions, 8 replays; a hit ratio of 8/12.
     let client = reqwest::Client::new();

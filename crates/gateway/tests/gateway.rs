@@ -1,6 +1,8 @@
 //! The whole gateway over real listeners: `serve` on 127.0.0.1:0 in front of
 //! the simulated LLM upstream on 127.0.0.1:0, driven by an HTTP client.
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,33 +23,16 @@ struct Gateway {
 
 impl Gateway {
     async fn start(config: GatewayConfig) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let admin = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let base = format!(
-            "http://{}",
-            listener.local_addr().unwrap_or_else(|e| panic!("{e}"))
-        );
-        let admin_url = format!(
-            "http://{}",
-            admin.local_addr().unwrap_or_else(|e| panic!("{e}"))
-        );
-        let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(idemgate_gateway::serve(
-            listener,
+        let support::Spawned {
+            base,
             admin,
-            config,
-            async move {
-                let _ = rx.await;
-            },
-        ));
+            stop,
+            task,
+        } = support::spawn(config).await;
         Self {
             base,
-            admin: admin_url,
-            stop: Some(tx),
+            admin,
+            stop: Some(stop),
             task,
         }
     }

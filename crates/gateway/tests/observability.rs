@@ -7,6 +7,8 @@
 //! asserts exact counters runs in its own process (cargo-nextest runs one
 //! process per test).
 
+mod support;
+
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -62,33 +64,16 @@ impl Gateway {
             ..RawConfig::default()
         })
         .unwrap_or_else(|e| panic!("config: {e}"));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let admin = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let base = format!(
-            "http://{}",
-            listener.local_addr().unwrap_or_else(|e| panic!("{e}"))
-        );
-        let admin_url = format!(
-            "http://{}",
-            admin.local_addr().unwrap_or_else(|e| panic!("{e}"))
-        );
-        let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(idemgate_gateway::serve(
-            listener,
+        let support::Spawned {
+            base,
             admin,
-            config,
-            async move {
-                let _ = rx.await;
-            },
-        ));
+            stop,
+            task,
+        } = support::spawn(config).await;
         Self {
             base,
-            admin: admin_url,
-            stop: Some(tx),
+            admin,
+            stop: Some(stop),
             task,
             _dir: dir,
         }
