@@ -126,13 +126,66 @@ struct ServeArgs {
     /// Log format: `json` (default) or `text`.
     #[arg(long, default_value = "json")]
     log_format: String,
+    /// Export request spans over OTLP/HTTP to this collector base URL
+    /// (spans go to URL/v1/traces); without it, OTEL_EXPORTER_OTLP_ENDPOINT
+    /// or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT turn export on. Needs a build
+    /// with the `otlp` feature.
+    #[arg(long, value_name = "URL")]
+    otlp_endpoint: Option<String>,
 }
 
-fn init_logs(format: &str) -> anyhow::Result<()> {
+/// The span export started with the logs (when built with `otlp` and
+/// asked for), stopped by [`Traces::finish`].
+#[derive(Debug)]
+struct Traces {
+    #[cfg(feature = "otlp")]
+    otlp: Option<idemgate_telemetry::otlp::OtlpTraces>,
+}
+
+impl Traces {
+    /// Starts OTLP export when the flag or the environment asks for it.
+    #[cfg(feature = "otlp")]
+    fn start(endpoint: Option<&str>) -> anyhow::Result<Traces> {
+        use idemgate_telemetry::otlp::{OtlpTraces, configured_by_env};
+        let otlp = if endpoint.is_some() || configured_by_env() {
+            Some(OtlpTraces::start(endpoint).context("cannot start OTLP span export")?)
+        } else {
+            None
+        };
+        Ok(Traces { otlp })
+    }
+
+    #[cfg(not(feature = "otlp"))]
+    fn start(endpoint: Option<&str>) -> anyhow::Result<Traces> {
+        if endpoint.is_some() {
+            anyhow::bail!("--otlp-endpoint: this build has no OTLP export (cargo feature `otlp`)");
+        }
+        Ok(Traces {})
+    }
+
+    /// Sends the spans still queued and stops export.
+    async fn finish(self) {
+        #[cfg(feature = "otlp")]
+        if let Some(otlp) = self.otlp {
+            // Shutdown blocks until the last export ends: off the workers.
+            if let Err(e) = tokio::task::spawn_blocking(move || otlp.shutdown()).await {
+                tracing::warn!(error = %e, "OTLP span export: shutdown did not finish");
+            }
+        }
+    }
+}
+
+fn init_logs(format: &str, otlp_endpoint: Option<&str>) -> anyhow::Result<Traces> {
     let filter = match std::env::var("IDEMGATE_LOG") {
         Ok(s) => Targets::from_str(&s).context("IDEMGATE_LOG is not a log filter")?,
         Err(_) => Targets::new().with_default(LevelFilter::INFO),
     };
+    let traces = Traces::start(otlp_endpoint)?;
+    #[cfg(feature = "otlp")]
+    let registry = tracing_subscriber::registry()
+        .with(filter)
+        .with(traces.otlp.as_ref().map(|t| t.layer()));
+    #[cfg(not(feature = "otlp"))]
     let registry = tracing_subscriber::registry().with(filter);
     match format {
         "json" => registry
@@ -147,7 +200,11 @@ fn init_logs(format: &str) -> anyhow::Result<()> {
             .try_init()?,
         other => anyhow::bail!("--log-format `{other}`: expected json or text"),
     }
-    Ok(())
+    #[cfg(not(feature = "otlp"))]
+    if std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT").is_some() {
+        tracing::warn!("OTEL_EXPORTER_OTLP_ENDPOINT is set but this build has no OTLP export");
+    }
+    Ok(traces)
 }
 
 /// Resolves on SIGINT or SIGTERM.
@@ -179,7 +236,13 @@ async fn signal() {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    init_logs(&args.log_format)?;
+    let traces = init_logs(&args.log_format, args.otlp_endpoint.as_deref())?;
+    let served = serve_logged(args).await;
+    traces.finish().await;
+    served
+}
+
+async fn serve_logged(args: ServeArgs) -> anyhow::Result<()> {
     let config = args.config.load()?;
     let findings = idemgate_gateway::plan::findings(&config);
     for f in &findings {

@@ -17,6 +17,8 @@
 //! - [`InstrumentedStore`]: a [`Store`](idemgate_engine::Store) decorator
 //!   timing every operation by backend and op, and counting errors.
 //! - [`logging`]: JSON-lines logs via `tracing`.
+//! - `otlp` (cargo feature `otlp`): OTLP/HTTP export of the request spans,
+//!   a layer beside the logs.
 //!
 //! # The key decision
 //! Recording and exporting are separate: libraries (the idempotency layer)
@@ -31,6 +33,8 @@
 
 pub mod logging;
 pub mod names;
+#[cfg(feature = "otlp")]
+pub mod otlp;
 mod store;
 mod window;
 

@@ -1,0 +1,346 @@
+//! OTLP span export of a real `idemgate serve` process (cargo feature
+//! `otlp`), against a small OTLP/HTTP receiver in this test: the request
+//! span arrives with its idempotency key and the client's trace id, the
+//! last batch is flushed on SIGTERM, and a collector that is down changes
+//! nothing for clients.
+#![cfg(feature = "otlp")]
+
+use std::io::BufRead;
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use idemgate_llm_sim::{SimConfig, SimHandle};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::process::{Child, Command};
+use tokio::sync::{Notify, oneshot};
+
+const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
+
+/// The trace id of [`TRACEPARENT`], and its 16 bytes as protobuf stores them.
+const TRACE_ID: &str = "7d3f0c2a9b8e4f6a1c5d2e3f4a5b6c7d";
+const TRACEPARENT: &str = "00-7d3f0c2a9b8e4f6a1c5d2e3f4a5b6c7d-0123456789abcdef-01";
+
+fn trace_id_bytes() -> Vec<u8> {
+    (0..TRACE_ID.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&TRACE_ID[i..i + 2], 16).unwrap_or_else(|e| panic!("{e}")))
+        .collect()
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// An OTLP/HTTP receiver: records the body of every `POST /v1/traces`
+/// and answers 200 with an empty (valid) export response.
+#[derive(Clone, Default)]
+struct Receiver {
+    bodies: Arc<Mutex<Vec<Vec<u8>>>>,
+    arrived: Arc<Notify>,
+}
+
+impl Receiver {
+    async fn start() -> (Receiver, SocketAddr) {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let receiver = Receiver::default();
+        let r = receiver.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(r.clone().connection(stream));
+            }
+        });
+        (receiver, addr)
+    }
+
+    /// Serves HTTP/1.1 requests on one (keep-alive) connection.
+    async fn connection(self, mut stream: TcpStream) {
+        let mut buf = Vec::new();
+        loop {
+            let head_end = loop {
+                if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break i + 4;
+                }
+                let mut chunk = [0u8; 8192];
+                match stream.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            };
+            let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+            let request_line = head.lines().next().unwrap_or_default().to_owned();
+            assert!(
+                !head.contains("transfer-encoding: chunked"),
+                "chunked bodies are not read here: {head}"
+            );
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map_or(0, |v| v.trim().parse().unwrap_or_else(|e| panic!("{e}")));
+            while buf.len() < head_end + len {
+                let mut chunk = [0u8; 8192];
+                match stream.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            let body = buf[head_end..head_end + len].to_vec();
+            buf.drain(..head_end + len);
+            if request_line.starts_with("post /v1/traces ") {
+                assert!(
+                    head.contains("content-type: application/x-protobuf"),
+                    "{head}"
+                );
+                self.bodies
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(body);
+                self.arrived.notify_waiters();
+                let _ = stream
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n",
+                    )
+                    .await;
+            } else {
+                let _ = stream
+                    .write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+                    .await;
+            }
+        }
+    }
+
+    /// Every body received so far, concatenated.
+    fn received(&self) -> Vec<u8> {
+        self.bodies
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .concat()
+    }
+
+    /// Waits until the received bodies contain `needle`.
+    async fn wait_for(&self, needle: &[u8]) -> Vec<u8> {
+        let wait = async {
+            loop {
+                let arrived = self.arrived.notified();
+                let all = self.received();
+                if contains(&all, needle) {
+                    return all;
+                }
+                // Bounded: a lost wake-up only costs one poll interval.
+                let _ = tokio::time::timeout(Duration::from_millis(200), arrived).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(60), wait)
+            .await
+            .unwrap_or_else(|_| panic!("no exported span contains {needle:?}"))
+    }
+}
+
+/// A running gateway and the thread collecting its log.
+struct Gateway {
+    child: Child,
+    listen: String,
+    log: std::thread::JoinHandle<String>,
+}
+
+impl Gateway {
+    async fn start(sim: &SimHandle, extra_args: &[&str], env: &[(&str, &str)]) -> Gateway {
+        let mut cmd = Command::new(BIN);
+        cmd.args([
+            "serve",
+            "--upstream",
+            &sim.url(),
+            "--store",
+            "memory:",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .args(extra_args)
+        .env_remove("IDEMGATE_LOG")
+        .env_remove("RUST_LOG");
+        for var in [
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "OTEL_SERVICE_NAME",
+            "OTEL_BSP_SCHEDULE_DELAY",
+        ] {
+            cmd.env_remove(var);
+        }
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let pipe = child
+            .stderr
+            .take()
+            .unwrap_or_else(|| panic!("no stderr"))
+            .into_owned_fd()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (started_tx, started_rx) = oneshot::channel::<String>();
+        let log = std::thread::spawn(move || {
+            let mut all = Vec::new();
+            let mut started = Some(started_tx);
+            for line in std::io::BufReader::new(std::fs::File::from(pipe)).lines() {
+                let Ok(line) = line else { break };
+                if line.contains("gateway started") {
+                    if let Some(tx) = started.take() {
+                        let _ = tx.send(line.clone());
+                    }
+                }
+                all.push(line);
+            }
+            all.join("\n")
+        });
+        let started = tokio::time::timeout(Duration::from_secs(30), started_rx)
+            .await
+            .unwrap_or_else(|_| panic!("gateway did not start"))
+            .unwrap_or_else(|_| panic!("gateway exited before starting"));
+        let pat = "\"listen\":\"";
+        let at = started.find(pat).unwrap_or_else(|| panic!("{started}")) + pat.len();
+        let len = started[at..]
+            .find('"')
+            .unwrap_or_else(|| panic!("{started}"));
+        Gateway {
+            child,
+            listen: started[at..at + len].to_owned(),
+            log,
+        }
+    }
+
+    /// A keyed chat completion through the gateway; returns its status.
+    async fn keyed(&self, key: &str) -> u16 {
+        let r = reqwest::Client::new()
+            .post(format!("http://{}/v1/chat/completions", self.listen))
+            .header("content-type", "application/json")
+            .header("idempotency-key", key)
+            .header("traceparent", TRACEPARENT)
+            .body(r#"{"model":"sim-1","messages":[{"role":"user","content":"hello"}]}"#)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let status = r.status().as_u16();
+        let _ = r.bytes().await.unwrap_or_else(|e| panic!("{e}"));
+        status
+    }
+
+    /// SIGTERM, then the exit status and the whole log.
+    async fn stop(mut self) -> (std::process::ExitStatus, String) {
+        let pid = self.child.id().unwrap_or_else(|| panic!("no pid"));
+        let kill = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(kill.success());
+        let status = tokio::time::timeout(Duration::from_secs(60), self.child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("gateway did not exit after SIGTERM"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let log = tokio::task::spawn_blocking(move || self.log.join())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|_| panic!("log reader panicked"));
+        (status, log)
+    }
+}
+
+async fn sim() -> SimHandle {
+    idemgate_llm_sim::spawn(SimConfig::default())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[tokio::test]
+async fn request_span_is_exported_with_key_and_client_trace_id() {
+    let (receiver, addr) = Receiver::start().await;
+    let sim = sim().await;
+    let gw = Gateway::start(
+        &sim,
+        &["--otlp-endpoint", &format!("http://{addr}/")],
+        &[("OTEL_BSP_SCHEDULE_DELAY", "100")],
+    )
+    .await;
+    let key = "otlp-key-5b1d9e";
+    assert_eq!(gw.keyed(key).await, 200);
+    let body = receiver.wait_for(key.as_bytes()).await;
+    assert!(contains(&body, b"idempotency_key"));
+    assert!(contains(&body, b"idempotency"), "span name");
+    assert!(contains(&body, b"service.name"));
+    assert!(contains(&body, b"idemgate"));
+    // The exported span is in the client's trace.
+    assert!(contains(&body, &trace_id_bytes()), "trace id {TRACE_ID}");
+    // Logs keep working beside the export.
+    let (status, log) = gw.stop().await;
+    assert!(status.success(), "exit {status:?}: {log}");
+    assert!(
+        log.lines()
+            .any(|l| l.contains(&format!("\"idempotency_key\":\"{key}\""))),
+        "{log}"
+    );
+}
+
+#[tokio::test]
+async fn environment_endpoint_and_last_batch_flushed_on_sigterm() {
+    let (receiver, addr) = Receiver::start().await;
+    let sim = sim().await;
+    // The batch delay is far longer than the test: the span can only
+    // arrive through the flush at shutdown.
+    let gw = Gateway::start(
+        &sim,
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &format!("http://{addr}")),
+            ("OTEL_BSP_SCHEDULE_DELAY", "600000"),
+        ],
+    )
+    .await;
+    let key = "otlp-key-flush-41c7";
+    assert_eq!(gw.keyed(key).await, 200);
+    assert_eq!(gw.keyed(key).await, 200, "replayed");
+    let (status, log) = gw.stop().await;
+    assert!(status.success(), "exit {status:?}: {log}");
+    let body = receiver.received();
+    assert!(contains(&body, key.as_bytes()), "span not flushed: {log}");
+    assert!(contains(&body, b"idempotency_key"));
+}
+
+#[tokio::test]
+async fn collector_down_changes_nothing_for_clients() {
+    // A port that was just closed: every export is refused.
+    let closed = {
+        let l = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        l.local_addr().unwrap_or_else(|e| panic!("{e}"))
+    };
+    let sim = sim().await;
+    let gw = Gateway::start(
+        &sim,
+        &["--otlp-endpoint", &format!("http://{closed}")],
+        &[("OTEL_BSP_SCHEDULE_DELAY", "50")],
+    )
+    .await;
+    for i in 0..20 {
+        let key = format!("otlp-down-{i}");
+        assert_eq!(gw.keyed(&key).await, 200);
+        assert_eq!(gw.keyed(&key).await, 200, "replayed");
+        assert_eq!(sim.executions_for(&key), 1);
+        // Let batches be attempted (and fail) between requests.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, log) = gw.stop().await;
+    assert!(status.success(), "exit {status:?}: {log}");
+    assert!(!log.contains("panicked"), "{log}");
+}

@@ -1,0 +1,281 @@
+//! OTLP export of the request spans (cargo feature `otlp`).
+//!
+//! The program adds [`OtlpTraces::layer`] to its `tracing` subscriber next to
+//! the JSON logs: every span (the `idempotency` span of each keyed request
+//! with its `idempotency_key`, `trace_id` and `route` fields as attributes)
+//! is also sent, in batches, to an OpenTelemetry collector over OTLP/HTTP
+//! with protobuf bodies. Export runs on a tokio task with the async
+//! `reqwest` client the gateway already links; a collector that is down
+//! costs a logged error per batch and the spans of that batch, never a
+//! request (spans are queued without waiting, and dropped when the queue is
+//! full).
+//!
+//! The exported span of a request carries the request's W3C trace id (the
+//! one in its `trace_id` field, taken from the client's `traceparent` or
+//! generated), so a trace found by the id in a log line is the one the
+//! collector holds. Its parent is not the client's span: the span fields
+//! carry the trace id only.
+//!
+//! Configuration follows the OpenTelemetry environment variables
+//! (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`,
+//! `OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_EXPORTER_OTLP_TIMEOUT`, `OTEL_BSP_*`,
+//! `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`); `service.name` is
+//! `idemgate` unless `OTEL_SERVICE_NAME` says otherwise.
+
+use std::cell::Cell;
+
+use opentelemetry::trace::{SpanId, TraceId, TracerProvider as _};
+use opentelemetry_otlp::{Protocol, WithExportConfig};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SdkTracerProvider};
+use tracing::Subscriber;
+use tracing::span;
+use tracing_subscriber::Layer;
+use tracing_subscriber::filter::{LevelFilter, Targets};
+use tracing_subscriber::layer::Context;
+use tracing_subscriber::registry::LookupSpan;
+
+/// The service name spans are exported under.
+pub const SERVICE_NAME: &str = "idemgate";
+
+/// The span field whose value becomes the exported span's trace id.
+const TRACE_ID_FIELD: &str = "trace_id";
+
+/// Why OTLP export could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OtlpError {
+    /// The exporter's configuration (endpoint, headers, protocol) is invalid.
+    #[error("OTLP exporter: {0}")]
+    Exporter(#[from] opentelemetry_otlp::ExporterBuildError),
+    /// Export needs a tokio runtime: call from within one.
+    #[error("OTLP export needs a tokio runtime")]
+    NoRuntime,
+}
+
+/// Whether the environment asks for OTLP export of traces
+/// (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT`
+/// set and not empty).
+pub fn configured_by_env() -> bool {
+    [
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+    ]
+    .iter()
+    .any(|v| std::env::var(v).is_ok_and(|s| !s.trim().is_empty()))
+}
+
+/// The span pipeline: the tracer provider with its batch processor. Keep it
+/// until the program ends and call [`OtlpTraces::shutdown`] so the last
+/// batch is sent.
+#[derive(Debug)]
+pub struct OtlpTraces {
+    provider: SdkTracerProvider,
+}
+
+impl OtlpTraces {
+    /// Builds the exporter and starts its batch task on the current tokio
+    /// runtime.
+    ///
+    /// `endpoint` is the collector's base URL (as
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT`: spans are posted to
+    /// `<endpoint>/v1/traces`) and overrides the environment; `None` reads
+    /// the endpoint from the environment (`http://localhost:4318` when unset).
+    pub fn start(endpoint: Option<&str>) -> Result<OtlpTraces, OtlpError> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(OtlpError::NoRuntime);
+        }
+        let mut exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(Protocol::HttpBinary);
+        if let Some(base) = endpoint {
+            exporter = exporter.with_endpoint(format!("{}/v1/traces", base.trim_end_matches('/')));
+        }
+        let exporter = exporter.build()?;
+        let processor =
+            opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor::builder(
+                exporter,
+                opentelemetry_sdk::runtime::Tokio,
+            )
+            .build();
+        let mut resource = Resource::builder();
+        if std::env::var("OTEL_SERVICE_NAME").map_or(true, |s| s.trim().is_empty()) {
+            resource = resource.with_service_name(SERVICE_NAME);
+        }
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(processor)
+            .with_resource(resource.build())
+            .with_id_generator(RequestTraceIds)
+            .build();
+        Ok(OtlpTraces { provider })
+    }
+
+    /// The `tracing` layer that turns spans into exported OTLP spans. Only
+    /// spans at `INFO` or above are exported, and none from the HTTP
+    /// client or the exporter itself (that would feed back into export).
+    pub fn layer<S>(&self) -> impl Layer<S> + Send + Sync + 'static
+    where
+        S: Subscriber + for<'a> LookupSpan<'a> + Send + Sync,
+    {
+        let filter = Targets::new()
+            .with_default(LevelFilter::INFO)
+            .with_target("opentelemetry", LevelFilter::OFF)
+            .with_target("reqwest", LevelFilter::OFF)
+            .with_target("hyper", LevelFilter::OFF)
+            .with_target("h2", LevelFilter::OFF);
+        let tracer = self.provider.tracer(SERVICE_NAME);
+        // The trace-id layer must see each span before the exporting layer
+        // starts it: it is the inner one.
+        TraceIdLayer
+            .and_then(tracing_opentelemetry::layer().with_tracer(tracer))
+            .with_filter(filter)
+    }
+
+    /// Sends the spans still queued and stops the batch task. Blocks until
+    /// the last export ends (bounded by `OTEL_EXPORTER_OTLP_TIMEOUT`, 10 s
+    /// by default): call it outside the runtime's worker threads (e.g. in
+    /// `spawn_blocking`). Failures are logged.
+    pub fn shutdown(self) {
+        match self.provider.shutdown() {
+            Ok(()) => tracing::debug!("OTLP span export stopped"),
+            Err(e) => tracing::warn!(error = %e, "OTLP span export: shutdown failed"),
+        }
+    }
+}
+
+thread_local! {
+    /// The trace id the next root span started on this thread takes; set by
+    /// [`TraceIdLayer`] right before the exporting layer starts a span.
+    static NEXT_TRACE_ID: Cell<Option<TraceId>> = const { Cell::new(None) };
+}
+
+/// Random ids, except a root span's trace id when [`TraceIdLayer`] left one.
+#[derive(Debug)]
+struct RequestTraceIds;
+
+impl IdGenerator for RequestTraceIds {
+    fn new_trace_id(&self) -> TraceId {
+        NEXT_TRACE_ID
+            .with(Cell::take)
+            .unwrap_or_else(|| RandomIdGenerator::default().new_trace_id())
+    }
+
+    fn new_span_id(&self) -> SpanId {
+        RandomIdGenerator::default().new_span_id()
+    }
+}
+
+/// The trace id a span's `trace_id` field asked for, kept in its extensions
+/// until the span is started.
+#[derive(Debug, Clone, Copy)]
+struct RequestedTraceId(TraceId);
+
+/// Remembers the `trace_id` field of each new span, and hands it to
+/// [`RequestTraceIds`] when the span is first entered or closed (the two
+/// places the exporting layer starts a span).
+#[derive(Debug)]
+struct TraceIdLayer;
+
+impl TraceIdLayer {
+    fn arm<S>(id: &span::Id, ctx: &Context<'_, S>)
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+    {
+        NEXT_TRACE_ID.with(|c| c.set(None));
+        if let Some(span) = ctx.span(id) {
+            if let Some(RequestedTraceId(t)) = span.extensions_mut().remove::<RequestedTraceId>() {
+                NEXT_TRACE_ID.with(|c| c.set(Some(t)));
+            }
+        }
+    }
+}
+
+impl<S> Layer<S> for TraceIdLayer
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn on_new_span(&self, attrs: &span::Attributes<'_>, id: &span::Id, ctx: Context<'_, S>) {
+        NEXT_TRACE_ID.with(|c| c.set(None));
+        if attrs.metadata().fields().field(TRACE_ID_FIELD).is_none() {
+            return;
+        }
+        let mut visitor = TraceIdVisitor(None);
+        attrs.record(&mut visitor);
+        if let (Some(t), Some(span)) = (visitor.0, ctx.span(id)) {
+            span.extensions_mut().insert(RequestedTraceId(t));
+        }
+    }
+
+    fn on_enter(&self, id: &span::Id, ctx: Context<'_, S>) {
+        Self::arm(id, &ctx);
+    }
+
+    fn on_exit(&self, _id: &span::Id, _ctx: Context<'_, S>) {
+        NEXT_TRACE_ID.with(|c| c.set(None));
+    }
+
+    fn on_close(&self, id: span::Id, ctx: Context<'_, S>) {
+        Self::arm(&id, &ctx);
+    }
+}
+
+/// Reads a 32-hex-digit, non-zero `trace_id` field.
+struct TraceIdVisitor(Option<TraceId>);
+
+impl TraceIdVisitor {
+    fn parse(&mut self, s: &str) {
+        if s.len() == 32 {
+            if let Ok(t) = TraceId::from_hex(s) {
+                if t != TraceId::INVALID {
+                    self.0 = Some(t);
+                }
+            }
+        }
+    }
+}
+
+impl tracing::field::Visit for TraceIdVisitor {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == TRACE_ID_FIELD {
+            self.parse(value);
+        }
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == TRACE_ID_FIELD {
+            self.parse(&format!("{value:?}"));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn visit(s: &str) -> Option<TraceId> {
+        let mut v = TraceIdVisitor(None);
+        v.parse(s);
+        v.0
+    }
+
+    #[test]
+    fn trace_id_field_parses_only_valid_ids() {
+        assert_eq!(
+            visit("4bf92f3577b34da6a3ce929d0e0e4736"),
+            Some(TraceId::from(
+                0x4bf9_2f35_77b3_4da6_a3ce_929d_0e0e_4736_u128
+            ))
+        );
+        assert_eq!(visit("00000000000000000000000000000000"), None);
+        assert_eq!(visit("4bf92f3577b34da6"), None);
+        assert_eq!(visit("zzf92f3577b34da6a3ce929d0e0e4736"), None);
+    }
+
+    #[test]
+    fn id_generator_takes_the_armed_trace_id_once() {
+        let t = TraceId::from(42_u128);
+        NEXT_TRACE_ID.with(|c| c.set(Some(t)));
+        assert_eq!(RequestTraceIds.new_trace_id(), t);
+        assert_ne!(RequestTraceIds.new_trace_id(), t);
+    }
+}
