@@ -343,4 +343,10 @@ async fn collector_down_changes_nothing_for_clients() {
     let (status, log) = gw.stop().await;
     assert!(status.success(), "exit {status:?}: {log}");
     assert!(!log.contains("panicked"), "{log}");
+    // The failed exports were logged (by the exporter, as warnings).
+    assert!(
+        log.lines().any(|l| l.contains("\"target\":\"opentelemetry")
+            && (l.contains("\"level\":\"WARN\"") || l.contains("\"level\":\"ERROR\""))),
+        "{log}"
+    );
 }
