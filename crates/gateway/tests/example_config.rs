@@ -16,6 +16,9 @@ fn shipped_example_config_loads() {
         assert_eq!(config.routes.len(), 2);
         assert!(config.route_for("/v1/chat/completions").is_some());
         assert!(config.route_for("/v1/messages").is_some());
+        // The example is also what a sound configuration looks like.
+        let findings = idemgate_gateway::plan::findings(&config);
+        assert!(findings.is_empty(), "{findings:#?}");
     } else {
         let err = loaded
             .expect_err("https upstreams need the tls feature")
