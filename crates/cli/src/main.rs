@@ -46,15 +46,6 @@ enum Command {
     /// Inspect idempotency keys in the store.
     #[command(subcommand)]
     Keys(keys::KeysCommand),
-    /// Print the seed's retry-window rule for a client retry policy.
-    Window {
-        /// Total attempts, the first included.
-        #[arg(long, default_value_t = 3)]
-        attempts: u32,
-        /// Client timeout per attempt, in seconds.
-        #[arg(long, default_value_t = 600)]
-        timeout_secs: u64,
-    },
 }
 
 /// Flags of `idemgate demo`.
@@ -314,21 +305,6 @@ fn main() -> anyhow::Result<ExitCode> {
             print!("{}", idemgate_demo::render(&report));
         }
         Command::Keys(cmd) => return runtime()?.block_on(keys::run(cmd)),
-        Command::Window {
-            attempts,
-            timeout_secs,
-        } => {
-            let policy = idemgate_engine::RetryPolicy {
-                attempts,
-                attempt_timeout: std::time::Duration::from_secs(timeout_secs),
-                ..Default::default()
-            };
-            println!(
-                "longest retry window {:?}; done_ttl must be at least {:?}",
-                policy.longest_window(),
-                policy.min_done_ttl()
-            );
-        }
     }
     Ok(ExitCode::SUCCESS)
 }

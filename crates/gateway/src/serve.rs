@@ -34,12 +34,6 @@ use crate::proxy::{Proxy, ProxyBuildError};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum GatewayError {
-    /// The configured store backend is not part of this build.
-    #[error("{backend} store not available: not built into this binary yet")]
-    StoreNotBuilt {
-        /// The backend named by the store URL.
-        backend: &'static str,
-    },
     /// The store could not be opened.
     #[error("cannot open the {backend} store at {url}")]
     StoreOpen {
