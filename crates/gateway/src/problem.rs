@@ -1,27 +1,21 @@
 //! RFC 9457 problem details (`application/problem+json`) made by the gateway
-//! itself: no route, upstream unreachable, upstream timeouts.
+//! itself: no route, admin refusals, upstream errors. They are the layer's
+//! [`Problem`] type, so every problem the gateway sends has one shape and one
+//! `type` URI base.
 
 use axum::body::Body;
-use http::{HeaderValue, Response, StatusCode, header};
-
-/// Base of the stable `type` URIs.
-pub const TYPE_BASE: &str = "https://idemgate.dev/problems/";
+use axum::response::IntoResponse;
+use http::{Response, StatusCode};
+use idemgate_layer::problem::Problem;
 
 /// A problem response: `kind` becomes the `type` URI's last segment.
-pub fn problem(status: StatusCode, kind: &str, title: &str, detail: &str) -> Response<Body> {
-    let body = serde_json::json!({
-        "type": format!("{TYPE_BASE}{kind}"),
-        "title": title,
-        "status": status.as_u16(),
-        "detail": detail,
-    });
-    let mut resp = Response::new(Body::from(body.to_string()));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    resp
+pub fn problem(
+    status: StatusCode,
+    kind: &'static str,
+    title: &'static str,
+    detail: &str,
+) -> Response<Body> {
+    Problem::new(status, kind, title, detail).into_response()
 }
 
 /// 404: no route serves the path.

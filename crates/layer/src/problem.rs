@@ -31,7 +31,16 @@ pub struct Problem {
 }
 
 impl Problem {
-    fn new(status: StatusCode, slug: &'static str, title: &'static str, detail: String) -> Self {
+    /// A problem of any kind: `slug` becomes the last segment of the stable
+    /// `type` URI. The named constructors below cover the layer's own cases;
+    /// this one serves the gateway's (no route, admin, proxy errors).
+    pub fn new(
+        status: StatusCode,
+        slug: &'static str,
+        title: &'static str,
+        detail: impl Into<String>,
+    ) -> Self {
+        let detail = detail.into();
         Self {
             status,
             slug,

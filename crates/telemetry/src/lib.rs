@@ -16,7 +16,8 @@
 //!   route; [`Snapshot`] the figures a dashboard polls.
 //! - [`InstrumentedStore`]: a [`Store`](idemgate_engine::Store) decorator
 //!   timing every operation by backend and op, and counting errors.
-//! - [`logging`]: JSON-lines logs via `tracing`.
+//! - [`logging`]: the JSON-lines log format, for capturing logs in tests
+//!   (the `idemgate` binary sets up its own subscriber with the same format).
 //! - `otlp` (cargo feature `otlp`): OTLP/HTTP export of the request spans,
 //!   a layer beside the logs.
 //!

@@ -1,4 +1,5 @@
-//! JSON-lines logs.
+//! JSON-lines logs, written to a writer of the caller's choosing (tests
+//! capture what the gateway logs this way).
 //!
 //! Every line about a keyed request carries `idempotency_key` and `trace_id`
 //! (the request's span sets them), so every attempt of one operation can be
@@ -6,20 +7,6 @@
 //! and completions are user data.
 
 use tracing_subscriber::EnvFilter;
-
-/// Installs a JSON-lines subscriber on stderr, filtered by `RUST_LOG`
-/// (default `info`). Returns false when a subscriber was already installed.
-pub fn init_json() -> bool {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .json()
-        .with_current_span(true)
-        .with_span_list(false)
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init()
-        .is_ok()
-}
 
 /// Installs a JSON-lines subscriber writing to `writer` (tests capture logs
 /// this way). Returns false when a subscriber was already installed.
