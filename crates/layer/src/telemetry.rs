@@ -19,18 +19,6 @@ use idemgate_telemetry::{RouteTelemetry, Telemetry};
 
 use crate::stored::Usage;
 
-/// The [`Outcome`]s the layer uses where a label is expected.
-pub mod outcome {
-    use super::Outcome;
-
-    /// The work ran for this request and its result was stored.
-    pub const EXECUTED: Outcome = Outcome::Executed;
-    /// Answered from the stored result.
-    pub const REPLAYED: Outcome = Outcome::Replayed;
-    /// Joined an execution in flight (live stream or waited result).
-    pub const ATTACHED: Outcome = Outcome::Attached;
-}
-
 /// The route's metrics.
 #[derive(Debug, Clone)]
 pub(crate) struct Metrics {
