@@ -19,6 +19,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use idemgate_testkit::require;
 use std::collections::HashMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -36,17 +37,6 @@ const REDIS: &str = "redis://127.0.0.1:6379";
 fn postgres_url() -> String {
     std::env::var("IDEMGATE_TEST_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-/// Fails loudly when a server the suite needs is missing: never a silent skip.
-fn require(what: &str, ok: bool) {
-    if !ok {
-        let ci = std::env::var("CI").is_ok_and(|v| v == "true");
-        panic!(
-            "{what} is not available{}: start it with `bash scripts/services.sh`",
-            if ci { " under CI" } else { "" }
-        );
-    }
 }
 
 fn tag() -> String {

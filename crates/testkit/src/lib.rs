@@ -32,6 +32,19 @@ pub const SHORT_TTL: Duration = Duration::from_millis(1000);
 pub const PAST_SHORT_TTL: Duration = Duration::from_millis(1500);
 const LONG: Duration = Duration::from_secs(300);
 
+/// Fails loudly when a server a suite needs is missing. A suite never skips
+/// silently: under CI that would hide a broken setup, and outside CI a
+/// missing server is worth fixing (`scripts/services.sh` starts it).
+pub fn require(what: &str, ok: bool) {
+    if !ok {
+        let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+        panic!(
+            "{what} is not available{}: start it with `bash scripts/services.sh`",
+            if ci { " under CI" } else { "" }
+        );
+    }
+}
+
 /// A key under a tenant no other test uses.
 pub fn fresh_key() -> ScopedKey {
     let tenant = format!("t{:016x}", rand::random::<u64>());

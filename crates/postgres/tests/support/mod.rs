@@ -25,16 +25,7 @@ pub fn shared_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
-/// Fails loudly when a server the suite needs is missing: never a silent skip.
-pub fn require(what: &str, ok: bool) {
-    if !ok {
-        let ci = std::env::var("CI").is_ok_and(|v| v == "true");
-        panic!(
-            "{what} is not available{}: start it with `bash scripts/services.sh`",
-            if ci { " under CI" } else { "" }
-        );
-    }
-}
+pub use idemgate_testkit::require;
 
 /// A schema name for this test process: `igtest_<unix secs>_<random>`.
 pub fn run_schema() -> &'static str {

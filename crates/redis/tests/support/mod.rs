@@ -22,18 +22,7 @@ use std::time::{Duration, Instant};
 /// The shared Redis every machine of this project runs.
 pub const SHARED_URL: &str = "redis://127.0.0.1:6379";
 
-/// Fails loudly when a server the suite needs is missing. A suite never skips
-/// silently: under CI that would hide a broken setup, and outside CI a
-/// missing server is worth fixing (`scripts/services.sh` starts it).
-pub fn require(what: &str, ok: bool) {
-    if !ok {
-        let ci = std::env::var("CI").is_ok_and(|v| v == "true");
-        panic!(
-            "{what} is not available{}: start it with `bash scripts/services.sh`",
-            if ci { " under CI" } else { "" }
-        );
-    }
-}
+pub use idemgate_testkit::require;
 
 /// A random key prefix for this test process.
 pub fn run_prefix() -> &'static str {
