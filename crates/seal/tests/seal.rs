@@ -323,3 +323,13 @@ proptest! {
         prop_assert_eq!(kind(ring.open(b"ad", &bytes)), SealErrorKind::Tampered);
     }
 }
+
+#[test]
+fn shareable_across_tasks() {
+    fn shareable<T: Send + Sync + Clone + 'static>() {}
+    fn error<T: std::error::Error + Send + Sync + 'static>() {}
+    shareable::<KeyRing>();
+    error::<SealError>();
+    error::<idemgate_seal::KeyFileError>();
+    error::<idemgate_seal::GenerateKeyError>();
+}
