@@ -48,7 +48,9 @@ pub mod key;
 pub mod live;
 pub mod operations;
 pub mod problem;
+mod replay;
 mod service;
+mod shared;
 pub mod sse;
 pub mod stored;
 pub mod telemetry;
@@ -58,8 +60,8 @@ pub use config::{
 };
 pub use live::{InProcessLive, LiveEvents};
 pub use problem::Problem;
+pub use replay::IDEMPOTENT_REPLAYED;
 pub use service::{
-    IDEMPOTENT_REPLAYED, Idempotency, IdempotencyContext, IdempotencyLayer, RetryableFailure,
-    ShutdownReport,
+    Idempotency, IdempotencyContext, IdempotencyLayer, RetryableFailure, ShutdownReport,
 };
 pub use stored::{StoredBody, StoredResponse, StreamUsage, Usage};

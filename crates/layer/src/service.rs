@@ -29,8 +29,6 @@ use idemgate_engine::{
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use tower::{Layer, Service, ServiceExt};
 use tracing::Instrument;
 
@@ -41,19 +39,17 @@ use crate::live::{
 };
 use crate::operations;
 use crate::problem::Problem;
-use crate::sse::{EventScanner, is_event_stream, parse_last_event_id, rewrite_id};
+use crate::replay::{IDEMPOTENT_REPLAYED, mark, replay_stored};
+use crate::shared::Shared;
+use crate::sse::{EventScanner, events_to_skip, is_event_stream, rewrite_id};
 use crate::stored::{StoredBody, StoredResponse, StreamUsage, usage_of_json};
-use crate::telemetry::{Metrics, Outcome};
+use crate::telemetry::Outcome;
 use sha2::{Digest, Sha256};
 
 mod traceparent;
 
 use traceparent::ensure_traceparent;
 
-/// Response header saying whether the response was replayed.
-pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
-
-const LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
 const PREFER: HeaderName = HeaderName::from_static("prefer");
 
 /// The key of the request being served, in the request extensions seen by
@@ -82,22 +78,6 @@ pub struct ShutdownReport {
     pub cancelled: usize,
 }
 
-/// State shared by every clone of the layer and its services.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub(crate) engine: Engine,
-    pub(crate) config: LayerConfig,
-    /// Streams being generated, for `Attach` (this process's, or shared
-    /// between replicas).
-    live: Arc<dyn LiveEvents>,
-    /// Detached executions, so shutdown can wait for them.
-    tracker: TaskTracker,
-    /// Cancels detached executions once the shutdown grace has run out.
-    cancel: CancellationToken,
-    /// The route's counters (labelled with the namespace).
-    pub(crate) metrics: Metrics,
-}
-
 /// The idempotency layer. Cheap to clone (clones share state).
 #[derive(Debug, Clone)]
 pub struct IdempotencyLayer {
@@ -119,14 +99,7 @@ impl IdempotencyLayer {
         live: Arc<dyn LiveEvents>,
     ) -> Self {
         Self {
-            shared: Arc::new(Shared {
-                engine,
-                metrics: Metrics::new(&config.namespace),
-                config,
-                live,
-                tracker: TaskTracker::new(),
-                cancel: CancellationToken::new(),
-            }),
+            shared: Arc::new(Shared::new(engine, config, live)),
         }
     }
 
@@ -303,11 +276,7 @@ where
         .map_or_else(|| parts.uri.path(), |p| p.as_str());
     let fingerprint =
         Fingerprint::of_request(parts.method.as_str(), path, &body, &cfg.fingerprint_ignore);
-    let skip = parts
-        .headers
-        .get(LAST_EVENT_ID)
-        .and_then(parse_last_event_id)
-        .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX));
+    let skip = events_to_skip(&parts.headers);
     let prefer_async = prefers_async(&parts.headers);
     let mut parts = parts;
     let trace_id = ensure_traceparent(&mut parts.headers);
@@ -351,11 +320,7 @@ where
                 shared
                     .metrics
                     .request(Outcome::Accepted, Some(&keyed.scoped));
-                return operations::accepted(&operations::location(
-                    &cfg.operations_path,
-                    &cfg.namespace,
-                    &keyed.scoped.key,
-                ));
+                return operations::accepted_for(cfg, &keyed.scoped.key);
             }
             match cfg.on_inflight {
                 // Without a live stream of this process to join (only Attach
@@ -469,45 +434,6 @@ fn prefers_async(headers: &HeaderMap) -> bool {
 /// Answers from a DONE record.
 fn replay_record(shared: &Shared, record: &Record, keyed: &Keyed, outcome: Outcome) -> Response {
     replay_stored(shared, record, &keyed.scoped, keyed.skip, outcome)
-}
-
-/// Answers `key` from a DONE record, counting a hit and the tokens saved.
-pub(crate) fn replay_stored(
-    shared: &Shared,
-    record: &Record,
-    key: &ScopedKey,
-    skip: usize,
-    outcome: Outcome,
-) -> Response {
-    let decoded = record
-        .payload()
-        .ok_or(crate::stored::DecodeError::Truncated)
-        .and_then(StoredResponse::decode);
-    match decoded {
-        Ok(stored) => {
-            tracing::info!(
-                outcome = outcome.as_str(),
-                status = stored.status.as_u16(),
-                "answered from the stored result"
-            );
-            shared.metrics.replayed(outcome, key, stored.usage);
-            replay_response(&stored, skip)
-        }
-        Err(e) => {
-            shared.metrics.request(Outcome::StoreError, Some(key));
-            tracing::error!(error = %e, "stored result cannot be decoded");
-            Problem::stored_result_unreadable().into_response()
-        }
-    }
-}
-
-fn replay_response(stored: &StoredResponse, skip: usize) -> Response {
-    let mut res = Response::new(Body::from(stored.body_bytes(skip)));
-    *res.status_mut() = stored.status;
-    *res.headers_mut() = stored.headers.clone();
-    res.headers_mut()
-        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    res
 }
 
 /// Joins an execution in flight: its live stream if this process runs it
@@ -628,9 +554,7 @@ fn attached_response(
     let mut res = Response::new(Body::from_stream(stream));
     *res.status_mut() = status;
     *res.headers_mut() = headers;
-    res.headers_mut()
-        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    res
+    mark(res, true)
 }
 
 /// An attached client's stream: live events, and the stored record when
@@ -772,11 +696,7 @@ where
         .spawn(task.run(inner, request, guard).in_current_span());
     if keyed.prefer_async {
         // Counted when the execution ends, like any owner's.
-        return operations::accepted(&operations::location(
-            &cfg.operations_path,
-            &cfg.namespace,
-            &keyed.scoped.key,
-        ));
+        return operations::accepted_for(cfg, &keyed.scoped.key);
     }
     match reply_rx.await {
         Ok(res) => res,
@@ -1079,10 +999,8 @@ async fn release(guard: LeaseGuard, status: Option<u16>) {
 }
 
 /// Marks a response as executed now.
-fn fresh(mut res: Response) -> Response {
-    res.headers_mut()
-        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("false"));
-    res
+fn fresh(res: Response) -> Response {
+    mark(res, false)
 }
 
 /// Headers of hop-by-hop or framing nature are never stored.
