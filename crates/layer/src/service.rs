@@ -43,7 +43,7 @@ use crate::replay::{IDEMPOTENT_REPLAYED, mark, replay_stored};
 use crate::shared::Shared;
 use crate::sse::{EventScanner, events_to_skip, is_event_stream, rewrite_id};
 use crate::stored::{StoredBody, StoredResponse, StreamUsage, usage_of_json};
-use crate::telemetry::Outcome;
+use crate::telemetry::{Outcome, ReleaseReason};
 use sha2::{Digest, Sha256};
 
 mod traceparent;
@@ -708,8 +708,8 @@ where
 enum Decision {
     /// Store this response (PENDING → DONE).
     Store(StoredResponse),
-    /// Give the key back, for this reason (a metric label).
-    Release(&'static str),
+    /// Give the key back, for this reason.
+    Release(ReleaseReason),
 }
 
 /// The state of one detached execution.
@@ -742,8 +742,8 @@ impl Detached {
             let work = self.execute(inner, request);
             tokio::select! {
                 d = work => d,
-                () = tokio::time::sleep(shared.config.completion_timeout) => Decision::Release("completion_timeout"),
-                () = shared.cancel.cancelled() => Decision::Release("shutdown"),
+                () = tokio::time::sleep(shared.config.completion_timeout) => Decision::Release(ReleaseReason::CompletionTimeout),
+                () = shared.cancel.cancelled() => Decision::Release(ReleaseReason::Shutdown),
             }
         };
         self.finish(decision, guard).await;
@@ -763,13 +763,13 @@ impl Detached {
             tracing::info!(phase = failure.phase, "upstream failed; key released");
             self.not_streaming();
             self.pending = Some(fresh(res));
-            return Decision::Release("retryable_failure");
+            return Decision::Release(ReleaseReason::RetryableFailure);
         }
         if cfg.is_retryable(status.as_u16()) {
             tracing::info!(status = status.as_u16(), "retryable status; key released");
             self.not_streaming();
             self.pending = Some(fresh(res));
-            return Decision::Release("retryable_status");
+            return Decision::Release(ReleaseReason::RetryableStatus);
         }
         let (mut parts, body) = res.into_parts();
         parts.headers.remove(header::CONTENT_LENGTH);
@@ -794,7 +794,7 @@ impl Detached {
                     let body = Body::from_stream(head.chain(data));
                     self.pending = Some(fresh(Response::from_parts(parts, body)));
                     tracing::warn!(max, "response body too large to store; key released");
-                    return Decision::Release("too_large");
+                    return Decision::Release(ReleaseReason::TooLarge);
                 }
                 Ok(chunk) => buf.extend_from_slice(&chunk),
                 Err(e) => {
@@ -803,7 +803,7 @@ impl Detached {
                         Problem::upstream_unavailable("the response body broke before its end")
                             .into_response(),
                     );
-                    return Decision::Release("body_error");
+                    return Decision::Release(ReleaseReason::BodyError);
                 }
             }
         }
@@ -852,7 +852,7 @@ impl Detached {
                 }
                 Some(Err(e)) => {
                     tracing::warn!(error = %e, events = self.events, "response stream broke; key released");
-                    return Decision::Release("stream_error");
+                    return Decision::Release(ReleaseReason::StreamError);
                 }
                 None => {
                     blocks.extend(scanner.finish());
@@ -888,7 +888,7 @@ impl Detached {
             }
         }
         if over {
-            return Decision::Release("too_large");
+            return Decision::Release(ReleaseReason::TooLarge);
         }
         Decision::Store(StoredResponse {
             status,
@@ -938,7 +938,7 @@ impl Detached {
                     Err(e) => {
                         tracing::warn!(error = %e, "result cannot be encoded; key released");
                         release(guard, self.status).await;
-                        metrics.released("encode");
+                        metrics.released(ReleaseReason::Encode);
                         Outcome::Failed
                     }
                 };
@@ -953,11 +953,11 @@ impl Detached {
             Decision::Release(reason) => {
                 release(guard, self.status).await;
                 metrics.released(reason);
-                if self.events > 0 && reason != "too_large" {
+                if self.events > 0 && !reason.delivered() {
                     metrics.events_lost(self.events);
                 }
                 // A response too large to store was still delivered whole.
-                let outcome = if reason == "too_large" {
+                let outcome = if reason.delivered() {
                     Outcome::Executed
                 } else {
                     Outcome::Failed
@@ -968,9 +968,16 @@ impl Detached {
                 }
                 self.send(Chunk::Abort);
                 let fallback = match reason {
-                    "completion_timeout" => Problem::upstream_timeout("total"),
-                    "shutdown" => Problem::shutting_down(),
-                    _ => Problem::upstream_unavailable("the upstream response failed"),
+                    ReleaseReason::CompletionTimeout => Problem::upstream_timeout("total"),
+                    ReleaseReason::Shutdown => Problem::shutting_down(),
+                    ReleaseReason::RetryableFailure
+                    | ReleaseReason::RetryableStatus
+                    | ReleaseReason::TooLarge
+                    | ReleaseReason::BodyError
+                    | ReleaseReason::StreamError
+                    | ReleaseReason::Encode => {
+                        Problem::upstream_unavailable("the upstream response failed")
+                    }
                 };
                 self.answer(Some(fallback));
             }
