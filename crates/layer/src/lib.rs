@@ -48,6 +48,7 @@ pub mod key;
 pub mod live;
 pub mod operations;
 pub mod problem;
+mod refusal;
 mod replay;
 mod service;
 mod shared;

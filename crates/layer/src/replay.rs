@@ -6,11 +6,12 @@
 //! replaying lives here, below both.
 
 use axum::body::Body;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use http::{HeaderName, HeaderValue};
 use idemgate_engine::{Record, ScopedKey};
 
 use crate::problem::Problem;
+use crate::refusal::{Log, refuse};
 use crate::shared::Shared;
 use crate::stored::{DecodeError, StoredResponse};
 use crate::telemetry::Outcome;
@@ -49,11 +50,13 @@ pub(crate) fn replay_stored(
             shared.metrics.replayed(outcome, key, stored.usage);
             replay_response(&stored, skip)
         }
-        Err(e) => {
-            shared.metrics.request(Outcome::StoreError, Some(key));
-            tracing::error!(error = %e, "stored result cannot be decoded");
-            Problem::stored_result_unreadable().into_response()
-        }
+        Err(e) => refuse(
+            &shared.metrics,
+            Outcome::StoreError,
+            Some(key),
+            Log::Error("stored result cannot be decoded", &e),
+            Problem::stored_result_unreadable(),
+        ),
     }
 }
 
