@@ -7,7 +7,8 @@
 //! installs a recorder: the application picks the exporter (the gateway
 //! installs Prometheus). Every series carries the route (namespace) and, for
 //! requests, a fixed [`Outcome`]; never a key or a tenant. Keys only feed the
-//! requests-per-key distribution, as a hash that is never exported.
+//! requests-per-key distribution, as a hash that is never exported. A
+//! released key carries its reason (`ReleaseReason`), a fixed label too.
 //!
 //! Each request is counted once, with its final outcome: an owner when its
 //! execution ends (`executed`, `failed`, `fenced`), before the client hears
