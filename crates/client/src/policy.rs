@@ -164,7 +164,9 @@ pub struct Delay {
 }
 
 impl Delay {
-    pub(crate) fn new(duration: Duration, source: DelaySource) -> Self {
+    /// A wait of `duration`, from `source` (to compare with
+    /// [`Attempt::delay`](crate::Attempt::delay)).
+    pub const fn new(duration: Duration, source: DelaySource) -> Self {
         Self { duration, source }
     }
 }
