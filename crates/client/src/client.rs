@@ -134,7 +134,18 @@ impl ClientBuilder {
     /// A header sent with every request. Values of credential headers
     /// (`Authorization`, `x-api-key`, …) are marked sensitive and never
     /// shown by `Debug`.
+    ///
+    /// `Idempotency-Key` and `Last-Event-ID` are refused here (the error
+    /// surfaces at [`ClientBuilder::build`]): they belong to one operation,
+    /// and one key on every operation would make them all one.
     pub fn header(mut self, name: &str, value: &str) -> Self {
+        if name.eq_ignore_ascii_case(IDEMPOTENCY_KEY) || name.eq_ignore_ascii_case(LAST_EVENT_ID) {
+            self.error.get_or_insert(Error::Header {
+                name: name.to_owned(),
+                reason: "it belongs to one operation: set it per request".to_owned(),
+            });
+            return self;
+        }
         if let Err(e) = insert_header(&mut self.headers, name, value) {
             self.error.get_or_insert(e);
         }
@@ -344,27 +355,9 @@ impl RequestBuilder {
     pub async fn send(self) -> Result<Response, Error> {
         let (prepared, policy, _) = self.prepare()?;
         let mut retrier = Retrier::new(policy);
-        let (status, headers, body) = match prepared.until_success(&mut retrier, None, true).await?
-        {
-            Success::Whole {
-                status,
-                headers,
-                body,
-            } => (status, headers, body),
-            // Not produced when the body is asked for; read it if it were.
-            Success::Head(r) => {
-                let (status, headers) = (r.status(), r.headers().clone());
-                let body = r.bytes().await.map_err(|e| {
-                    prepared.gave_up(
-                        &retrier,
-                        GiveUpReason::Attempts(retrier.attempts()),
-                        None,
-                        Some(e),
-                    )
-                })?;
-                (status, headers, body)
-            }
-        };
+        let (status, headers, body) = prepared
+            .until_success(&mut retrier, None, read_whole)
+            .await?;
         Ok(Response {
             status,
             headers,
@@ -390,20 +383,9 @@ impl RequestBuilder {
                 .insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
         }
         let mut retrier = Retrier::new(policy);
-        let head = match prepared
-            .until_success(&mut retrier, last_event_id.as_deref(), false)
-            .await?
-        {
-            Success::Head(r) => r,
-            // Not produced when only the head is asked for; a body read
-            // whole is no stream.
-            Success::Whole { headers, .. } => {
-                return Err(Error::NotAStream {
-                    key: prepared.key,
-                    content_type: crate::stream::content_type(&headers).to_owned(),
-                });
-            }
-        };
+        let head = prepared
+            .until_success(&mut retrier, last_event_id.as_deref(), keep_head)
+            .await?;
         EventStream::start(prepared, retrier, head, last_event_id)
     }
 
@@ -454,21 +436,27 @@ impl fmt::Debug for RequestBuilder {
     }
 }
 
-/// What a successful attempt produced.
-pub(crate) enum Success {
-    /// The body, read whole.
-    Whole {
-        status: StatusCode,
-        headers: HeaderMap,
-        body: Bytes,
-    },
-    /// The head; the body is still to be read.
-    Head(reqwest::Response),
+/// The finishing step of an attempt that got a success: read the body
+/// whole, within the attempt's timeout.
+pub(crate) async fn read_whole(
+    response: reqwest::Response,
+) -> Result<(StatusCode, HeaderMap, Bytes), reqwest::Error> {
+    let status = response.status();
+    let headers = response.headers().clone();
+    Ok((status, headers, response.bytes().await?))
+}
+
+/// The finishing step of an attempt that got a success: keep the head, the
+/// body is read as a stream.
+pub(crate) async fn keep_head(
+    response: reqwest::Response,
+) -> Result<reqwest::Response, reqwest::Error> {
+    Ok(response)
 }
 
 /// How one attempt ended, before the policy judges it.
-enum Attempted {
-    Success(Success),
+enum Attempted<T> {
+    Success(StatusCode, T),
     Failed(ErrorResponse),
     Timeout,
     Connect(reqwest::Error),
@@ -490,25 +478,25 @@ pub(crate) struct Prepared {
 }
 
 impl Prepared {
-    /// Attempts until a success, a final answer, or the policy's limits.
-    /// The successful attempt is logged last (for a stream: its head).
-    pub(crate) async fn until_success(
+    /// Attempts until a success (finished by `finish`), a final answer,
+    /// or the policy's limits. The successful attempt is logged last.
+    pub(crate) async fn until_success<T, F, Fut>(
         &self,
         retrier: &mut Retrier,
         last_event_id: Option<&str>,
-        whole: bool,
-    ) -> Result<Success, Error> {
+        finish: F,
+    ) -> Result<T, Error>
+    where
+        F: Fn(reqwest::Response) -> Fut,
+        Fut: Future<Output = Result<T, reqwest::Error>>,
+    {
         loop {
             let timeout = retrier.attempt_timeout();
             let (outcome, asked, response, error) =
-                match self.attempt(timeout, last_event_id, whole).await {
-                    Attempted::Success(success) => {
-                        let status = match &success {
-                            Success::Whole { status, .. } => *status,
-                            Success::Head(r) => r.status(),
-                        };
+                match self.attempt(timeout, last_event_id, &finish).await {
+                    Attempted::Success(status, got) => {
                         retrier.last(AttemptOutcome::Status(status));
-                        return Ok(success);
+                        return Ok(got);
                     }
                     Attempted::Failed(response) => {
                         let outcome = AttemptOutcome::Status(response.status);
@@ -570,14 +558,18 @@ impl Prepared {
         }
     }
 
-    /// One attempt: send, and read the body of a failure (and of a success
-    /// when `whole`), all within `timeout`.
-    async fn attempt(
+    /// One attempt: send, then `finish` a success or read the body of a
+    /// failure, all within `timeout`.
+    async fn attempt<T, F, Fut>(
         &self,
         timeout: Option<Duration>,
         last_event_id: Option<&str>,
-        whole: bool,
-    ) -> Attempted {
+        finish: &F,
+    ) -> Attempted<T>
+    where
+        F: Fn(reqwest::Response) -> Fut,
+        Fut: Future<Output = Result<T, reqwest::Error>>,
+    {
         let mut request = reqwest::Request::new(self.method.clone(), self.url.clone());
         *request.headers_mut() = self.headers.clone();
         if let Some(id) = last_event_id {
@@ -601,16 +593,14 @@ impl Prepared {
                 Err(e) => return Attempted::Transport(e),
             };
             let status = response.status();
-            if status.is_success() && !whole {
-                return Attempted::Success(Success::Head(response));
+            if status.is_success() {
+                return match finish(response).await {
+                    Ok(got) => Attempted::Success(status, got),
+                    Err(e) => Attempted::Transport(e),
+                };
             }
             let headers = response.headers().clone();
             match response.bytes().await {
-                Ok(body) if status.is_success() => Attempted::Success(Success::Whole {
-                    status,
-                    headers,
-                    body,
-                }),
                 Ok(body) => Attempted::Failed(ErrorResponse::new(status, headers, body)),
                 Err(e) => Attempted::Transport(e),
             }
@@ -715,5 +705,10 @@ mod tests {
             .unwrap_err();
         assert!(matches!(err, Error::Header { .. }));
         assert!(!err.to_string().contains("sec"), "{err}");
+        let err = Client::builder("http://h")
+            .header("Idempotency-Key", "one-for-all")
+            .build()
+            .unwrap_err();
+        assert!(err.to_string().contains("per request"), "{err}");
     }
 }

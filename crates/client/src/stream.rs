@@ -8,7 +8,7 @@ use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, HeaderMap};
 
 use crate::attempt::{Attempt, AttemptOutcome, Retrier};
-use crate::client::{Prepared, Success, sendable_id};
+use crate::client::{Prepared, keep_head, sendable_id};
 use crate::error::{Error, RestartReason};
 use crate::key::IdempotencyKey;
 use crate::policy::{Delay, DelaySource};
@@ -297,19 +297,10 @@ impl EventStream {
                 return Err(self.prepared.gave_up(&self.retrier, reason, None, error));
             }
         }
-        let head = match self
+        let head = self
             .prepared
-            .until_success(&mut self.retrier, last.as_deref(), false)
-            .await?
-        {
-            Success::Head(r) => r,
-            Success::Whole { headers, .. } => {
-                return Err(Error::NotAStream {
-                    key: self.prepared.key.clone(),
-                    content_type: content_type(&headers).to_owned(),
-                });
-            }
-        };
+            .until_success(&mut self.retrier, last.as_deref(), keep_head)
+            .await?;
         if holds && is_fresh(head.headers()) {
             return Err(Error::StreamRestarted {
                 key: self.prepared.key.clone(),
