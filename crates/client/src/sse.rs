@@ -91,8 +91,14 @@ impl Parser {
         self.retry
     }
 
-    /// Feeds a chunk; appends each completed event to `out`.
-    pub(crate) fn push(&mut self, chunk: &[u8], out: &mut Vec<Event>) -> Result<(), TooLarge> {
+    /// Feeds a chunk; appends each completed event to `out`, with the last
+    /// event id as of that event (what a reader who stops after it would
+    /// resume from).
+    pub(crate) fn push(
+        &mut self,
+        chunk: &[u8],
+        out: &mut Vec<(Event, Option<String>)>,
+    ) -> Result<(), TooLarge> {
         let mut rest = chunk;
         if self.at_start && !rest.is_empty() {
             // A UTF-8 BOM may open the stream; it can arrive split.
@@ -139,7 +145,7 @@ impl Parser {
         Ok(())
     }
 
-    fn end_line(&mut self, out: &mut Vec<Event>) {
+    fn end_line(&mut self, out: &mut Vec<(Event, Option<String>)>) {
         let line = std::mem::take(&mut self.line);
         if line.is_empty() {
             self.dispatch(out);
@@ -178,7 +184,7 @@ impl Parser {
         }
     }
 
-    fn dispatch(&mut self, out: &mut Vec<Event>) {
+    fn dispatch(&mut self, out: &mut Vec<(Event, Option<String>)>) {
         self.pending = 0;
         self.last_event_id.clone_from(&self.id_buffer);
         let event = self.event.take();
@@ -187,11 +193,14 @@ impl Parser {
             return;
         }
         self.has_data = false;
-        out.push(Event {
-            id,
-            event,
-            data: std::mem::take(&mut self.data),
-        });
+        out.push((
+            Event {
+                id,
+                event,
+                data: std::mem::take(&mut self.data),
+            },
+            self.last_event_id.clone(),
+        ));
     }
 }
 
@@ -205,7 +214,11 @@ mod tests {
         for c in chunks {
             p.push(c, &mut out).unwrap();
         }
-        out
+        out.into_iter().map(|(e, _)| e).collect()
+    }
+
+    fn events(out: Vec<(Event, Option<String>)>) -> Vec<Event> {
+        out.into_iter().map(|(e, _)| e).collect()
     }
 
     fn ev(id: Option<&str>, data: &str) -> Event {
@@ -256,13 +269,13 @@ mod tests {
         let mut got = Vec::new();
         p.push(b"id: 1\ndata: a\n\nid: 2\ndata: half", &mut got)
             .unwrap();
-        assert_eq!(got, vec![ev(Some("1"), "a")]);
+        assert_eq!(events(got), vec![ev(Some("1"), "a")]);
         assert_eq!(p.last_event_id(), Some("1"), "event 2 was never whole");
         let mut q = p.resuming();
         assert_eq!(q.last_event_id(), Some("1"));
         let mut rest = Vec::new();
         q.push(b"id: 2\ndata: whole\n\n", &mut rest).unwrap();
-        assert_eq!(rest, vec![ev(Some("2"), "whole")]);
+        assert_eq!(events(rest), vec![ev(Some("2"), "whole")]);
     }
 
     #[test]
@@ -273,12 +286,22 @@ mod tests {
         // event without an id keeps the previous one; `retry` is kept.
         p.push(b"id: 7\n\nretry: 250\ndata: a\n\nretry: x\n\n", &mut got)
             .unwrap();
-        assert_eq!(got, vec![ev(None, "a")]);
+        assert_eq!(got, vec![(ev(None, "a"), Some("7".to_owned()))]);
         assert_eq!(p.last_event_id(), Some("7"));
         assert_eq!(p.retry(), Some(Duration::from_millis(250)));
         // An empty id clears it (no Last-Event-ID is sent then).
         p.push(b"id\ndata: b\n\n", &mut got).unwrap();
         assert_eq!(p.last_event_id(), None);
+    }
+
+    #[test]
+    fn each_event_carries_the_id_to_resume_after_it() {
+        let mut p = Parser::new();
+        let mut got = Vec::new();
+        p.push(b"id: 1\ndata: a\n\nid: 2\ndata: b\n\ndata: c\n\n", &mut got)
+            .unwrap();
+        let ids: Vec<_> = got.iter().map(|(_, id)| id.as_deref()).collect();
+        assert_eq!(ids, [Some("1"), Some("2"), Some("2")]);
     }
 
     #[test]

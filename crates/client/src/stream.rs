@@ -54,7 +54,11 @@ pub struct EventStream {
     /// The connection being read; `None` once the stream is over.
     response: Option<reqwest::Response>,
     parser: Parser,
-    queue: VecDeque<Event>,
+    /// Events parsed but not yet handed out, each with the stream's last
+    /// event id as of that event.
+    queue: VecDeque<(Event, Option<String>)>,
+    /// The last event id as of the last event handed out.
+    delivered_id: Option<String>,
     /// Events handed to the caller.
     delivered: u64,
     /// New events read on the current connection.
@@ -96,7 +100,7 @@ impl EventStream {
         }
         let mut parser = Parser::new();
         let floor = last_event_id.as_deref().and_then(|id| id.parse().ok());
-        parser.set_last_event_id(last_event_id);
+        parser.set_last_event_id(last_event_id.clone());
         Ok(Self {
             prepared,
             retrier,
@@ -105,6 +109,7 @@ impl EventStream {
             response: Some(head),
             parser,
             queue: VecDeque::new(),
+            delivered_id: last_event_id,
             delivered: 0,
             on_connection: 0,
             holds_events,
@@ -125,7 +130,8 @@ impl EventStream {
     /// [`Error::EventTooLarge`].
     pub async fn next(&mut self) -> Option<Result<Event, Error>> {
         loop {
-            if let Some(event) = self.queue.pop_front() {
+            if let Some((event, id)) = self.queue.pop_front() {
+                self.delivered_id = id;
                 self.delivered += 1;
                 self.holds_events = true;
                 return Some(Ok(event));
@@ -205,13 +211,19 @@ impl EventStream {
         &self.headers
     }
 
-    /// The id of the last whole event read: what a resumption sends as
-    /// `Last-Event-ID`. Save it with [`EventStream::key`] to resume in
-    /// another process ([`RequestBuilder::last_event_id`]).
+    /// The stream's last event id as of the last event handed to the
+    /// caller (events read ahead in the same chunk do not count): save it
+    /// with [`EventStream::key`] to resume in another process
+    /// ([`RequestBuilder::last_event_id`]) without losing an event.
     ///
     /// [`RequestBuilder::last_event_id`]: crate::RequestBuilder::last_event_id
     pub fn last_event_id(&self) -> Option<&str> {
-        self.parser.last_event_id()
+        if self.queue.is_empty() {
+            // Nothing read ahead: also counts an `id`-only block after the
+            // last event.
+            return self.parser.last_event_id();
+        }
+        self.delivered_id.as_deref().filter(|id| !id.is_empty())
     }
 
     /// Events delivered so far.
@@ -235,14 +247,14 @@ impl EventStream {
         let mut events = Vec::new();
         let parsed = self.parser.push(chunk, &mut events);
         let before = self.queue.len();
-        for event in events {
+        for (event, id_after) in events {
             let id = event.id.as_deref().and_then(|id| id.parse::<u64>().ok());
             if let (Some(floor), Some(id)) = (self.floor, id) {
                 if id <= floor {
                     continue;
                 }
             }
-            self.queue.push_back(event);
+            self.queue.push_back((event, id_after));
         }
         let new = self.queue.len() - before;
         if new > 0 {

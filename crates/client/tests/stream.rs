@@ -131,7 +131,40 @@ async fn a_stream_dropped_by_the_caller_resumes_from_the_saved_id() {
     let mut all = first;
     all.extend(rest);
     assert_whole(&all);
-    assert_eq!(all, replay(&gw, &key, text).await);
+    let whole = replay(&gw, &key, text).await;
+    assert_eq!(all, whole);
+
+    // Again, now from the stored stream: its replay comes in one burst, so
+    // the client has read ahead of the caller. The saved id is the last
+    // event the caller received, not the last one read.
+    let (saved, first) = {
+        let client = Client::new(&gw.base).unwrap();
+        let mut stream = client
+            .post("/v1/chat/completions")
+            .idempotency_key(key.clone())
+            .json(&chat(true, text))
+            .send_stream()
+            .await
+            .unwrap();
+        let mut first = Vec::new();
+        for _ in 0..5 {
+            first.push(stream.next().await.unwrap().unwrap());
+        }
+        (stream.last_event_id().unwrap().to_owned(), first)
+    };
+    assert_eq!(saved, "5");
+    let client = Client::new(&gw.base).unwrap();
+    let mut stream = client
+        .post("/v1/chat/completions")
+        .idempotency_key(key.clone())
+        .last_event_id(saved)
+        .json(&chat(true, text))
+        .send_stream()
+        .await
+        .unwrap();
+    let mut all = first;
+    all.extend(drain(&mut stream).await);
+    assert_eq!(all, whole);
     assert_eq!(sim.executions_for(key.as_str()), 1);
     gw.stop().await;
 }
