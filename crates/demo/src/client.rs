@@ -9,7 +9,7 @@ use idemgate_layer::IDEMPOTENT_REPLAYED;
 use idemgate_llm_sim::LATENCY_HEADER;
 
 use crate::Timing;
-use crate::service::ReportRequest;
+use crate::request::ReportRequest;
 use crate::workload::Operation;
 
 /// How one operation went, from the client's side.
