@@ -11,12 +11,10 @@ use idemgate_engine::{
     Attempt, Claim, Fenced, Fingerprint, Lease, MAX_TIMELINE, Record, RecordState, ScopedKey,
     Store, StoreError, StoreErrorKind,
 };
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, FromRedisValue, RedisError, ScriptInvocation, Value};
 use sha2::{Digest, Sha256};
 
+use crate::conn::Conn;
 use crate::error::{BACKEND, corrupt, map_error};
 use crate::scripts::Scripts;
 use crate::timeline::{Entry, TimelineWriter};
@@ -98,24 +96,6 @@ impl RedisOptions {
     }
 }
 
-/// One connection to a single node (reconnecting `ConnectionManager`) or to
-/// a cluster (the cluster client reconnects and follows slot moves itself).
-/// Both are cheap clones of a shared multiplexed connection.
-#[derive(Clone)]
-pub(crate) enum Conn {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-impl fmt::Debug for Conn {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Single(_) => "Single",
-            Self::Cluster(_) => "Cluster",
-        })
-    }
-}
-
 /// The Redis store. Cheap to clone: clones share the connection.
 ///
 /// Keys of one record share a hash slot through a hash tag holding a hex
@@ -180,37 +160,12 @@ impl RedisStore {
                 ),
             ));
         }
-        let connecting = async {
-            match cluster_nodes(url) {
-                Some(nodes) => {
-                    let client = ClusterClient::builder(nodes)
-                        .connection_timeout(opts.connection_timeout)
-                        .response_timeout(opts.response_timeout)
-                        .retries(2)
-                        .build()
-                        .map_err(map_error)?;
-                    let conn = client.get_async_connection().await.map_err(map_error)?;
-                    Ok(Conn::Cluster(conn))
-                }
-                None => {
-                    let client = redis::Client::open(url).map_err(map_error)?;
-                    let config = ConnectionManagerConfig::new()
-                        .set_connection_timeout(Some(opts.connection_timeout))
-                        .set_response_timeout(Some(opts.response_timeout))
-                        .set_number_of_retries(1)
-                        .set_min_delay(Duration::from_millis(50))
-                        .set_max_delay(Duration::from_millis(250));
-                    let conn = ConnectionManager::new_with_config(client, config)
-                        .await
-                        .map_err(map_error)?;
-                    Ok(Conn::Single(conn))
-                }
-            }
-        };
+        let connecting = Conn::open(url, opts.connection_timeout, opts.response_timeout);
         let conn =
             tokio::time::timeout(opts.connection_timeout + opts.operation_timeout, connecting)
                 .await
-                .map_err(|_| timed_out("connect"))??;
+                .map_err(|_| timed_out("connect"))?
+                .map_err(map_error)?;
         let scripts = std::sync::Arc::new(Scripts::new());
         let timeline = if opts.background_timeline {
             TimelineWriter::start(
@@ -239,7 +194,7 @@ impl RedisStore {
 
     /// Whether this store talks to a cluster.
     pub fn is_cluster(&self) -> bool {
-        matches!(self.conn, Conn::Cluster(_))
+        self.conn.is_cluster()
     }
 
     fn keys(&self, key: &ScopedKey) -> Keys {
@@ -251,13 +206,8 @@ impl RedisStore {
         what: &'static str,
         inv: &ScriptInvocation<'_>,
     ) -> Result<T, StoreError> {
-        let run = async {
-            match self.conn.clone() {
-                Conn::Single(mut c) => inv.invoke_async(&mut c).await,
-                Conn::Cluster(mut c) => inv.invoke_async(&mut c).await,
-            }
-        };
-        self.bounded(what, run).await
+        let mut conn = self.conn.clone();
+        self.bounded(what, conn.invoke(inv)).await
     }
 
     async fn query<T: FromRedisValue>(
@@ -265,13 +215,8 @@ impl RedisStore {
         what: &'static str,
         cmd: &Cmd,
     ) -> Result<T, StoreError> {
-        let run = async {
-            match self.conn.clone() {
-                Conn::Single(mut c) => cmd.query_async(&mut c).await,
-                Conn::Cluster(mut c) => cmd.query_async(&mut c).await,
-            }
-        };
-        self.bounded(what, run).await
+        let mut conn = self.conn.clone();
+        self.bounded(what, conn.query(cmd)).await
     }
 
     async fn bounded<T>(
@@ -311,27 +256,6 @@ fn timed_out(what: &str) -> StoreError {
         StoreErrorKind::Unavailable,
         BACKEND,
         format!("{what} did not finish in time"),
-    )
-}
-
-/// Splits `redis+cluster://[auth@]h1:p1,h2:p2[/…]` into one `redis://` URL per
-/// node; `None` for any other scheme.
-pub fn cluster_nodes(url: &str) -> Option<Vec<String>> {
-    let rest = url.strip_prefix("redis+cluster://")?;
-    let (auth, hosts) = match rest.rsplit_once('@') {
-        Some((auth, hosts)) => (format!("{auth}@"), hosts),
-        None => (String::new(), rest),
-    };
-    let (hosts, tail) = match hosts.find(['/', '?']) {
-        Some(i) => hosts.split_at(i),
-        None => (hosts, ""),
-    };
-    Some(
-        hosts
-            .split(',')
-            .filter(|h| !h.is_empty())
-            .map(|h| format!("redis://{auth}{h}{tail}"))
-            .collect(),
     )
 }
 
@@ -585,22 +509,6 @@ impl Store for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cluster_urls_split_per_node() {
-        assert_eq!(
-            cluster_nodes("redis+cluster://a:1,b:2"),
-            Some(vec!["redis://a:1".to_owned(), "redis://b:2".to_owned()])
-        );
-        assert_eq!(
-            cluster_nodes("redis+cluster://u:p@a:1,b:2/0"),
-            Some(vec![
-                "redis://u:p@a:1/0".to_owned(),
-                "redis://u:p@b:2/0".to_owned()
-            ])
-        );
-        assert_eq!(cluster_nodes("redis://a:1"), None);
-    }
 
     #[test]
     fn a_records_keys_share_one_tag_free_of_user_text() {
