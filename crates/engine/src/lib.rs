@@ -12,7 +12,8 @@
 //! - [`record`]: the record, its lease, and the timeline of attempts.
 //! - [`store`]: the [`Store`] trait every backend implements.
 //! - [`memory`]: the in-memory store.
-//! - [`engine`]: [`Engine::execute`] and the lower-level [`Engine::begin`].
+//! - [`execute`]: the [`Engine`]: [`Engine::execute`] and the lower-level
+//!   [`Engine::begin`].
 //! - [`retry`]: retry-window arithmetic behind the TTL rule.
 //! - [`notify`]: per-key wake-ups used by stores for waiters.
 //!
@@ -25,7 +26,7 @@
 //! owner that took over. Every store operation is one atomic step, one round
 //! trip on a networked store.
 
-pub mod engine;
+pub mod execute;
 pub mod fingerprint;
 pub mod key;
 pub mod memory;
@@ -34,7 +35,7 @@ pub mod record;
 pub mod retry;
 pub mod store;
 
-pub use engine::{
+pub use execute::{
     Begin, BeginError, Engine, ExecuteError, Executed, InFlight, LeaseGuard, OnInflight, Origin,
     Policy, Settled, Unstored,
 };
