@@ -55,7 +55,7 @@ pub struct Policy {
     /// heartbeat keeps a live owner's claim.
     pub pending_ttl: Duration,
     /// How long a DONE record (and the key's timeline) is kept. Must cover
-    /// the longest retry window twice ([`crate::check_done_ttl`]).
+    /// the longest retry window twice (`idemgate check` verifies it).
     pub done_ttl: Duration,
     /// Interval of lease renewal while work runs; `None` disables it (then
     /// `pending_ttl` must exceed the longest run).

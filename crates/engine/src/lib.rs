@@ -14,7 +14,6 @@
 //! - [`memory`]: the in-memory store.
 //! - [`execute`]: the [`Engine`]: [`Engine::execute`] and the lower-level
 //!   [`Engine::begin`].
-//! - [`retry`]: retry-window arithmetic behind the TTL rule.
 //! - [`notify`]: per-key wake-ups used by stores for waiters.
 //!
 //! # The key decision
@@ -32,7 +31,6 @@ pub mod key;
 pub mod memory;
 pub mod notify;
 pub mod record;
-pub mod retry;
 pub mod store;
 
 pub use execute::{
@@ -45,5 +43,4 @@ pub use memory::{Clock, ManualClock, MemoryStore, SystemClock};
 pub use record::{
     Attempt, AttemptOutcome, Claim, Fenced, Lease, MAX_TIMELINE, Record, RecordState,
 };
-pub use retry::{Jitter, RetryPolicy, TtlTooShort, check_done_ttl};
 pub use store::{Store, StoreError, StoreErrorKind};
