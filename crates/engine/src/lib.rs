@@ -43,4 +43,4 @@ pub use memory::{Clock, ManualClock, MemoryStore, SystemClock};
 pub use record::{
     Attempt, AttemptOutcome, Claim, Fenced, Lease, MAX_TIMELINE, Record, RecordState,
 };
-pub use store::{Store, StoreError, StoreErrorKind};
+pub use store::{BoxFuture, Store, StoreError, StoreErrorKind};

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
@@ -17,8 +16,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
 use idemgate_engine::{
-    Attempt, Claim, ClientKey, Engine, Fenced, Fingerprint, Lease, MemoryStore, Policy, Record,
-    ScopedKey, Store, StoreError, StoreErrorKind,
+    Attempt, BoxFuture, Claim, ClientKey, Engine, Fenced, Fingerprint, Lease, MemoryStore, Policy,
+    Record, ScopedKey, Store, StoreError, StoreErrorKind,
 };
 use idemgate_layer::key::tenant_id;
 use idemgate_layer::{
@@ -974,47 +973,55 @@ fn down() -> StoreError {
     StoreError::new(StoreErrorKind::Unavailable, "down", "connection refused")
 }
 
-#[async_trait]
 impl Store for DownStore {
     fn backend(&self) -> &'static str {
         "down"
     }
-    async fn claim(
-        &self,
-        _: &ScopedKey,
-        _: &Fingerprint,
+    fn claim<'a>(
+        &'a self,
+        _: &'a ScopedKey,
+        _: &'a Fingerprint,
         _: Duration,
-    ) -> Result<Claim, StoreError> {
-        Err(down())
+    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(async move { Err(down()) })
     }
-    async fn renew(&self, _: &mut Lease, _: Duration) -> Result<Fenced, StoreError> {
-        Err(down())
+    fn renew<'a>(
+        &'a self,
+        _: &'a mut Lease,
+        _: Duration,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(async move { Err(down()) })
     }
-    async fn complete(
-        &self,
-        _: &Lease,
+    fn complete<'a>(
+        &'a self,
+        _: &'a Lease,
         _: Bytes,
         _: Duration,
-        _: &Attempt,
-    ) -> Result<Fenced, StoreError> {
-        Err(down())
+        _: &'a Attempt,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(async move { Err(down()) })
     }
-    async fn release(&self, _: &Lease, _: &Attempt, _: Duration) -> Result<Fenced, StoreError> {
-        Err(down())
-    }
-    async fn get(&self, _: &ScopedKey) -> Result<Option<Record>, StoreError> {
-        Err(down())
-    }
-    async fn record_attempt(
-        &self,
-        _: &ScopedKey,
-        _: &Attempt,
+    fn release<'a>(
+        &'a self,
+        _: &'a Lease,
+        _: &'a Attempt,
         _: Duration,
-    ) -> Result<(), StoreError> {
-        Err(down())
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(async move { Err(down()) })
     }
-    async fn timeline(&self, _: &ScopedKey) -> Result<Vec<Attempt>, StoreError> {
-        Err(down())
+    fn get<'a>(&'a self, _: &'a ScopedKey) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+        Box::pin(async move { Err(down()) })
+    }
+    fn record_attempt<'a>(
+        &'a self,
+        _: &'a ScopedKey,
+        _: &'a Attempt,
+        _: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move { Err(down()) })
+    }
+    fn timeline<'a>(&'a self, _: &'a ScopedKey) -> BoxFuture<'a, Result<Vec<Attempt>, StoreError>> {
+        Box::pin(async move { Err(down()) })
     }
 }
 

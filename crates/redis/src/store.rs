@@ -3,13 +3,12 @@
 use std::fmt;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use idemgate_engine::notify::KeyedNotify;
 use idemgate_engine::record::ms;
 use idemgate_engine::{
-    Attempt, Claim, Fenced, Fingerprint, Lease, MAX_TIMELINE, Record, RecordState, ScopedKey,
-    Store, StoreError, StoreErrorKind,
+    Attempt, BoxFuture, Claim, Fenced, Fingerprint, Lease, MAX_TIMELINE, Record, RecordState,
+    ScopedKey, Store, StoreError, StoreErrorKind,
 };
 use redis::{Cmd, FromRedisValue, RedisError, ScriptInvocation, Value};
 use sha2::{Digest, Sha256};
@@ -319,190 +318,212 @@ fn decode_record(fields: &[Value]) -> Result<Option<Record>, StoreError> {
     Ok(Some(Record { fingerprint, state }))
 }
 
-#[async_trait]
 impl Store for RedisStore {
     fn backend(&self) -> &'static str {
         BACKEND
     }
 
-    async fn claim(
-        &self,
-        key: &ScopedKey,
-        fingerprint: &Fingerprint,
+    fn claim<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        fingerprint: &'a Fingerprint,
         pending_ttl: Duration,
-    ) -> Result<Claim, StoreError> {
-        let k = self.keys(key);
-        let token = idemgate_engine::Lease::new_token();
-        let reply: Vec<Value> = self
-            .invoke(
-                "claim",
-                self.scripts
-                    .claim
-                    .key(&k.rec)
-                    .key(&k.fence)
-                    .arg(&fingerprint.0[..])
-                    .arg(token_hex(token))
-                    .arg(ttl_ms(pending_ttl))
-                    .arg(ttl_ms(self.opts.fence_memory)),
-            )
-            .await?;
-        match reply.split_first() {
-            Some((Value::Int(1), [fence, exp])) => Ok(Claim::Acquired(Lease {
-                key: key.clone(),
-                token,
-                fence: as_u64(fence).ok_or_else(|| corrupt("claim fence is not a number"))?,
-                expires_at_ms: as_u64(exp)
-                    .ok_or_else(|| corrupt("claim expiry is not a number"))?,
-            })),
-            Some((Value::Int(0), fields)) => match decode_record(fields)? {
-                Some(record) => Ok(Claim::Existing(record)),
-                None => Err(corrupt("claim found a record without a state")),
-            },
-            _ => Err(corrupt("claim reply has the wrong shape")),
-        }
-    }
-
-    async fn renew(&self, lease: &mut Lease, pending_ttl: Duration) -> Result<Fenced, StoreError> {
-        let k = self.keys(&lease.key);
-        let reply: Option<u64> = self
-            .invoke(
-                "renew",
-                self.scripts
-                    .renew
-                    .key(&k.rec)
-                    .arg(token_hex(lease.token))
-                    .arg(lease.fence)
-                    .arg(ttl_ms(pending_ttl)),
-            )
-            .await?;
-        Ok(match reply {
-            Some(expires) => {
-                lease.expires_at_ms = expires;
-                Fenced::Applied
+    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(async move {
+            let k = self.keys(key);
+            let token = idemgate_engine::Lease::new_token();
+            let reply: Vec<Value> = self
+                .invoke(
+                    "claim",
+                    self.scripts
+                        .claim
+                        .key(&k.rec)
+                        .key(&k.fence)
+                        .arg(&fingerprint.0[..])
+                        .arg(token_hex(token))
+                        .arg(ttl_ms(pending_ttl))
+                        .arg(ttl_ms(self.opts.fence_memory)),
+                )
+                .await?;
+            match reply.split_first() {
+                Some((Value::Int(1), [fence, exp])) => Ok(Claim::Acquired(Lease {
+                    key: key.clone(),
+                    token,
+                    fence: as_u64(fence).ok_or_else(|| corrupt("claim fence is not a number"))?,
+                    expires_at_ms: as_u64(exp)
+                        .ok_or_else(|| corrupt("claim expiry is not a number"))?,
+                })),
+                Some((Value::Int(0), fields)) => match decode_record(fields)? {
+                    Some(record) => Ok(Claim::Existing(record)),
+                    None => Err(corrupt("claim found a record without a state")),
+                },
+                _ => Err(corrupt("claim reply has the wrong shape")),
             }
-            None => Fenced::Stale,
         })
     }
 
-    async fn complete(
-        &self,
-        lease: &Lease,
+    fn renew<'a>(
+        &'a self,
+        lease: &'a mut Lease,
+        pending_ttl: Duration,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(async move {
+            let k = self.keys(&lease.key);
+            let reply: Option<u64> = self
+                .invoke(
+                    "renew",
+                    self.scripts
+                        .renew
+                        .key(&k.rec)
+                        .arg(token_hex(lease.token))
+                        .arg(lease.fence)
+                        .arg(ttl_ms(pending_ttl)),
+                )
+                .await?;
+            Ok(match reply {
+                Some(expires) => {
+                    lease.expires_at_ms = expires;
+                    Fenced::Applied
+                }
+                None => Fenced::Stale,
+            })
+        })
+    }
+
+    fn complete<'a>(
+        &'a self,
+        lease: &'a Lease,
         payload: Bytes,
         done_ttl: Duration,
-        attempt: &Attempt,
-    ) -> Result<Fenced, StoreError> {
-        let k = self.keys(&lease.key);
-        let applied: i64 = self
-            .invoke(
-                "complete",
-                self.scripts
-                    .complete
-                    .key(&k.rec)
-                    .key(&k.tl)
-                    .arg(token_hex(lease.token))
-                    .arg(lease.fence)
-                    .arg(&payload[..])
-                    .arg(ttl_ms(done_ttl))
-                    .arg(attempt_json(attempt)?)
-                    .arg(MAX_TIMELINE),
-            )
-            .await?;
-        if applied == 1 {
-            self.notify.notify(&lease.key.storage_id());
-            Ok(Fenced::Applied)
-        } else {
-            Ok(Fenced::Stale)
-        }
+        attempt: &'a Attempt,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(async move {
+            let k = self.keys(&lease.key);
+            let applied: i64 = self
+                .invoke(
+                    "complete",
+                    self.scripts
+                        .complete
+                        .key(&k.rec)
+                        .key(&k.tl)
+                        .arg(token_hex(lease.token))
+                        .arg(lease.fence)
+                        .arg(&payload[..])
+                        .arg(ttl_ms(done_ttl))
+                        .arg(attempt_json(attempt)?)
+                        .arg(MAX_TIMELINE),
+                )
+                .await?;
+            if applied == 1 {
+                self.notify.notify(&lease.key.storage_id());
+                Ok(Fenced::Applied)
+            } else {
+                Ok(Fenced::Stale)
+            }
+        })
     }
 
-    async fn release(
-        &self,
-        lease: &Lease,
-        attempt: &Attempt,
+    fn release<'a>(
+        &'a self,
+        lease: &'a Lease,
+        attempt: &'a Attempt,
         timeline_ttl: Duration,
-    ) -> Result<Fenced, StoreError> {
-        let k = self.keys(&lease.key);
-        let applied: i64 = self
-            .invoke(
-                "release",
-                self.scripts
-                    .release
-                    .key(&k.rec)
-                    .key(&k.tl)
-                    .arg(token_hex(lease.token))
-                    .arg(lease.fence)
-                    .arg(attempt_json(attempt)?)
-                    .arg(MAX_TIMELINE)
-                    .arg(ttl_ms(timeline_ttl)),
-            )
-            .await?;
-        if applied == 1 {
-            self.notify.notify(&lease.key.storage_id());
-            Ok(Fenced::Applied)
-        } else {
-            Ok(Fenced::Stale)
-        }
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(async move {
+            let k = self.keys(&lease.key);
+            let applied: i64 = self
+                .invoke(
+                    "release",
+                    self.scripts
+                        .release
+                        .key(&k.rec)
+                        .key(&k.tl)
+                        .arg(token_hex(lease.token))
+                        .arg(lease.fence)
+                        .arg(attempt_json(attempt)?)
+                        .arg(MAX_TIMELINE)
+                        .arg(ttl_ms(timeline_ttl)),
+                )
+                .await?;
+            if applied == 1 {
+                self.notify.notify(&lease.key.storage_id());
+                Ok(Fenced::Applied)
+            } else {
+                Ok(Fenced::Stale)
+            }
+        })
     }
 
-    async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError> {
-        let k = self.keys(key);
-        let mut cmd = redis::cmd("HMGET");
-        cmd.arg(&k.rec).arg(&["st", "fp", "fence", "exp", "body"]);
-        let fields: Vec<Value> = self.query("get", &cmd).await?;
-        decode_record(&fields)
+    fn get<'a>(&'a self, key: &'a ScopedKey) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+        Box::pin(async move {
+            let k = self.keys(key);
+            let mut cmd = redis::cmd("HMGET");
+            cmd.arg(&k.rec).arg(&["st", "fp", "fence", "exp", "body"]);
+            let fields: Vec<Value> = self.query("get", &cmd).await?;
+            decode_record(&fields)
+        })
     }
 
-    async fn record_attempt(
-        &self,
-        key: &ScopedKey,
-        attempt: &Attempt,
+    fn record_attempt<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        attempt: &'a Attempt,
         ttl: Duration,
-    ) -> Result<(), StoreError> {
-        let k = self.keys(key);
-        if let Some(writer) = &self.timeline {
-            writer.push(Entry {
-                key: k.tl,
-                json: attempt_json(attempt)?,
-                ttl_ms: ttl_ms(ttl),
-            });
-            return Ok(());
-        }
-        let _: i64 = self
-            .invoke(
-                "record_attempt",
-                self.scripts
-                    .record
-                    .key(&k.tl)
-                    .arg(attempt_json(attempt)?)
-                    .arg(MAX_TIMELINE)
-                    .arg(ttl_ms(ttl)),
-            )
-            .await?;
-        Ok(())
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let k = self.keys(key);
+            if let Some(writer) = &self.timeline {
+                writer.push(Entry {
+                    key: k.tl,
+                    json: attempt_json(attempt)?,
+                    ttl_ms: ttl_ms(ttl),
+                });
+                return Ok(());
+            }
+            let _: i64 = self
+                .invoke(
+                    "record_attempt",
+                    self.scripts
+                        .record
+                        .key(&k.tl)
+                        .arg(attempt_json(attempt)?)
+                        .arg(MAX_TIMELINE)
+                        .arg(ttl_ms(ttl)),
+                )
+                .await?;
+            Ok(())
+        })
     }
 
-    async fn timeline(&self, key: &ScopedKey) -> Result<Vec<Attempt>, StoreError> {
-        let k = self.keys(key);
-        let mut cmd = redis::cmd("LRANGE");
-        cmd.arg(&k.tl).arg(0).arg(-1);
-        let entries: Vec<Vec<u8>> = self.query("timeline", &cmd).await?;
-        let mut attempts = entries
-            .iter()
-            .map(|e| {
-                serde_json::from_slice(e)
-                    .map_err(|err| corrupt("timeline entry is not an attempt").with_source(err))
-            })
-            .collect::<Result<Vec<Attempt>, StoreError>>()?;
-        // Entries written in the background may land after a later
-        // completion's: order by time (stable, so ties keep list order).
-        attempts.sort_by_key(|a| a.at_ms);
-        Ok(attempts)
+    fn timeline<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+    ) -> BoxFuture<'a, Result<Vec<Attempt>, StoreError>> {
+        Box::pin(async move {
+            let k = self.keys(key);
+            let mut cmd = redis::cmd("LRANGE");
+            cmd.arg(&k.tl).arg(0).arg(-1);
+            let entries: Vec<Vec<u8>> = self.query("timeline", &cmd).await?;
+            let mut attempts = entries
+                .iter()
+                .map(|e| {
+                    serde_json::from_slice(e)
+                        .map_err(|err| corrupt("timeline entry is not an attempt").with_source(err))
+                })
+                .collect::<Result<Vec<Attempt>, StoreError>>()?;
+            // Entries written in the background may land after a later
+            // completion's: order by time (stable, so ties keep list order).
+            attempts.sort_by_key(|a| a.at_ms);
+            Ok(attempts)
+        })
     }
 
-    async fn changed(&self, key: &ScopedKey, max: Duration) {
-        self.notify
-            .wait(&key.storage_id(), max.min(Duration::from_millis(50)))
-            .await;
+    fn changed<'a>(&'a self, key: &'a ScopedKey, max: Duration) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            self.notify
+                .wait(&key.storage_id(), max.min(Duration::from_millis(50)))
+                .await;
+        })
     }
 }
 
