@@ -1,4 +1,4 @@
-//! The client of the story: a timeout shorter than many generations, and
+//! The demo's client: a timeout shorter than many generations, and
 //! retries with backoff. It does one thing right: the idempotency key is
 //! minted once per operation and sent on every attempt.
 

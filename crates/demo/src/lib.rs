@@ -62,7 +62,7 @@ impl Default for DemoOptions {
     }
 }
 
-/// The clocks of the story.
+/// The clocks of the demo.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Timing {
     /// The client gives up on an attempt after this long.
@@ -80,7 +80,7 @@ pub struct Timing {
 }
 
 impl Timing {
-    /// The story's clocks: a 1 s client timeout against 0.4–2.5 s calls,
+    /// The demo's clocks: a 1 s client timeout against 0.4–2.5 s calls,
     /// three attempts with 0.5 s backoff doubling (all ÷5 when `quick`).
     pub fn new(quick: bool) -> Self {
         let t = Self {

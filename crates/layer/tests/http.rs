@@ -1,7 +1,8 @@
 //! The layer over real HTTP: an axum app on 127.0.0.1:0 with handlers that
-//! count their executions, and a reqwest client. One test per row of the
-//! SPEC §3 table, plus the races (many concurrent duplicates) and the
-//! client-goes-away cases.
+//! count their executions, and a reqwest client. One test per outcome a
+//! keyed request can have (first run, replay, in flight, mismatch, failure),
+//! plus the races (many concurrent duplicates) and the client-goes-away
+//! cases.
 #![allow(clippy::unwrap_used)] // test helpers: failing loudly is their job
 
 use std::sync::Arc;
@@ -310,7 +311,7 @@ fn event_ids(b: &[u8]) -> Vec<u64> {
         .collect()
 }
 
-// ---------------------------------------------------------------- §3 rows
+// ------------------------------------------------ one outcome per test
 
 #[tokio::test]
 async fn first_request_runs_and_a_retry_replays_byte_for_byte() {

@@ -1,6 +1,10 @@
 //! [`PostgresStore`]: the `Store` trait over PostgreSQL, plus
 //! [`PostgresStore::complete_in`] for committing DONE inside the caller's
 //! own transaction.
+//!
+//! Each `Store` call is one short step on a pooled connection (a claim is
+//! a single statement), so a claim stays atomic across replicas and no
+//! transaction stays open while the work itself runs.
 
 use std::str::FromStr;
 use std::sync::{Arc, Weak};

@@ -1,4 +1,9 @@
 //! [`RedisStore`]: the `Store` trait over one Redis node or a Redis Cluster.
+//!
+//! It sits on top of the crate: it names the keys of a record, runs the Lua
+//! scripts (`scripts`) on the connection (`conn`), hands best-effort
+//! timeline entries to the background writer (`timeline`) and decodes the
+//! replies, so that each `Store` call is one round trip.
 
 use std::fmt;
 use std::time::Duration;

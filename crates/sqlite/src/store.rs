@@ -1,5 +1,9 @@
 //! [`SqliteStore`]: the [`Store`] implementation, its options, and the
 //! reader pool.
+//!
+//! The crate's public face: each `Store` call becomes either a read on the
+//! pool or a message to the writer thread (`writer`), which is how reads
+//! stay off the single write connection and writes share one fsync.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

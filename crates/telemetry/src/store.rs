@@ -1,4 +1,8 @@
 //! A `Store` decorator that times every operation by backend and op.
+//!
+//! A decorator rather than code in each backend, so that every store
+//! (including one written outside this workspace) reports the same
+//! metrics, and a backend stays free of metrics code.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
