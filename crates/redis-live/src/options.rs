@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-/// Settings of [`RedisLiveEvents`]. `Default` gives the documented defaults.
+/// Settings of [`RedisLiveEvents`](crate::RedisLiveEvents). `Default` gives
+/// the documented defaults.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FanoutOptions {
     /// Key prefix (default `idemgate`), the same as the store's so that a
