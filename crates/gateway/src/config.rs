@@ -29,7 +29,7 @@ use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::value::magic::RelativePathBuf;
 use http::{HeaderName, Method};
-use idemgate_engine::{Jitter, RetryPolicy};
+use idemgate_check::{Jitter, RetryPolicy};
 use serde::{Deserialize, Serialize};
 use url::Url;
 
