@@ -1,4 +1,4 @@
-//! `idemgate check`: the seed's pre-launch checklist over a configuration.
+//! `idemgate check`: the pre-launch checklist (docs/design.md) over a configuration.
 //!
 //! Exit status: 0 when no finding is an error, 1 when one is, 2 when the
 //! configuration cannot be read or is invalid.

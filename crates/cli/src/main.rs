@@ -4,7 +4,7 @@
 //!   different operations; logs the other checklist findings).
 //! - `check`: the pre-launch checklist as findings, exit 1 on errors
 //!   (module `check`).
-//! - `demo`: the 2 a.m. story run locally, without and with idemgate.
+//! - `demo`: the timeout-and-retry story run locally, without and with idemgate.
 //! - `keys show`: one key's record and timeline from the store (module
 //!   `keys`).
 

@@ -128,7 +128,7 @@ async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
 }
 
 // --------------------------------------------------------------------------
-// The seed's three timeout positions.
+// The three places a timeout can hit (docs/design.md, "Timeouts").
 
 /// (a) The client times out while the upstream is still generating; the
 /// gateway keeps the call going; the retry gets its result. One execution.
@@ -140,8 +140,8 @@ async fn a_client_timeout_during_generation_then_retry_replays() {
         .timeout(Duration::from_millis(200))
         .build()
         .unwrap_or_else(|e| panic!("{e}"));
-    let body = chat_body(false, "seed position a");
-    let first = post(&impatient, &gw, Some("seed-a"), body.clone())
+    let body = chat_body(false, "timeout position a");
+    let first = post(&impatient, &gw, Some("position-a"), body.clone())
         .header("x-sim-latency-ms", "800")
         .send()
         .await;
@@ -153,7 +153,7 @@ async fn a_client_timeout_during_generation_then_retry_replays() {
     // The retry arrives while the generation is still running: it waits
     // for it instead of paying again.
     let client = reqwest::Client::new();
-    let retry = post(&client, &gw, Some("seed-a"), body.clone())
+    let retry = post(&client, &gw, Some("position-a"), body.clone())
         .header("x-sim-latency-ms", "800")
         .send()
         .await
@@ -162,7 +162,7 @@ async fn a_client_timeout_during_generation_then_retry_replays() {
     assert_eq!(replayed(&retry).as_deref(), Some("true"));
     let text = retry.text().await.unwrap_or_else(|e| panic!("{e}"));
     assert!(text.contains("chat.completion"), "{text}");
-    assert_eq!(sim.executions_for("seed-a"), 1);
+    assert_eq!(sim.executions_for("position-a"), 1);
     gw.stop().await.unwrap_or_else(|e| panic!("{e}"));
 }
 
@@ -178,8 +178,8 @@ async fn a_client_timeout_then_upstream_answers_then_retry_replays() {
         .timeout(Duration::from_millis(1000))
         .build()
         .unwrap_or_else(|e| panic!("{e}"));
-    let body = chat_body(false, "seed position b");
-    let first = post(&impatient, &gw, Some("seed-b"), body.clone())
+    let body = chat_body(false, "timeout position b");
+    let first = post(&impatient, &gw, Some("position-b"), body.clone())
         .header("x-sim-latency-ms", "2500")
         .send()
         .await;
@@ -193,7 +193,7 @@ async fn a_client_timeout_then_upstream_answers_then_retry_replays() {
     let client = reqwest::Client::new();
     let mut last = None;
     for _ in 0..100 {
-        let r = post(&client, &gw, Some("seed-b"), body.clone())
+        let r = post(&client, &gw, Some("position-b"), body.clone())
             .send()
             .await
             .unwrap_or_else(|e| panic!("{e}"));
@@ -204,7 +204,7 @@ async fn a_client_timeout_then_upstream_answers_then_retry_replays() {
         }
     }
     assert_eq!(last.as_deref(), Some("true"));
-    assert_eq!(sim.executions_for("seed-b"), 1);
+    assert_eq!(sim.executions_for("position-b"), 1);
     gw.stop().await.unwrap_or_else(|e| panic!("{e}"));
 }
 
@@ -214,10 +214,10 @@ async fn a_client_timeout_then_upstream_answers_then_retry_replays() {
 async fn an_answer_lost_to_the_client_is_replayed_on_retry() {
     let sim = sim().await;
     let gw = Gateway::start(config("memory:", &sim.url(), |_| {})).await;
-    let body = chat_body(false, "seed position c");
+    let body = chat_body(false, "timeout position c");
     {
         let client = reqwest::Client::new();
-        let resp = post(&client, &gw, Some("seed-c"), body.clone())
+        let resp = post(&client, &gw, Some("position-c"), body.clone())
             .send()
             .await
             .unwrap_or_else(|e| panic!("{e}"));
@@ -227,19 +227,19 @@ async fn an_answer_lost_to_the_client_is_replayed_on_retry() {
         drop(client);
     }
     let client = reqwest::Client::new();
-    let retry = post(&client, &gw, Some("seed-c"), body.clone())
+    let retry = post(&client, &gw, Some("position-c"), body.clone())
         .send()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(retry.status(), 200);
     assert_eq!(replayed(&retry).as_deref(), Some("true"));
-    assert_eq!(sim.executions_for("seed-c"), 1);
+    assert_eq!(sim.executions_for("position-c"), 1);
 
     // The streaming form: the client leaves after the first event.
-    let sbody = chat_body(true, "seed position c, streaming");
+    let sbody = chat_body(true, "timeout position c, streaming");
     {
         let client = reqwest::Client::new();
-        let resp = post(&client, &gw, Some("seed-c-sse"), sbody.clone())
+        let resp = post(&client, &gw, Some("position-c-sse"), sbody.clone())
             .header("x-sim-token-interval-ms", "20")
             .send()
             .await
@@ -254,7 +254,7 @@ async fn an_answer_lost_to_the_client_is_replayed_on_retry() {
     .await;
     let mut full = None;
     for _ in 0..100 {
-        let r = post(&client, &gw, Some("seed-c-sse"), sbody.clone())
+        let r = post(&client, &gw, Some("position-c-sse"), sbody.clone())
             .send()
             .await
             .unwrap_or_else(|e| panic!("{e}"));
@@ -265,7 +265,7 @@ async fn an_answer_lost_to_the_client_is_replayed_on_retry() {
     }
     let full = full.unwrap_or_else(|| panic!("no replay of the abandoned stream"));
     assert!(full.contains("data: [DONE]"), "whole stream stored: {full}");
-    assert_eq!(sim.executions_for("seed-c-sse"), 1);
+    assert_eq!(sim.executions_for("position-c-sse"), 1);
     gw.stop().await.unwrap_or_else(|e| panic!("{e}"));
 }
 
