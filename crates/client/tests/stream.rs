@@ -19,14 +19,14 @@ fn addr(base: &str) -> SocketAddr {
 
 /// The whole stored stream of `key`, as a fresh caller replays it.
 async fn replay(gw: &Gateway, key: &idemgate_client::IdempotencyKey, text: &str) -> Vec<Event> {
-    let client = Client::new(&gw.base).unwrap_or_else(|e| panic!("{e}"));
+    let client = Client::new(&gw.base).expect("build the client");
     let mut stream = client
         .post("/v1/chat/completions")
         .idempotency_key(key.clone())
         .json(&chat(true, text))
         .send_stream()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("send stream");
     assert!(stream.replayed());
     drain(&mut stream).await
 }

@@ -141,7 +141,7 @@ mod tests {
     #[test]
     fn key_ids_separate_tenants_and_routes() {
         let k = |t: &str, n: &str, c: &str| {
-            let key = ClientKey::parse(c).unwrap_or_else(|e| panic!("{e}"));
+            let key = ClientKey::parse(c).expect("a valid literal");
             key_id(&ScopedKey::new(t, n, key))
         };
         assert_eq!(k("t", "r", "a"), k("t", "r", "a"));

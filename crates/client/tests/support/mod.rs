@@ -28,7 +28,7 @@ use tokio::task::JoinHandle;
 pub(crate) async fn sim() -> SimHandle {
     idemgate_llm_sim::spawn(SimConfig::default())
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .expect("spawn the process")
 }
 
 /// A running gateway.
@@ -44,13 +44,15 @@ impl Gateway {
     pub(crate) async fn start(config: GatewayConfig) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("bind a loopback port");
         let admin = TcpListener::bind("127.0.0.1:0")
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("bind a loopback port");
         let base = format!(
             "http://{}",
-            listener.local_addr().unwrap_or_else(|e| panic!("{e}"))
+            listener
+                .local_addr()
+                .expect("a bound listener has an address")
         );
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(idemgate_gateway::serve(
@@ -76,8 +78,8 @@ impl Gateway {
         tokio::time::timeout(Duration::from_secs(30), self.task)
             .await
             .unwrap_or_else(|_| panic!("gateway did not stop"))
-            .unwrap_or_else(|e| panic!("{e}"))
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("the task did not panic")
+            .expect("it ended without error");
     }
 }
 
@@ -204,10 +206,12 @@ impl Scripted {
             .with_state(Arc::clone(&script));
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("bind a loopback port");
         let url = format!(
             "http://{}",
-            listener.local_addr().unwrap_or_else(|e| panic!("{e}"))
+            listener
+                .local_addr()
+                .expect("a bound listener has an address")
         );
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -261,10 +265,10 @@ async fn answer(State(script): State<Arc<Script>>, headers: HeaderMap, _body: By
     for (k, v) in &canned.headers {
         out.insert(
             HeaderName::from_static(k),
-            HeaderValue::from_str(v).unwrap_or_else(|e| panic!("{e}")),
+            HeaderValue::from_str(v).expect("valid JSON"),
         );
     }
-    let status = StatusCode::from_u16(canned.status).unwrap_or_else(|e| panic!("{e}"));
+    let status = StatusCode::from_u16(canned.status).expect("a valid status");
     (status, out, canned.body).into_response()
 }
 
@@ -281,10 +285,12 @@ pub(crate) async fn cutting_relay(
 ) -> (String, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("bind a loopback port");
     let url = format!(
         "http://{}",
-        listener.local_addr().unwrap_or_else(|e| panic!("{e}"))
+        listener
+            .local_addr()
+            .expect("a bound listener has an address")
     );
     let accepted = Arc::new(AtomicUsize::new(0));
     let count = Arc::clone(&accepted);
