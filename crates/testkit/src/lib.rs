@@ -15,6 +15,9 @@
 
 #![allow(clippy::unwrap_used, clippy::panic)] // a test suite: failing loudly is its job
 
+pub mod fault;
+pub use fault::FaultProxy;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
