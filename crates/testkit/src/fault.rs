@@ -16,8 +16,12 @@
 //! - [`stall`](FaultProxy::stall) / [`stall_direction`](FaultProxy::stall_direction):
 //!   stop forwarding bytes, in both or one direction, without closing
 //!   anything — a frozen peer. Stalling only the replies
-//!   ([`Direction::ToClient`]) lets a request reach the server while its
-//!   answer is held: a *lost reply* once followed by a `cut`;
+//!   ([`Direction::ToClient`]) lets requests reach the server while their
+//!   answers are held;
+//! - [`stall_replies_from_next_request`](FaultProxy::stall_replies_from_next_request):
+//!   let the next request through and hold everything after it from the
+//!   server — with a `cut`, the deterministic way to lose exactly one reply
+//!   even when the previous reply's last bytes are still in flight;
 //! - [`freeze_live`](FaultProxy::freeze_live): stall only the connections
 //!   open now, while new ones work — a black-holed connection (lost NAT or
 //!   firewall state) next to a healthy server;
@@ -47,7 +51,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -124,6 +128,8 @@ struct Shared {
     /// Stall flag per [`Direction::index`].
     stall: [watch::Sender<bool>; 2],
     delay_ns: AtomicU64,
+    /// Set by [`FaultProxy::stall_replies_from_next_request`].
+    stall_replies_armed: AtomicBool,
     conns: Mutex<HashMap<u64, ConnCtl>>,
     next_id: AtomicU64,
     accepted: AtomicU64,
@@ -207,6 +213,7 @@ impl FaultProxy {
             refusing: Mutex::new(Refusing::default()),
             stall: [watch::Sender::new(false), watch::Sender::new(false)],
             delay_ns: AtomicU64::new(0),
+            stall_replies_armed: AtomicBool::new(false),
             conns: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
             accepted: AtomicU64::new(0),
@@ -296,6 +303,20 @@ impl FaultProxy {
         self.shared.stall[dir.index()].send_replace(on);
     }
 
+    /// Stalls replies ([`Direction::ToClient`], every connection) from the
+    /// moment the next chunk from any client is forwarded, just before it is
+    /// written to the server: its request reaches the server, and no byte
+    /// the server sends after it gets through. Replies to earlier requests
+    /// are unaffected, even those still on their way, so with a client that
+    /// waits for each reply (or the end of it) before its next request this
+    /// isolates exactly the next request's reply. A `cut` then loses it.
+    /// Ends like any stall, with `stall(false)` or [`heal`](Self::heal).
+    pub fn stall_replies_from_next_request(&self) {
+        self.shared
+            .stall_replies_armed
+            .store(true, Ordering::SeqCst);
+    }
+
     /// Freezes the connections open now, both directions, until they are
     /// cut or reset (or the proxy is dropped); new connections are not
     /// affected. Returns how many were frozen.
@@ -314,9 +335,12 @@ impl FaultProxy {
         self.shared.delay_ns.store(ns, Ordering::SeqCst);
     }
 
-    /// Ends refusing, stalls (not [`freeze_live`](Self::freeze_live)) and
-    /// delay: the proxy forwards normally again.
+    /// Ends refusing, stalls (armed or not; not
+    /// [`freeze_live`](Self::freeze_live)) and delay: the proxy forwards normally again.
     pub fn heal(&self) {
+        self.shared
+            .stall_replies_armed
+            .store(false, Ordering::SeqCst);
         self.set_refusing(false);
         self.stall(false);
         self.delay(Duration::ZERO);
@@ -462,6 +486,14 @@ impl Conn {
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
+            if dir == Direction::ToServer
+                && self
+                    .shared
+                    .stall_replies_armed
+                    .swap(false, Ordering::SeqCst)
+            {
+                self.shared.stall[Direction::ToClient.index()].send_replace(true);
+            }
             to.write_all(&buf[..n]).await?;
             self.shared.bytes[dir.index()].fetch_add(n as u64, Ordering::SeqCst);
         }
@@ -500,6 +532,492 @@ async fn close(client: &mut TcpStream, server: Option<&mut TcpStream>, how: Clos
             }
         }
     }
+}
+
+pub mod scenarios {
+    //! Store scenarios under injected faults, run by every networked store
+    //! through [`fault_suite!`](crate::fault_suite).
+    //!
+    //! Each scenario gets a [`Rig`]: a store whose connections go through a
+    //! fresh [`FaultProxy`], and a second store on the same server and
+    //! keyspace that bypasses the proxy, to see what the server really holds.
+    //! Scenarios assert on behaviour — which calls fail, whether errors are
+    //! temporary, what the record and its timeline hold — never on how long
+    //! anything takes; "recovers" means within [`RECOVERY`] of retries.
+
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+    use std::future::Future;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use bytes::Bytes;
+    use idemgate_engine::{
+        Attempt, AttemptOutcome, Claim, Fenced, Lease, Record, RecordState, ScopedKey, Store,
+        StoreError,
+    };
+
+    use super::FaultProxy;
+    use crate::{PAST_SHORT_TTL, SHORT_TTL, eventually, fp, fresh_key};
+
+    /// How long a store may keep failing with temporary errors after a fault
+    /// is healed before a scenario calls it broken.
+    pub const RECOVERY: Duration = Duration::from_secs(6);
+    /// A lease long enough to outlast every outage a scenario injects.
+    const LEASE: Duration = Duration::from_secs(5);
+    const LONG: Duration = Duration::from_secs(300);
+
+    /// A store behind a fault proxy, and a direct handle on the same data.
+    pub struct Rig {
+        /// The proxy every connection of `store` goes through.
+        pub proxy: FaultProxy,
+        /// The store under test: its URL points at the proxy. Give it the
+        /// backend's usual reconnecting client, and a single connection where
+        /// the backend pools them (so that warming it up prepares everything
+        /// the scenario sends while replies are held).
+        pub store: Arc<dyn Store>,
+        /// The same server and keyspace (prefix, schema), without the proxy.
+        pub direct: Arc<dyn Store>,
+        /// Whether `store` has nothing of its own in flight on its
+        /// connections — e.g. a pool checking a connection it just got back.
+        /// Scenarios that hold the next request's reply wait for it first,
+        /// so that the held request is theirs. `None`: always quiet.
+        pub quiet: Option<Box<dyn Fn() -> bool + Send + Sync>>,
+    }
+
+    impl std::fmt::Debug for Rig {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("Rig")
+                .field("proxy", &self.proxy)
+                .field("store", &self.store)
+                .field("direct", &self.direct)
+                .finish_non_exhaustive()
+        }
+    }
+
+    /// Waits until the store has nothing of its own in flight.
+    async fn settle(rig: &Rig) {
+        if let Some(quiet) = &rig.quiet {
+            let settled = eventually(|| {
+                let q = quiet();
+                async move { q }
+            })
+            .await;
+            assert!(settled, "the store never went quiet");
+        }
+    }
+
+    /// Holds the reply to the store's next request (see
+    /// [`FaultProxy::stall_replies_from_next_request`]) once the store is
+    /// quiet.
+    async fn hold_next_reply(rig: &Rig) {
+        settle(rig).await;
+        rig.proxy.stall_replies_from_next_request();
+    }
+
+    fn attempt() -> Attempt {
+        Attempt {
+            at_ms: idemgate_engine::record::now_ms(),
+            replica: "faults".into(),
+            outcome: AttemptOutcome::Executed,
+            status: Some(200),
+            latency_us: 1,
+        }
+    }
+
+    fn acquired(c: Claim) -> Lease {
+        match c {
+            Claim::Acquired(l) => l,
+            Claim::Existing(r) => panic!("expected Acquired, got Existing({r:?})"),
+        }
+    }
+
+    fn existing(c: Claim) -> Record {
+        match c {
+            Claim::Existing(r) => r,
+            Claim::Acquired(l) => panic!("expected Existing, got Acquired({l:?})"),
+        }
+    }
+
+    /// Runs `op` again while it fails with a temporary error; panics on any
+    /// other error, or when it still fails after [`RECOVERY`]. Returns the
+    /// value and how many temporary errors came first.
+    pub async fn until_ok<T, F, Fut>(what: &str, mut op: F) -> (T, usize)
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        let deadline = Instant::now() + RECOVERY;
+        let mut failures = 0;
+        loop {
+            match op().await {
+                Ok(v) => return (v, failures),
+                Err(e) if e.is_temporary() => {
+                    failures += 1;
+                    assert!(
+                        Instant::now() < deadline,
+                        "{what}: still failing after {failures} tries: {e}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("{what}: failed with a non-temporary error: {e}"),
+            }
+        }
+    }
+
+    /// Runs every kind of operation once through the proxy, so that scripts
+    /// are loaded and statements prepared before faults are injected.
+    async fn warm_up(rig: &Rig) {
+        let key = fresh_key();
+        let s = &rig.store;
+        let mut lease = acquired(
+            s.claim(&key, &fp("warm"), LONG)
+                .await
+                .expect("warm-up claim"),
+        );
+        let w = s.renew(&mut lease, LONG).await.expect("warm-up renew");
+        assert_eq!(w, Fenced::Applied);
+        let w = s
+            .complete(&lease, Bytes::from_static(b"w"), LONG, &attempt())
+            .await
+            .expect("warm-up complete");
+        assert_eq!(w, Fenced::Applied);
+        existing(
+            s.claim(&key, &fp("warm"), LONG)
+                .await
+                .expect("warm-up replay"),
+        );
+        s.get(&key).await.expect("warm-up get");
+        let other = fresh_key();
+        let lease = acquired(
+            s.claim(&other, &fp("warm"), LONG)
+                .await
+                .expect("warm-up claim"),
+        );
+        let w = s
+            .release(&lease, &attempt(), LONG)
+            .await
+            .expect("warm-up release");
+        assert_eq!(w, Fenced::Applied);
+        assert!(
+            rig.proxy.stats().live >= 1,
+            "the store does not use the proxy"
+        );
+    }
+
+    /// The payload of the DONE record at `key` (seen without the proxy) and
+    /// how many `Executed` attempts its timeline holds.
+    async fn done_once(rig: &Rig, key: &ScopedKey) -> (Bytes, usize) {
+        let rec = rig
+            .direct
+            .get(key)
+            .await
+            .expect("direct get")
+            .expect("a record");
+        let payload = rec.payload().cloned().expect("a DONE record");
+        let executed = rig
+            .direct
+            .timeline(key)
+            .await
+            .expect("direct timeline")
+            .iter()
+            .filter(|a| a.outcome == AttemptOutcome::Executed)
+            .count();
+        (payload, executed)
+    }
+
+    fn assert_pending(rec: &Record, lease: &Lease) {
+        assert!(
+            matches!(rec.state, RecordState::Pending { fence, .. } if fence == lease.fence),
+            "expected PENDING under fence {}, got {rec:?}",
+            lease.fence
+        );
+    }
+
+    /// (1) Claims while the server cannot be reached fail with temporary
+    /// errors and write nothing; once it is back, the same store handle
+    /// reconnects by itself and works.
+    pub async fn claim_refused_then_recovers(rig: Rig) {
+        warm_up(&rig).await;
+        let key = fresh_key();
+        let fa = fp("a");
+        rig.proxy.set_refusing(true);
+        assert!(rig.proxy.cut().await >= 1, "no live connection to cut");
+        for i in 0..3 {
+            let err = rig
+                .store
+                .claim(&key, &fp("a"), LONG)
+                .await
+                .expect_err("a claim through a refusing proxy succeeded");
+            assert!(err.is_temporary(), "claim #{i} while refused: {err}");
+        }
+        assert_eq!(rig.direct.get(&key).await.expect("direct get"), None);
+        rig.proxy.set_refusing(false);
+        let (claim, failures) =
+            until_ok("claim after recovery", || rig.store.claim(&key, &fa, LONG)).await;
+        let lease = acquired(claim);
+        eprintln!("claim after recovery: {failures} temporary errors first");
+        let w = rig
+            .store
+            .complete(&lease, Bytes::from_static(b"back"), LONG, &attempt())
+            .await
+            .expect("complete once reconnected");
+        assert_eq!(w, Fenced::Applied);
+        assert_eq!(
+            done_once(&rig, &key).await,
+            (Bytes::from_static(b"back"), 1)
+        );
+    }
+
+    /// (2) The connection is cut between claim and complete, and the server
+    /// stays unreachable for a while: the lease survives (the record stays
+    /// PENDING under it), and complete with the original lease succeeds once
+    /// the server is back, exactly once. A replay after another cut returns
+    /// the stored result.
+    pub async fn cut_between_claim_and_complete(rig: Rig) {
+        warm_up(&rig).await;
+        let key = fresh_key();
+        let fa = fp("a");
+        let executed = attempt();
+        let lease = acquired(rig.store.claim(&key, &fp("a"), LONG).await.expect("claim"));
+        rig.proxy.set_refusing(true);
+        assert!(rig.proxy.cut().await >= 1);
+        let payload = Bytes::from_static(b"{\"charged\":1}");
+        let err = rig
+            .store
+            .complete(&lease, payload.clone(), LONG, &attempt())
+            .await
+            .expect_err("a complete through a refusing proxy succeeded");
+        assert!(err.is_temporary(), "complete while refused: {err}");
+        let rec = rig.direct.get(&key).await.expect("direct get");
+        assert_pending(&rec.expect("the record survives the outage"), &lease);
+        rig.proxy.set_refusing(false);
+        let (w, _) = until_ok("complete after recovery", || {
+            rig.store.complete(&lease, payload.clone(), LONG, &executed)
+        })
+        .await;
+        assert_eq!(w, Fenced::Applied, "the original lease was lost");
+        assert_eq!(done_once(&rig, &key).await, (payload.clone(), 1));
+        // Replay, on a fresh connection.
+        assert!(rig.proxy.cut().await >= 1);
+        let (claim, _) = until_ok("replay after a cut", || rig.store.claim(&key, &fa, LONG)).await;
+        assert_eq!(existing(claim).payload(), Some(&payload));
+        assert_eq!(done_once(&rig, &key).await, (payload, 1));
+    }
+
+    /// (3) A complete reaches the server and is applied, but its reply is
+    /// lost (replies stalled, then the connection cut). The caller saw a
+    /// temporary error, so it retries with the same lease and payload: the
+    /// retry must be idempotent — acknowledged as applied, the record DONE
+    /// once with the first payload, one `Executed` attempt — not `Stale`,
+    /// which would tell the caller that another owner took over.
+    pub async fn complete_reply_lost_retry_is_idempotent(rig: Rig) {
+        warm_up(&rig).await;
+        let key = fresh_key();
+        let executed = attempt();
+        let lease = acquired(rig.store.claim(&key, &fp("a"), LONG).await.expect("claim"));
+        let payload = Bytes::from_static(b"{\"charged\":1}");
+        hold_next_reply(&rig).await;
+        let first = {
+            let (store, lease, payload) = (Arc::clone(&rig.store), lease.clone(), payload.clone());
+            tokio::spawn(async move { store.complete(&lease, payload, LONG, &attempt()).await })
+        };
+        let applied = eventually(|| {
+            let (direct, key) = (Arc::clone(&rig.direct), key.clone());
+            async move {
+                direct
+                    .get(&key)
+                    .await
+                    .is_ok_and(|r| r.is_some_and(|r| r.is_done()))
+            }
+        })
+        .await;
+        assert!(applied, "the stalled complete never reached the server");
+        assert!(rig.proxy.cut().await >= 1);
+        rig.proxy.heal();
+        let err = first
+            .await
+            .expect("complete task")
+            .expect_err("a complete whose reply was lost succeeded");
+        assert!(err.is_temporary(), "complete with a lost reply: {err}");
+        let (retry, _) = until_ok("complete retried after a lost reply", || {
+            rig.store.complete(&lease, payload.clone(), LONG, &executed)
+        })
+        .await;
+        assert_eq!(done_once(&rig, &key).await, (payload, 1));
+        assert_eq!(
+            retry,
+            Fenced::Applied,
+            "retrying an applied complete with its own lease and payload must be \
+             acknowledged, not reported as fenced by another owner"
+        );
+    }
+
+    /// (4) Heartbeats fail while the server is unreachable (connections
+    /// reset, new ones refused), for less than the lease: meanwhile nobody
+    /// else can take the key, and once the server is back the heartbeat
+    /// renews the same lease and the owner completes.
+    pub async fn heartbeat_outage_within_the_lease(rig: Rig) {
+        warm_up(&rig).await;
+        let key = fresh_key();
+        let mut lease = acquired(
+            rig.store
+                .claim(&key, &fp("hb"), LEASE)
+                .await
+                .expect("claim"),
+        );
+        let first_expiry = lease.expires_at_ms;
+        rig.proxy.set_refusing(true);
+        assert!(rig.proxy.reset().await >= 1);
+        for i in 0..3 {
+            let mut l = lease.clone();
+            let err = rig
+                .store
+                .renew(&mut l, LEASE)
+                .await
+                .expect_err("a renew through a refusing proxy succeeded");
+            assert!(err.is_temporary(), "renew #{i} during the outage: {err}");
+            assert_eq!(l, lease, "a failed renew changed the lease");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // Another replica, unaffected by the outage, finds the key held.
+        let rec = existing(
+            rig.direct
+                .claim(&key, &fp("hb"), LEASE)
+                .await
+                .expect("direct claim"),
+        );
+        assert_pending(&rec, &lease);
+        rig.proxy.set_refusing(false);
+        let ((w, renewed), _) = until_ok("renew after the outage", || {
+            let (store, mut l) = (Arc::clone(&rig.store), lease.clone());
+            async move {
+                let w = store.renew(&mut l, LEASE).await?;
+                Ok((w, l))
+            }
+        })
+        .await;
+        assert_eq!(w, Fenced::Applied, "the lease was lost during the outage");
+        lease = renewed;
+        assert!(lease.expires_at_ms > first_expiry, "renew did not extend");
+        let w = rig
+            .store
+            .complete(&lease, Bytes::from_static(b"hb"), LONG, &attempt())
+            .await
+            .expect("complete after the outage");
+        assert_eq!(w, Fenced::Applied);
+        assert_eq!(done_once(&rig, &key).await, (Bytes::from_static(b"hb"), 1));
+    }
+
+    /// A claim's reply is lost: the retry (a new token) finds the key
+    /// PENDING under a lease nobody holds — by the `Store` contract it gets
+    /// `Existing` — and the key is free again once that lease expires.
+    pub async fn claim_reply_lost_blocks_until_lease_expiry(rig: Rig) {
+        warm_up(&rig).await;
+        let key = fresh_key();
+        let fa = fp("a");
+        hold_next_reply(&rig).await;
+        let first = {
+            let (store, key) = (Arc::clone(&rig.store), key.clone());
+            tokio::spawn(async move { store.claim(&key, &fp("a"), SHORT_TTL).await })
+        };
+        let claimed = eventually(|| {
+            let (direct, key) = (Arc::clone(&rig.direct), key.clone());
+            async move { direct.get(&key).await.is_ok_and(|r| r.is_some()) }
+        })
+        .await;
+        assert!(claimed, "the stalled claim never reached the server");
+        assert!(rig.proxy.cut().await >= 1);
+        rig.proxy.heal();
+        let err = first
+            .await
+            .expect("claim task")
+            .expect_err("a claim whose reply was lost succeeded");
+        assert!(err.is_temporary(), "claim with a lost reply: {err}");
+        let (retry, _) = until_ok("claim retried after a lost reply", || {
+            rig.store.claim(&key, &fa, SHORT_TTL)
+        })
+        .await;
+        let rec = existing(retry);
+        assert!(matches!(rec.state, RecordState::Pending { .. }), "{rec:?}");
+        tokio::time::sleep(PAST_SHORT_TTL).await;
+        let lease = acquired(rig.store.claim(&key, &fp("a"), LONG).await.expect("claim"));
+        let w = rig
+            .store
+            .complete(&lease, Bytes::from_static(b"late"), LONG, &attempt())
+            .await
+            .expect("complete");
+        assert_eq!(w, Fenced::Applied);
+    }
+
+    /// The store's connections go silent (frozen, never closed) while the
+    /// server itself is fine: after operations on them fail with temporary
+    /// errors, the store must stop using them and open new connections.
+    pub async fn frozen_connection_is_replaced(rig: Rig) {
+        warm_up(&rig).await;
+        let key = fresh_key();
+        let fa = fp("a");
+        settle(&rig).await;
+        assert!(rig.proxy.freeze_live() >= 1);
+        let (claim, failures) = until_ok("claim after the connection froze", || {
+            rig.store.claim(&key, &fa, LONG)
+        })
+        .await;
+        eprintln!("claim after a freeze: {failures} temporary errors first");
+        let lease = acquired(claim);
+        let w = rig
+            .store
+            .complete(&lease, Bytes::from_static(b"thawed"), LONG, &attempt())
+            .await
+            .expect("complete on a new connection");
+        assert_eq!(w, Fenced::Applied);
+    }
+
+    /// Every step of a record's life works, unchanged, over a slow link.
+    pub async fn slow_link_full_lifecycle(rig: Rig) {
+        warm_up(&rig).await;
+        rig.proxy.delay(Duration::from_millis(20));
+        let key = fresh_key();
+        let s = &rig.store;
+        let mut lease = acquired(s.claim(&key, &fp("a"), LONG).await.expect("claim"));
+        assert_eq!(
+            s.renew(&mut lease, LONG).await.expect("renew"),
+            Fenced::Applied
+        );
+        let payload = Bytes::from_static(b"slow");
+        let w = s
+            .complete(&lease, payload.clone(), LONG, &attempt())
+            .await
+            .expect("complete");
+        assert_eq!(w, Fenced::Applied);
+        let rec = existing(s.claim(&key, &fp("a"), LONG).await.expect("replay"));
+        assert_eq!(rec.payload(), Some(&payload));
+        assert_eq!(done_once(&rig, &key).await, (payload, 1));
+    }
+}
+
+/// Generates `mod $name` with one `#[tokio::test]` per fault scenario in
+/// [`fault::scenarios`](crate::fault::scenarios), each calling
+/// `super::$rig().await` for a fresh [`Rig`](crate::fault::scenarios::Rig).
+#[macro_export]
+macro_rules! fault_suite {
+    ($name:ident, $rig:ident) => {
+        mod $name {
+            $crate::fault_suite!(@cases $rig;
+                claim_refused_then_recovers, cut_between_claim_and_complete,
+                complete_reply_lost_retry_is_idempotent, heartbeat_outage_within_the_lease,
+                claim_reply_lost_blocks_until_lease_expiry, frozen_connection_is_replaced,
+                slow_link_full_lifecycle);
+        }
+    };
+    (@cases $rig:ident; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                $crate::fault::scenarios::$case(super::$rig().await).await;
+            }
+        )*
+    };
 }
 
 #[cfg(test)]
@@ -693,6 +1211,44 @@ mod tests {
         p.stall(false);
         let mut s = connect(&p).await;
         roundtrip(&mut s, b"next").await;
+    }
+
+    #[tokio::test]
+    async fn stall_from_next_request_spares_earlier_replies() {
+        // A server whose reply to each byte ends 100 ms after it starts: the
+        // tail of a reply is still in flight when the client has its head.
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+        let server = listener.local_addr().unwrap();
+        let (got_tx, mut got) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut b = [0u8; 1];
+            while s.read_exact(&mut b).await.is_ok() {
+                got_tx.send(b[0]).unwrap();
+                s.write_all(b"head").await.unwrap();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                s.write_all(b"tail").await.unwrap();
+            }
+        });
+        let p = FaultProxy::start(server).await.unwrap();
+        let mut c = connect(&p).await;
+        c.write_all(b"1").await.unwrap();
+        let mut head = [0u8; 4];
+        c.read_exact(&mut head).await.unwrap();
+        p.stall_replies_from_next_request();
+        // The tail of the earlier reply still gets through…
+        let mut tail = [0u8; 4];
+        c.read_exact(&mut tail).await.unwrap();
+        assert_eq!(&tail, b"tail");
+        // …the next request reaches the server, and its reply is held.
+        c.write_all(b"2").await.unwrap();
+        assert_eq!(got.recv().await, Some(b'1'));
+        assert_eq!(got.recv().await, Some(b'2'));
+        assert!(silent(&mut c).await);
+        assert_eq!(p.cut().await, 1);
+        let mut buf = [0u8; 8];
+        assert!(matches!(c.read(&mut buf).await, Ok(0) | Err(_)));
+        assert_eq!(p.stats().bytes_to_client, 8);
     }
 
     #[tokio::test]
