@@ -30,9 +30,10 @@
 //!   connections, bytes forwarded each way.
 //!
 //! The controls are deterministic: `cut` and `reset` return once the sockets
-//! of the connections live at the call are closed; a stall takes effect for
-//! every byte read after the call (bytes already forwarded stay forwarded),
-//! and bytes held by a stall are discarded if the connection is then cut.
+//! of the connections live at the call are closed; a stall holds every
+//! chunk whose forwarding has not begun when it is set (bytes already
+//! forwarded stay forwarded), and bytes held are discarded if the
+//! connection is then cut.
 //! There is no global state: each proxy has its own listener, counters and
 //! tasks, and dropping it stops them all and closes its connections.
 //!
@@ -819,8 +820,13 @@ pub mod scenarios {
         let payload = Bytes::from_static(b"{\"charged\":1}");
         hold_next_reply(&rig).await;
         let first = {
-            let (store, lease, payload) = (Arc::clone(&rig.store), lease.clone(), payload.clone());
-            tokio::spawn(async move { store.complete(&lease, payload, LONG, &attempt()).await })
+            let (store, lease, payload, executed) = (
+                Arc::clone(&rig.store),
+                lease.clone(),
+                payload.clone(),
+                executed.clone(),
+            );
+            tokio::spawn(async move { store.complete(&lease, payload, LONG, &executed).await })
         };
         let applied = eventually(|| {
             let (direct, key) = (Arc::clone(&rig.direct), key.clone());
