@@ -1084,6 +1084,30 @@ mod tests {
         panic!("condition not reached in 5 s");
     }
 
+    /// `fault_suite!` lists its cases by hand: every scenario must be there.
+    #[test]
+    fn every_scenario_is_in_the_suite() {
+        let src = include_str!("fault.rs");
+        let mut scenarios: Vec<&str> = src
+            .lines()
+            .filter_map(|l| l.trim_start().strip_prefix("pub async fn "))
+            .filter_map(|rest| rest.split_once("(rig: Rig)").map(|(name, _)| name))
+            .collect();
+        let (_, list) = src
+            .split_once("$crate::fault_suite!(@cases $rig;")
+            .expect("the macro's case list");
+        let (list, _) = list.split_once(");").expect("the end of the list");
+        let mut listed: Vec<&str> = list
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .collect();
+        assert!(scenarios.len() >= 7, "{scenarios:?}");
+        scenarios.sort_unstable();
+        listed.sort_unstable();
+        assert_eq!(scenarios, listed);
+    }
+
     #[tokio::test]
     async fn forwards_both_ways_and_counts() {
         let p = proxy().await;
