@@ -1,57 +1,86 @@
-//! Generates `conformance_suite!` from the cases in `src/cases.rs`: every
-//! `pub async fn NAME(store: Arc<dyn Store>)` there becomes one test in every
-//! store's suite, so a case cannot be written and then left out of the list.
+//! Generates the test-suite macros from their case files, so a case written
+//! there runs on every store without being listed anywhere else:
+//!
+//! - `conformance_suite!` from every `pub async fn NAME(store: Arc<dyn Store>)`
+//!   in `src/cases.rs`;
+//! - `fault_suite!` from every `pub async fn NAME(rig: Rig)` in
+//!   `src/fault/scenarios.rs`.
 
-use std::fmt::Write as _;
 use std::{env, fs, path::PathBuf};
 
-const SIGNATURE: &str = "(store: Arc<dyn Store>)";
-
-fn main() {
-    println!("cargo::rerun-if-changed=src/cases.rs");
-    let source = fs::read_to_string("src/cases.rs").expect("read src/cases.rs");
-    let cases: Vec<&str> = source
+/// The names of the functions in `file` whose signature ends `signature`.
+fn cases(file: &str, signature: &str) -> Vec<String> {
+    println!("cargo::rerun-if-changed={file}");
+    let source = fs::read_to_string(file).unwrap_or_else(|e| panic!("read {file}: {e}"));
+    let names: Vec<String> = source
         .lines()
-        .filter_map(|line| line.strip_prefix("pub async fn "))
-        .filter_map(|rest| rest.split_once(SIGNATURE).map(|(name, _)| name))
+        .filter_map(|line| line.trim_start().strip_prefix("pub async fn "))
+        .filter_map(|rest| rest.split_once(signature).map(|(name, _)| name.to_owned()))
         .collect();
-    assert!(
-        !cases.is_empty(),
-        "no conformance cases found in src/cases.rs"
-    );
+    assert!(!names.is_empty(), "no cases found in {file}");
+    names
+}
+
+/// A `#[macro_export]` macro `name!($suite, $make)` generating `mod $suite`
+/// with one `#[tokio::test]` per case, each calling `path::case(super::$make().await)`.
+fn suite_macro(name: &str, doc: &str, path: &str, workers: usize, cases: &[String]) -> String {
     let list = cases.join(", ");
-    let mut out = String::new();
-    let names: Vec<String> = cases.iter().map(|c| format!("{c:?}")).collect();
-    writeln!(
-        out,
-        "/// The name of every conformance case, in the order of `cases.rs`.\n\
-         pub const CASES: &[&str] = &[{}];\n",
-        names.join(", ")
-    )
-    .expect("write to a String");
-    writeln!(
-        out,
-        r#"/// Generates `mod $name` with one `#[tokio::test]` per conformance case,
-/// each calling `super::$make().await` for an `Arc<dyn Store>`.
+    format!(
+        r#"{doc}
 #[macro_export]
-macro_rules! conformance_suite {{
+macro_rules! {name} {{
     ($name:ident, $make:ident) => {{
         mod $name {{
-            $crate::conformance_suite!(@cases $make; {list});
+            $crate::{name}!(@cases $make; {list});
         }}
     }};
     (@cases $make:ident; $($case:ident),* $(,)?) => {{
         $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            #[tokio::test(flavor = "multi_thread", worker_threads = {workers})]
             async fn $case() {{
-                $crate::$case(super::$make().await).await;
+                $crate::{path}::$case(super::$make().await).await;
             }}
         )*
     }};
-}}"#
+}}
+"#
     )
-    .expect("write to a String");
-    let dest =
-        PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR is set by cargo")).join("suite.rs");
-    fs::write(dest, out).expect("write the generated suite");
+}
+
+fn write(file: &str, text: String) {
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR is set by cargo"));
+    fs::write(out.join(file), text).unwrap_or_else(|e| panic!("write {file}: {e}"));
+}
+
+fn main() {
+    let conformance = cases("src/cases.rs", "(store: Arc<dyn Store>)");
+    let names: Vec<String> = conformance.iter().map(|c| format!("{c:?}")).collect();
+    let mut suite = format!(
+        "/// The name of every conformance case, in the order of `cases.rs`.\n\
+         pub const CASES: &[&str] = &[{}];\n\n",
+        names.join(", ")
+    );
+    suite.push_str(&suite_macro(
+        "conformance_suite",
+        "/// Generates `mod $name` with one `#[tokio::test]` per conformance case,\n\
+         /// each calling `super::$make().await` for an `Arc<dyn Store>`.",
+        "cases",
+        4,
+        &conformance,
+    ));
+    write("suite.rs", suite);
+
+    let scenarios = cases("src/fault/scenarios.rs", "(rig: Rig)");
+    write(
+        "fault_suite.rs",
+        suite_macro(
+            "fault_suite",
+            "/// Generates `mod $name` with one `#[tokio::test]` per fault scenario in\n\
+             /// [`fault::scenarios`](crate::fault::scenarios), each calling\n\
+             /// `super::$make().await` for a fresh [`Rig`](crate::fault::scenarios::Rig).",
+            "fault::scenarios",
+            2,
+            &scenarios,
+        ),
+    );
 }

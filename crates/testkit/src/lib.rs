@@ -17,6 +17,9 @@
 
 #![allow(clippy::unwrap_used, clippy::panic)] // a test suite: failing loudly is its job
 
+pub mod fault;
+pub use fault::FaultProxy;
+
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
