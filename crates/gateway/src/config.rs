@@ -30,6 +30,10 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::value::magic::RelativePathBuf;
 use http::{HeaderName, Method};
 use idemgate_engine::{Jitter, RetryPolicy};
+use idemgate_layer::config::default_retryable_statuses;
+pub use idemgate_layer::{
+    DerivePart, DeriveTemplate, InflightMode, KeyMode, StoreErrorMode, TenantSource,
+};
 use serde::{Deserialize, Serialize};
 use url::Url;
 
@@ -389,61 +393,6 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// How a route finds the idempotency key.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum KeyMode {
-    /// `Idempotency-Key` is required; absent → 400.
-    Require,
-    /// `Idempotency-Key` is used when present; absent → passed through unprotected.
-    Optional,
-    /// The key is built from natural dimensions of the request.
-    Derive(DeriveTemplate),
-}
-
-/// One dimension of a derived key.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum KeyPart {
-    /// The tenant (hash of the credential).
-    Tenant,
-    /// A request header's value; absent → 400.
-    Header(HeaderName),
-    /// Hash of the canonical JSON body.
-    Body,
-}
-
-/// The parts of a derived key and its time window.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeriveTemplate {
-    /// Parts, in order.
-    pub parts: Vec<KeyPart>,
-    /// Time window: the same parts within one window make the same key.
-    pub window: Option<Duration>,
-}
-
-/// What a duplicate of a PENDING key gets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Inflight {
-    /// 409 at once.
-    Reject,
-    /// Wait up to the bound for the result (then 409).
-    Wait(Duration),
-    /// Streaming: join the live stream; otherwise as `Wait`.
-    Attach(Duration),
-}
-
-/// What to do when the store cannot be reached.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum StoreErrorMode {
-    /// 503, nothing forwarded.
-    FailClosed,
-    /// Forwarded unprotected, counted.
-    FailOpen,
-}
-
 /// The layered upstream timeouts of a route. Clocks start when the request
 /// is sent upstream, not while it waits for a concurrency slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -485,7 +434,7 @@ pub struct RouteConfig {
     /// How the key is found.
     pub key_mode: KeyMode,
     /// What a duplicate of a PENDING key gets.
-    pub on_inflight: Inflight,
+    pub on_inflight: InflightMode,
     /// Lease length.
     pub pending_ttl: Duration,
     /// DONE lifetime.
@@ -521,6 +470,14 @@ impl RouteConfig {
     /// Whether `path` falls under this route's prefix (segment-wise).
     pub fn matches(&self, path: &str) -> bool {
         prefix_matches(&self.prefix, path)
+    }
+
+    /// Where the layer finds the tenant of a request on this route.
+    pub fn tenant(&self) -> TenantSource {
+        match &self.tenant_header {
+            Some(h) => TenantSource::Header(h.clone()),
+            None => TenantSource::Authorization,
+        }
     }
 }
 
@@ -745,7 +702,7 @@ fn route(at: &str, r: RawRoute, d: &RouteDefaults) -> Result<RouteConfig, Config
         ));
     }
     let key_mode = match key {
-        "require" | "required" => KeyMode::Require,
+        "require" => KeyMode::Require,
         "optional" => KeyMode::Optional,
         "derive" => KeyMode::Derive(template(at, r.key_template, r.key_window.as_deref())?),
         other => {
@@ -762,9 +719,9 @@ fn route(at: &str, r: RawRoute, d: &RouteDefaults) -> Result<RouteConfig, Config
         timeouts.total,
     )?;
     let on_inflight = match r.on_inflight.as_deref().unwrap_or("reject") {
-        "reject" => Inflight::Reject,
-        "wait" => Inflight::Wait(inflight_wait),
-        "attach" => Inflight::Attach(inflight_wait),
+        "reject" => InflightMode::Reject,
+        "wait" => InflightMode::Wait(inflight_wait),
+        "attach" => InflightMode::Attach(inflight_wait),
         other => {
             return Err(ConfigError::invalid(
                 field("on_inflight"),
@@ -824,15 +781,9 @@ fn route(at: &str, r: RawRoute, d: &RouteDefaults) -> Result<RouteConfig, Config
         }
         other => other,
     };
-    let on_store_error = match r.on_store_error.as_deref().unwrap_or("fail_closed") {
-        "fail_closed" => StoreErrorMode::FailClosed,
-        "fail_open" => StoreErrorMode::FailOpen,
-        other => {
-            return Err(ConfigError::invalid(
-                field("on_store_error"),
-                format!("`{other}`: expected `fail_closed` or `fail_open`"),
-            ));
-        }
+    let on_store_error = match r.on_store_error.as_deref() {
+        None => StoreErrorMode::FailClosed,
+        Some(s) => keyword(&field("on_store_error"), s)?,
     };
     let heartbeat = match r.heartbeat {
         Some(false) => None,
@@ -930,13 +881,6 @@ fn client_retry(
     Ok(policy)
 }
 
-/// 408, 429 and every 5xx.
-pub fn default_retryable_statuses() -> Vec<u16> {
-    let mut v = vec![408, 429];
-    v.extend(500..=599);
-    v
-}
-
 fn timeouts(at: &str, t: RawTimeouts) -> Result<Timeouts, ConfigError> {
     let d = Timeouts::default();
     let f = |n: &str| format!("{at}.timeouts.{n}");
@@ -964,18 +908,11 @@ fn template(
     let parts = parts.ok_or_else(|| {
         ConfigError::invalid(&field, "missing: `key = \"derive\"` needs a template")
     })?;
-    let parts: Vec<KeyPart> = parts
+    let parts: Vec<DerivePart> = parts
         .iter()
-        .map(|p| match p.trim() {
-            "tenant" => Ok(KeyPart::Tenant),
-            "body" => Ok(KeyPart::Body),
-            other => match other.strip_prefix("header:") {
-                Some(h) => header(&field, h.trim()).map(KeyPart::Header),
-                None => Err(ConfigError::invalid(
-                    &field,
-                    format!("`{other}`: expected `tenant`, `body` or `header:NAME`"),
-                )),
-            },
+        .map(|p| {
+            p.parse()
+                .map_err(|e| ConfigError::invalid(&field, format!("{e}")))
         })
         .collect::<Result<_, _>>()?;
     if parts.is_empty() {
@@ -1033,6 +970,14 @@ fn upstream_url(field: &str, s: &str) -> Result<Url, ConfigError> {
 fn header(field: &str, s: &str) -> Result<HeaderName, ConfigError> {
     HeaderName::from_bytes(s.as_bytes())
         .map_err(|_| ConfigError::invalid(field, format!("`{s}` is not a header name")))
+}
+
+/// A value spelled as one of a layer mode's serde names (`fail_open`).
+fn keyword<T: serde::de::DeserializeOwned>(field: &str, s: &str) -> Result<T, ConfigError> {
+    use serde::de::IntoDeserializer;
+    let d: serde::de::value::StrDeserializer<'_, serde::de::value::Error> =
+        s.trim().into_deserializer();
+    T::deserialize(d).map_err(|e| ConfigError::invalid(field, e.to_string()))
 }
 
 fn secs(n: u64) -> Duration {

@@ -10,7 +10,9 @@ use std::path::Path;
 
 use idemgate_check::{AlertRules, Finding, KeyPart, KeyPlan, Plan, RoutePlan, StoreKind};
 
-use crate::config::{self, GatewayConfig, KeyMode, RouteConfig, StoreErrorMode, StoreUrl};
+use idemgate_layer::{DerivePart, KeyMode, StoreErrorMode};
+
+use crate::config::{GatewayConfig, RouteConfig, StoreUrl};
 
 /// Rules whose error findings make `idemgate serve` refuse to start.
 ///
@@ -88,13 +90,16 @@ fn route_plan(route: &RouteConfig) -> RoutePlan {
             KeyMode::Require => KeyPlan::Require,
             KeyMode::Optional => KeyPlan::Optional,
             KeyMode::Derive(t) => {
+                // A part the plan does not know counts for nothing: the
+                // checklist then judges the key coarser, never finer.
                 let mut parts: Vec<KeyPart> = t
                     .parts
                     .iter()
-                    .map(|p| match p {
-                        config::KeyPart::Tenant => KeyPart::Tenant,
-                        config::KeyPart::Header(h) => KeyPart::Header(h.as_str().to_owned()),
-                        config::KeyPart::Body => KeyPart::BodyHash,
+                    .filter_map(|p| match p {
+                        DerivePart::Tenant => Some(KeyPart::Tenant),
+                        DerivePart::Header(h) => Some(KeyPart::Header(h.as_str().to_owned())),
+                        DerivePart::BodyHash => Some(KeyPart::BodyHash),
+                        _ => None,
                     })
                     .collect();
                 if let Some(w) = t.window {
@@ -102,6 +107,8 @@ fn route_plan(route: &RouteConfig) -> RoutePlan {
                 }
                 KeyPlan::Derive(parts)
             }
+            // A mode the configuration cannot name: no derived key to judge.
+            _ => KeyPlan::Optional,
         },
         charges: route.charges,
         fail_open: route.on_store_error == StoreErrorMode::FailOpen,

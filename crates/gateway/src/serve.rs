@@ -26,7 +26,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
 
-use crate::config::{GatewayConfig, Inflight, KeyMode, KeyPart, RouteConfig, StoreErrorMode};
+use crate::config::{GatewayConfig, RouteConfig};
 use crate::problem::no_route;
 use crate::proxy::{Proxy, ProxyBuildError};
 
@@ -64,27 +64,6 @@ const STORED_HEADERS: [&str; 4] = [
 
 /// The layer configuration of a route.
 pub fn layer_config(route: &RouteConfig) -> LayerConfig {
-    let key_mode = match &route.key_mode {
-        KeyMode::Require => idemgate_layer::KeyMode::Require,
-        KeyMode::Optional => idemgate_layer::KeyMode::Optional,
-        KeyMode::Derive(t) => idemgate_layer::KeyMode::Derive(idemgate_layer::DeriveTemplate {
-            parts: t
-                .parts
-                .iter()
-                .map(|p| match p {
-                    KeyPart::Tenant => idemgate_layer::DerivePart::Tenant,
-                    KeyPart::Header(h) => idemgate_layer::DerivePart::Header(h.clone()),
-                    KeyPart::Body => idemgate_layer::DerivePart::BodyHash,
-                })
-                .collect(),
-            window: t.window,
-        }),
-    };
-    let on_inflight = match route.on_inflight {
-        Inflight::Reject => idemgate_layer::InflightMode::Reject,
-        Inflight::Wait(d) => idemgate_layer::InflightMode::Wait(d),
-        Inflight::Attach(d) => idemgate_layer::InflightMode::Attach(d),
-    };
     let operations_path = if route.prefix == "/" {
         "/idemgate/operations/".to_owned()
     } else {
@@ -92,24 +71,18 @@ pub fn layer_config(route: &RouteConfig) -> LayerConfig {
     };
     LayerConfig {
         namespace: route.id.clone(),
-        key_mode,
-        on_inflight,
+        key_mode: route.key_mode.clone(),
+        on_inflight: route.on_inflight,
         methods: route.methods.clone(),
         body_limit: route.body_limit,
-        tenant: match &route.tenant_header {
-            Some(h) => idemgate_layer::TenantSource::Header(h.clone()),
-            None => idemgate_layer::TenantSource::Authorization,
-        },
+        tenant: route.tenant(),
         fingerprint_ignore: route.fingerprint_ignore.clone(),
         retryable_statuses: route.retryable_statuses.clone(),
         stored_headers: STORED_HEADERS
             .iter()
             .map(|h| HeaderName::from_static(h))
             .collect(),
-        on_store_error: match route.on_store_error {
-            StoreErrorMode::FailClosed => idemgate_layer::StoreErrorMode::FailClosed,
-            StoreErrorMode::FailOpen => idemgate_layer::StoreErrorMode::FailOpen,
-        },
+        on_store_error: route.on_store_error,
         // A detached execution ends with the upstream's total timeout; a
         // little slack lets the body error arrive first.
         completion_timeout: route.timeouts.total + Duration::from_secs(1),

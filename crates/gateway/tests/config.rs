@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use figment::Jail;
 use idemgate_engine::{Jitter, RetryPolicy};
-use idemgate_gateway::config::{Inflight, KeyMode, KeyPart, StoreErrorMode, Timeouts};
+use idemgate_gateway::config::{DerivePart, InflightMode, KeyMode, StoreErrorMode, Timeouts};
 use idemgate_gateway::{ConfigError, GatewayConfig, Overrides, StoreUrl};
 
 fn load(file: Option<&str>, overrides: &Overrides) -> Result<GatewayConfig, ConfigError> {
@@ -37,7 +37,7 @@ fn only_an_upstream_gives_the_documented_defaults() {
         assert_eq!(r.prefix, "/");
         assert_eq!(r.methods, vec![http::Method::POST]);
         assert_eq!(r.key_mode, KeyMode::Optional);
-        assert!(matches!(r.on_inflight, Inflight::Attach(_)));
+        assert!(matches!(r.on_inflight, InflightMode::Attach(_)));
         assert_eq!(r.upstream.as_str(), "http://127.0.0.1:9/");
         assert_eq!(r.upstream_key_header.as_str(), "idempotency-key");
         assert_eq!(r.timeouts, Timeouts::default());
@@ -114,7 +114,10 @@ fn toml_file_is_read_whole() {
         assert_eq!(chat.prefix, "/v1/chat");
         assert_eq!(chat.methods, vec![http::Method::POST, http::Method::PUT]);
         assert_eq!(chat.key_mode, KeyMode::Require);
-        assert_eq!(chat.on_inflight, Inflight::Wait(Duration::from_secs(45)));
+        assert_eq!(
+            chat.on_inflight,
+            InflightMode::Wait(Duration::from_secs(45))
+        );
         assert_eq!(
             chat.pending_ttl,
             Duration::from_secs(5),
@@ -143,16 +146,16 @@ fn toml_file_is_read_whole() {
         );
         let root = &c.routes[1];
         assert_eq!(root.prefix, "/");
-        assert_eq!(root.on_inflight, Inflight::Reject);
+        assert_eq!(root.on_inflight, InflightMode::Reject);
         match &root.key_mode {
             KeyMode::Derive(t) => {
                 assert_eq!(t.parts.len(), 4);
-                assert_eq!(t.parts[0], KeyPart::Tenant);
+                assert_eq!(t.parts[0], DerivePart::Tenant);
                 assert_eq!(
                     t.parts[1],
-                    KeyPart::Header(http::HeaderName::from_static("x-user-id"))
+                    DerivePart::Header(http::HeaderName::from_static("x-user-id"))
                 );
-                assert_eq!(t.parts[3], KeyPart::Body);
+                assert_eq!(t.parts[3], DerivePart::BodyHash);
                 assert_eq!(t.window, Some(Duration::from_secs(600)));
             }
             other => panic!("expected derive, got {other:?}"),
@@ -528,7 +531,7 @@ fn a_content_hash_only_template_loads_for_the_checklist_to_report() {
         )?;
         let c = load(Some("gw.toml"), &Overrides::default()).map_err(jail_err)?;
         assert!(
-            matches!(&c.routes[0].key_mode, KeyMode::Derive(t) if t.parts == vec![KeyPart::Body])
+            matches!(&c.routes[0].key_mode, KeyMode::Derive(t) if t.parts == vec![DerivePart::BodyHash])
         );
         let rules: Vec<&str> = idemgate_gateway::plan::findings(&c)
             .iter()
