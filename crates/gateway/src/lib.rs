@@ -34,6 +34,7 @@
 
 mod admin;
 pub mod config;
+mod error;
 pub mod plan;
 pub mod problem;
 pub mod proxy;
@@ -42,7 +43,8 @@ mod stores;
 pub mod telemetry;
 
 pub use config::{ConfigError, GatewayConfig, Overrides, RouteConfig, StoreUrl};
+pub use error::GatewayError;
 pub use idemgate_layer::RetryableFailure;
 pub use proxy::{Proxy, UpstreamBodyError};
-pub use serve::{GatewayError, serve};
+pub use serve::{bind_and_serve, serve};
 pub use stores::open_records;

@@ -38,16 +38,8 @@ use idemgate_layer::{IdempotencyContext, RetryableFailure};
 use idemgate_telemetry::names;
 
 use crate::config::{RouteConfig, Timeouts};
+pub use crate::error::ProxyBuildError;
 use crate::problem::problem;
-
-/// Why a proxy could not be built.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot build the upstream client for route `{route}`")]
-pub struct ProxyBuildError {
-    route: String,
-    #[source]
-    source: reqwest::Error,
-}
 
 /// A body error from the upstream response stream: the response was cut.
 #[derive(Debug, thiserror::Error)]

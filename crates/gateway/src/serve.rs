@@ -18,6 +18,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use http::{HeaderName, Request, Response};
+use idemgate_check::{Finding, Severity};
 use idemgate_engine::{Engine, OnInflight, Policy, Store};
 use idemgate_layer::LayerConfig;
 use idemgate_telemetry::{InstrumentedStore, Telemetry};
@@ -27,31 +28,10 @@ use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
 
 use crate::config::{GatewayConfig, RouteConfig};
+use crate::error::GatewayError;
+use crate::plan;
 use crate::problem::no_route;
-use crate::proxy::{Proxy, ProxyBuildError};
-
-/// Why the gateway could not start or stopped with an error.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum GatewayError {
-    /// The store could not be opened.
-    #[error("cannot open the {backend} store at {url}")]
-    StoreOpen {
-        /// The backend.
-        backend: &'static str,
-        /// The store URL (password hidden).
-        url: String,
-        /// Why.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
-    /// A route's upstream client could not be built.
-    #[error(transparent)]
-    Proxy(#[from] ProxyBuildError),
-    /// A listener failed.
-    #[error("listener failed")]
-    Io(#[from] std::io::Error),
-}
+use crate::proxy::Proxy;
 
 /// Response headers kept with a stored result for replay, besides
 /// `content-type` (the layer always keeps it).
@@ -143,15 +123,87 @@ impl tower::Service<Request<Body>> for Dispatch {
 /// Runs the gateway on `listener` (proxy) and `admin` (health endpoints)
 /// until `shutdown` resolves, then shuts down gracefully.
 ///
+/// Before anything is opened, the pre-launch checklist runs on `config`:
+/// every finding is logged, and a key template that would merge different
+/// operations ([`plan::REFUSED_AT_START`]) refuses the start. A program that
+/// embeds the gateway gets the same guarantee as `idemgate serve`.
+///
 /// Shutdown stops accepting connections, waits up to
 /// `config.shutdown_grace` for requests and detached upstream calls to
 /// finish (and be stored), then cancels what remains; every cancelled
 /// call releases its key, so no PENDING record is left to expire.
 ///
 /// # Errors
-/// The store cannot be opened or is not part of this build, an upstream
-/// client cannot be built, or a listener fails.
+/// [`GatewayError::Refused`] for a refused configuration; the store cannot
+/// be opened or is not part of this build, an upstream client cannot be
+/// built, or a listener fails.
 pub async fn serve(
+    listener: TcpListener,
+    admin: TcpListener,
+    config: GatewayConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), GatewayError> {
+    preflight(&config)?;
+    run(listener, admin, config, shutdown).await
+}
+
+/// [`serve()`] on the configured addresses (`config.listen` and
+/// `config.admin_listen`), bound after the checklist passed, so a refused
+/// configuration never holds a port.
+///
+/// # Errors
+/// As [`serve()`], and [`GatewayError::Bind`] when an address cannot be
+/// bound.
+pub async fn bind_and_serve(
+    config: GatewayConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), GatewayError> {
+    preflight(&config)?;
+    let bind = |addr, admin| async move {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|source| GatewayError::Bind {
+                addr,
+                admin,
+                source,
+            })
+    };
+    let listener = bind(config.listen, false).await?;
+    let admin = bind(config.admin_listen, true).await?;
+    run(listener, admin, config, shutdown).await
+}
+
+/// The checklist at start: logs every finding (errors as warnings: only
+/// the refused rules stop the start), and refuses [`plan::REFUSED_AT_START`].
+fn preflight(config: &GatewayConfig) -> Result<(), GatewayError> {
+    let findings = plan::findings(config);
+    for f in &findings {
+        let route = f.route.as_deref().unwrap_or("-");
+        match f.severity {
+            Severity::Error => {
+                tracing::warn!(rule = f.rule, route, fix = %f.fix, "check: {}", f.message);
+            }
+            Severity::Warning => {
+                tracing::info!(rule = f.rule, route, fix = %f.fix, "check: {}", f.message);
+            }
+            Severity::Info => {
+                tracing::debug!(rule = f.rule, route, fix = %f.fix, "check: {}", f.message);
+            }
+        }
+    }
+    let refused: Vec<Finding> = plan::start_refusals(&findings)
+        .into_iter()
+        .cloned()
+        .collect();
+    if refused.is_empty() {
+        Ok(())
+    } else {
+        Err(GatewayError::Refused(refused))
+    }
+}
+
+/// The gateway itself, once the checklist passed.
+async fn run(
     listener: TcpListener,
     admin: TcpListener,
     config: GatewayConfig,

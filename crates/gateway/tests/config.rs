@@ -541,3 +541,46 @@ fn a_content_hash_only_template_loads_for_the_checklist_to_report() {
         Ok(())
     });
 }
+
+/// The library's `serve()` runs the start checks itself: a program that
+/// embeds the gateway cannot start it with a key that merges operations.
+#[tokio::test]
+async fn serve_refuses_a_merging_key_template_before_opening_anything() {
+    use idemgate_gateway::GatewayError;
+    use idemgate_gateway::config::{RawConfig, RawRoute};
+
+    let config = GatewayConfig::from_raw(RawConfig {
+        upstream: Some("http://127.0.0.1:1".into()),
+        // A store that cannot be opened: the refusal must come first.
+        store: Some("redis://127.0.0.1:1".into()),
+        routes: vec![RawRoute {
+            prefix: Some("/v1".into()),
+            key: Some("derive".into()),
+            key_template: Some(vec!["body".into()]),
+            key_window: Some("10m".into()),
+            ..RawRoute::default()
+        }],
+        ..RawConfig::default()
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let bind = || tokio::net::TcpListener::bind("127.0.0.1:0");
+    let listener = bind().await.unwrap_or_else(|e| panic!("{e}"));
+    let admin = bind().await.unwrap_or_else(|e| panic!("{e}"));
+    let served = tokio::time::timeout(
+        Duration::from_secs(10),
+        idemgate_gateway::serve(listener, admin, config, std::future::pending()),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("serve started with a merging key"));
+    let err = served.expect_err("a merging key template was served");
+    let msg = err.to_string();
+    match err {
+        GatewayError::Refused(findings) => {
+            let rules: Vec<&str> = findings.iter().map(|f| f.rule).collect();
+            assert_eq!(rules, vec!["content-hash-only-key"]);
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert!(msg.contains("refusing to start"), "{msg}");
+    assert!(msg.contains("route /v1"), "{msg}");
+}
