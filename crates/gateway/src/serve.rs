@@ -17,10 +17,9 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use http::{HeaderName, Request, Response};
+use http::{Request, Response};
 use idemgate_check::{Finding, Severity};
 use idemgate_engine::{Engine, OnInflight, Policy, Store};
-use idemgate_layer::LayerConfig;
 use idemgate_telemetry::{InstrumentedStore, Telemetry};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -32,44 +31,6 @@ use crate::error::GatewayError;
 use crate::plan;
 use crate::problem::no_route;
 use crate::proxy::Proxy;
-
-/// Response headers kept with a stored result for replay, besides
-/// `content-type` (the layer always keeps it).
-const STORED_HEADERS: [&str; 4] = [
-    "x-request-id",
-    "request-id",
-    "openai-model",
-    "anthropic-ratelimit-requests-remaining",
-];
-
-/// The layer configuration of a route.
-pub fn layer_config(route: &RouteConfig) -> LayerConfig {
-    let operations_path = if route.prefix == "/" {
-        "/idemgate/operations/".to_owned()
-    } else {
-        format!("{}/idemgate/operations/", route.prefix)
-    };
-    LayerConfig {
-        namespace: route.id.clone(),
-        key_mode: route.key_mode.clone(),
-        on_inflight: route.on_inflight,
-        methods: route.methods.clone(),
-        body_limit: route.body_limit,
-        tenant: route.tenant(),
-        fingerprint_ignore: route.fingerprint_ignore.clone(),
-        retryable_statuses: route.retryable_statuses.clone(),
-        stored_headers: STORED_HEADERS
-            .iter()
-            .map(|h| HeaderName::from_static(h))
-            .collect(),
-        on_store_error: route.on_store_error,
-        // A detached execution ends with the upstream's total timeout; a
-        // little slack lets the body error arrive first.
-        completion_timeout: route.timeouts.total + Duration::from_secs(1),
-        operations_path,
-        ..LayerConfig::default()
-    }
-}
 
 /// The engine of a route: the shared store with the route's TTLs. The
 /// layer decides what a duplicate gets, so the engine never waits itself.
@@ -219,7 +180,7 @@ async fn run(
     let mut layers = Vec::with_capacity(config.routes.len());
     let mut routes = Vec::with_capacity(config.routes.len());
     for route in &config.routes {
-        let layer = opened.layer(engine(Arc::clone(&store), route), layer_config(route));
+        let layer = opened.layer(engine(Arc::clone(&store), route), route.layer_config());
         let svc = layer.layer(Proxy::new(route)?);
         routes.push((route.prefix.clone(), svc));
         layers.push(layer);
