@@ -1,5 +1,6 @@
 //! The gateway's configuration as an [`idemgate_check::Plan`]: what
-//! `idemgate check` judges, and what `idemgate serve` refuses to start with.
+//! `idemgate check` judges, and what [`serve()`](crate::serve()) (and so
+//! `idemgate serve`) refuses to start with.
 //!
 //! The mapping states what the gateway will really do with each route: the
 //! lease and its heartbeat (`pending_ttl / 3`, as the engine renews), the
@@ -14,7 +15,8 @@ use idemgate_layer::{DerivePart, KeyMode, StoreErrorMode};
 
 use crate::config::{GatewayConfig, RouteConfig, StoreUrl};
 
-/// Rules whose error findings make `idemgate serve` refuse to start.
+/// Rules whose error findings make [`serve()`](crate::serve()) refuse to
+/// start.
 ///
 /// A key that merges different operations (a content hash without a user
 /// or session, or neither user nor request) makes the gateway answer one
@@ -38,7 +40,7 @@ pub fn findings(config: &GatewayConfig) -> Vec<Finding> {
     idemgate_check::check(&plan(config))
 }
 
-/// The findings that stop `idemgate serve` ([`REFUSED_AT_START`]).
+/// The findings that stop [`serve()`](crate::serve()) ([`REFUSED_AT_START`]).
 pub fn start_refusals(findings: &[Finding]) -> Vec<&Finding> {
     findings
         .iter()

@@ -1,5 +1,11 @@
-//! [`serve`]: the store, one engine and layer per route, the router, the
-//! admin listener, and graceful shutdown.
+//! [`serve`]: the start checks, the store, one engine and layer per route,
+//! the router, the admin listener, and graceful shutdown.
+//!
+//! The orchestrating module: it sits on top of the others (configuration,
+//! plan, stores, proxy, admin) and nothing below depends on it. The
+//! pre-launch checklist runs here, inside [`serve()`], so every way of
+//! starting the gateway (the CLI, a test, a program embedding the library)
+//! refuses the same configurations.
 //!
 //! The service stack of a route, outermost first:
 //! 1. the dispatcher: longest matching prefix, else a 404 problem;

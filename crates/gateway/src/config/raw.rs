@@ -8,6 +8,7 @@
 //! ([`Overrides`]). Nothing here judges a value; [`super::gateway`] does,
 //! once, so a value is checked the same way whichever source it came from.
 
+use std::fmt;
 use std::path::Path;
 
 use figment::Figment;
@@ -16,13 +17,15 @@ use figment::value::magic::RelativePathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::error::ConfigError;
+use super::secret::redact_text;
 
 /// Prefix of the environment variables read.
 pub const ENV_PREFIX: &str = "IDEMGATE_";
 
 /// The configuration as written: every field optional, durations and sizes
 /// as text. Unknown fields are refused, so a typo is an error, not a default.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+/// `Debug` hides the admin token and the store URL's password.
+#[derive(Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
     /// Proxy listen address.
@@ -162,8 +165,8 @@ pub enum RawSize {
 }
 
 /// Values given on the command line; each set one overrides the file and
-/// the environment.
-#[derive(Clone, Debug, Default, Serialize)]
+/// the environment. `Debug` hides the store URL's password.
+#[derive(Clone, Default, Serialize)]
 pub struct Overrides {
     /// `--upstream`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -185,6 +188,59 @@ pub struct Overrides {
     pub done_ttl: Option<String>,
 }
 
+impl fmt::Debug for RawConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Destructured, so a new field cannot be printed unseen.
+        let Self {
+            listen,
+            admin_listen,
+            store,
+            upstream,
+            pending_ttl,
+            done_ttl,
+            shutdown_grace,
+            admin_token,
+            client_retry,
+            alert_rules,
+            routes,
+        } = self;
+        f.debug_struct("RawConfig")
+            .field("listen", listen)
+            .field("admin_listen", admin_listen)
+            .field("store", &store.as_deref().map(redact_text))
+            .field("upstream", upstream)
+            .field("pending_ttl", pending_ttl)
+            .field("done_ttl", done_ttl)
+            .field("shutdown_grace", shutdown_grace)
+            .field("admin_token", &admin_token.as_ref().map(|_| "***"))
+            .field("client_retry", client_retry)
+            .field("alert_rules", alert_rules)
+            .field("routes", routes)
+            .finish()
+    }
+}
+
+impl fmt::Debug for Overrides {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Self {
+            upstream,
+            listen,
+            admin_listen,
+            store,
+            pending_ttl,
+            done_ttl,
+        } = self;
+        f.debug_struct("Overrides")
+            .field("upstream", upstream)
+            .field("listen", listen)
+            .field("admin_listen", admin_listen)
+            .field("store", &store.as_deref().map(redact_text))
+            .field("pending_ttl", pending_ttl)
+            .field("done_ttl", done_ttl)
+            .finish()
+    }
+}
+
 /// The merged sources: `file` (if any), then `IDEMGATE_*` variables, then
 /// `overrides`. Later sources win.
 ///
@@ -204,4 +260,29 @@ pub fn figment(file: Option<&Path>, overrides: &Overrides) -> Result<Figment, Co
             .ignore(&["config", "log"]),
     )
     .merge(Serialized::defaults(overrides)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_hides_the_token_and_the_store_password() {
+        let raw = RawConfig {
+            store: Some("postgres://u:hunter2@h/db".into()),
+            admin_token: Some("s3cret".into()),
+            ..RawConfig::default()
+        };
+        let shown = format!("{raw:?}");
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("s3cret"),
+            "{shown}"
+        );
+        let over = Overrides {
+            store: raw.store.clone(),
+            ..Overrides::default()
+        };
+        let shown = format!("{over:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+    }
 }

@@ -390,7 +390,7 @@ fn template(
     }
     // A template of the body hash alone loads: it is a design mistake, not
     // a malformed value, and `idemgate check` reports it with the fix
-    // (`idemgate serve` refuses to start with it).
+    // (`serve()` refuses to start with it).
     let window = window
         .map(|w| duration(&format!("{at}.key_window"), Some(w), Duration::ZERO))
         .transpose()?;
