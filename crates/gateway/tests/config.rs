@@ -584,3 +584,38 @@ async fn serve_refuses_a_merging_key_template_before_opening_anything() {
     assert!(msg.contains("refusing to start"), "{msg}");
     assert!(msg.contains("route /v1"), "{msg}");
 }
+
+/// A concept has one spelling, the documented one: the former aliases are
+/// refused with an error naming their field, not taken silently.
+#[test]
+fn undocumented_aliases_are_refused() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\nkey = \"required\"",
+            "routes[0].key",
+        ),
+        ("upstream = \"http://h\"\nstore = \"memory\"", "store"),
+        (
+            "upstream = \"http://h\"\nstore = \"sqlite://x.db\"",
+            "store",
+        ),
+        (
+            "upstream = \"http://h\"\nstore = \"postgresql://h/db\"",
+            "store",
+        ),
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\nbody_limit = \"1m\"",
+            "routes[0].body_limit",
+        ),
+    ];
+    for (toml, field) in cases {
+        Jail::expect_with(|jail| {
+            jail.create_file("alias.toml", toml)?;
+            match load(Some("alias.toml"), &Overrides::default()) {
+                Ok(c) => panic!("accepted alias {toml:?}: {c:?}"),
+                Err(e) => assert_eq!(e.field(), Some(*field), "{toml:?}: {e}"),
+            }
+            Ok(())
+        });
+    }
+}

@@ -29,14 +29,14 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
-    pub(crate) fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+    pub(super) fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
         Self::Invalid {
             field: field.into(),
             message: message.into(),
         }
     }
 
-    /// The field an [`ConfigError::Invalid`] is about.
+    /// The field the error is about, when it names one.
     pub fn field(&self) -> Option<&str> {
         match self {
             Self::Invalid { field, .. } => Some(field),
