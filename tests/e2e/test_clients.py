@@ -1,6 +1,6 @@
 """The official clients, pointed at the gateway, retrying on timeouts.
 
-The seed's story: the client's timeout is shorter than the generation, the
+The timeout story: the client's timeout is shorter than the generation, the
 client retries with the same key, and the upstream still runs once.
 """
 

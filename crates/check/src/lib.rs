@@ -1,25 +1,33 @@
-//! `idemgate check`: the seed's pre-launch checklist, as findings.
+//! `idemgate check`: a pre-launch checklist for an idempotent deployment,
+//! as findings.
 //!
 //! Idempotency fails quietly: a TTL a little too short, a timeout a little too
 //! tight, a key that changes between retries — nothing errors, and duplicates
-//! slip through at 2 a.m. This crate turns the checklist at the end of the
-//! design notes into rules over a [`Plan`] (what a deployment is configured to
+//! slip through when nobody is watching. This crate turns each of those
+//! mistakes into a rule over a [`Plan`] (what a deployment is configured to
 //! do, independent of how the configuration is written), each producing a
 //! [`Finding`] with a severity, what is wrong in figures, and how to fix it.
 //!
 //! # Layout
 //! - [`Plan`] / [`RoutePlan`]: the facts the rules need; [`AlertRules`]
 //!   judges a deployed Prometheus rules file.
+//! - [`retry`]: how long a client's retries can go on, and so how long a
+//!   DONE record must live ([`RetryPolicy`], [`check_done_ttl`]). It lives
+//!   here, not in the engine, because only configuration checks need it:
+//!   the engine runs with whatever TTL it is given.
 //! - [`check`]: runs every rule; [`has_errors`] decides the exit status.
 //!
 //! The rules are plain functions over the plan, one per checklist item, so a
 //! test can show each one firing and staying quiet.
 
+pub mod retry;
+
 use std::fmt;
 use std::time::Duration;
 
-use idemgate_engine::RetryPolicy;
 use serde::Serialize;
+
+pub use retry::{Jitter, RetryPolicy, TtlTooShort, check_done_ttl};
 
 /// How bad a finding is. `Error` makes `idemgate check` exit non-zero.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -143,7 +151,7 @@ pub struct RoutePlan {
     pub retryable_statuses: Vec<u16>,
 }
 
-/// The alerts the seed asks for: the hit ratio doubling against its
+/// The alerts a deployment needs: the hit ratio doubling against its
 /// baseline (retries rising, minutes before the error rate moves) and
 /// in-flight conflicts surging (requests outlasting client timeouts).
 pub const REQUIRED_ALERTS: [&str; 2] = [
@@ -241,7 +249,7 @@ pub fn has_errors(findings: &[Finding]) -> bool {
     findings.iter().any(|f| f.severity == Severity::Error)
 }
 
-/// Seed §5: the hit ratio rises minutes before the error rate; without an
+/// The hit ratio rises minutes before the error rate; without an
 /// alert on it, nobody looks until the error rate has already moved.
 fn alert_rules(rules: &AlertRules, out: &mut Vec<Finding>) {
     let message = match rules {
@@ -307,9 +315,9 @@ fn secs(d: Duration) -> String {
     parts.join(" ")
 }
 
-/// Seed §2: the record must outlive the longest retry path, twice.
+/// The record must outlive the longest retry path, twice.
 fn done_ttl_covers_retry_window(r: &RoutePlan, out: &mut Vec<Finding>) {
-    if let Err(e) = idemgate_engine::check_done_ttl(r.done_ttl, &r.client_retry) {
+    if let Err(e) = check_done_ttl(r.done_ttl, &r.client_retry) {
         out.push(finding(
             "done-ttl-short",
             Severity::Error,
@@ -327,7 +335,7 @@ fn done_ttl_covers_retry_window(r: &RoutePlan, out: &mut Vec<Finding>) {
     }
 }
 
-/// Seed §3: the total timeout must cover the longest legitimate generation,
+/// The total timeout must cover the longest legitimate generation,
 /// or every long answer is paid for and then thrown away.
 fn total_timeout_covers_generation(r: &RoutePlan, out: &mut Vec<Finding>) {
     match r.longest_generation {
@@ -397,7 +405,8 @@ fn pending_ttl_vs_operation(r: &RoutePlan, out: &mut Vec<Finding>) {
     }
 }
 
-/// Seed §3: connect short, first byte medium, total long.
+/// Connect short, first byte medium, total long: each timeout catches a
+/// different failure, and a later one cannot fire before an earlier one.
 fn timeouts_are_layered(r: &RoutePlan, out: &mut Vec<Finding>) {
     if !(r.connect_timeout <= r.first_byte_timeout && r.first_byte_timeout <= r.total_timeout) {
         out.push(finding(
@@ -415,7 +424,7 @@ fn timeouts_are_layered(r: &RoutePlan, out: &mut Vec<Finding>) {
     }
 }
 
-/// Seed §2: a content hash alone merges two legitimate identical questions;
+/// A content hash alone merges two legitimate identical questions;
 /// a derived key without a window merges them until done_ttl.
 fn key_template(r: &RoutePlan, out: &mut Vec<Finding>) {
     let KeyPlan::Derive(parts) = &r.key else {
@@ -455,7 +464,7 @@ fn key_template(r: &RoutePlan, out: &mut Vec<Finding>) {
     }
 }
 
-/// Seed §2: a store guarding charges must not lose data.
+/// A store guarding charges must not lose data.
 fn store_for_charges(store: StoreKind, r: &RoutePlan, out: &mut Vec<Finding>) {
     if !r.charges {
         return;

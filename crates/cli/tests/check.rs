@@ -50,8 +50,8 @@ impl Run {
 }
 
 fn check_with(toml: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(dir.path().join("gw.toml"), toml).unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().expect("create a temp dir");
+    std::fs::write(dir.path().join("gw.toml"), toml).expect("write the file");
     let mut cmd = Command::new(BIN);
     cmd.args(["check", "--config", "gw.toml"])
         .args(args)
@@ -59,7 +59,7 @@ fn check_with(toml: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let out = cmd.output().unwrap_or_else(|e| panic!("{e}"));
+    let out = cmd.output().expect("run the binary");
     Run {
         code: out.status.code(),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -265,13 +265,13 @@ fn missing_alert_rules_warn_whatever_the_reason() {
         r.stdout
     );
     // A rules file without the hit-ratio alert.
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().expect("create a temp dir");
     let rules = dir.path().join("other.yml");
     std::fs::write(
         &rules,
         "groups:\n  - name: other\n    rules:\n      - alert: IdempotencyInflightConflictSurge\n        expr: vector(1)\n",
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .expect("write the file");
     let r = check(&config("", "").replace(
         &alerts_line,
         &format!("alert_rules = {:?}\n", rules.display().to_string()),
@@ -316,7 +316,7 @@ fn json_output_has_every_field_and_the_same_verdict() {
 
     let r = check_with(&config("", ""), &["--format", "json"], &[]);
     assert_eq!(r.code, Some(0));
-    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}"));
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).expect("valid JSON");
     assert_eq!(v["passed"], true);
     assert_eq!(v["findings"], serde_json::json!([]));
 }
@@ -328,15 +328,14 @@ fn an_invalid_or_unreadable_configuration_exits_two() {
     assert!(r.stderr.contains("routes[0].done_ttl"), "{}", r.stderr);
     let r = check("upstream = \"http://h\"\n[[routes\n");
     assert_eq!(r.code, Some(2), "{}", r.stderr);
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().expect("create a temp dir");
     let out = Command::new(BIN)
         .args(["check", "--config", "absent.toml", "--format", "json"])
         .current_dir(dir.path())
         .output()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("run the binary");
     assert_eq!(out.status.code(), Some(2));
-    let v: serde_json::Value =
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}"));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
     assert!(
         v["error"]
             .as_str()

@@ -27,12 +27,12 @@ fn row(out: &str, label: &str) -> (u64, u64) {
 
 #[test]
 fn the_demo_shows_duplicates_without_idemgate_and_none_with_it() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().expect("create a temp dir");
     let out = Command::new(BIN)
         .args(["demo", "--quick", "--seed", "7", "--operations", "10"])
         .current_dir(dir.path())
         .output()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("run the binary");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -90,7 +90,7 @@ fn no_operations_is_a_usage_error() {
     let out = Command::new(BIN)
         .args(["demo", "--operations", "0"])
         .output()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("run the binary");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("at least one operation"));
 }

@@ -23,7 +23,7 @@ async fn keys_show(args: &[&str], cwd: &Path) -> Output {
         .current_dir(cwd)
         .output()
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .expect("run the binary")
 }
 
 fn text(b: &[u8]) -> String {
@@ -39,7 +39,7 @@ async fn chat(client: &reqwest::Client, url: &str) -> (u16, Option<String>) {
         .body(r#"{"model":"sim-1","messages":[{"role":"user","content":"the quarterly report"}]}"#)
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("send the request");
     let replayed = r
         .headers()
         .get("idempotent-replayed")
@@ -54,8 +54,8 @@ async fn chat(client: &reqwest::Client, url: &str) -> (u16, Option<String>) {
 async fn keys_show_prints_the_state_and_timeline_a_gateway_stored() {
     let sim = idemgate_llm_sim::spawn(SimConfig::default())
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        .expect("spawn the process");
+    let dir = tempfile::tempdir().expect("create a temp dir");
     let db = dir.path().join("gateway.db");
     let store = format!("sqlite:{}", db.display());
     let config = GatewayConfig::load(
@@ -66,16 +66,18 @@ async fn keys_show_prints_the_state_and_timeline_a_gateway_stored() {
             ..Overrides::default()
         },
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .expect("load");
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("bind a loopback port");
     let admin = TcpListener::bind("127.0.0.1:0")
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("bind a loopback port");
     let url = format!(
         "http://{}",
-        listener.local_addr().unwrap_or_else(|e| panic!("{e}"))
+        listener
+            .local_addr()
+            .expect("a bound listener has an address")
     );
     let (stop, stopped) = oneshot::channel::<()>();
     let gateway = tokio::spawn(idemgate_gateway::serve(listener, admin, config, async {
@@ -110,8 +112,8 @@ async fn keys_show_prints_the_state_and_timeline_a_gateway_stored() {
     tokio::time::timeout(Duration::from_secs(30), gateway)
         .await
         .unwrap_or_else(|_| panic!("gateway did not stop"))
-        .unwrap_or_else(|e| panic!("{e}"))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("the task did not panic")
+        .expect("it ended without error");
 
     // The timeline: one execution, then one replay, in that order.
     let out = keys_show(
@@ -156,8 +158,7 @@ async fn keys_show_prints_the_state_and_timeline_a_gateway_stored() {
     )
     .await;
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let v: serde_json::Value =
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}"));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
     assert_eq!(v["state"], "done");
     assert_eq!(v["tenant"], tenant.as_str());
     assert_eq!(v["namespace"], "/");
@@ -215,7 +216,7 @@ async fn keys_show_prints_the_state_and_timeline_a_gateway_stored() {
             sim.url()
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .expect("write the file");
     let out = keys_show(
         &[KEY, "--credential", CREDENTIAL, "--config", "gw.toml"],
         dir.path(),

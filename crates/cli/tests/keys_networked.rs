@@ -11,7 +11,7 @@ use tokio::process::Command;
 const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
 
 async fn shows_executed_then_replayed(url: String) {
-    let parsed = StoreUrl::parse(&url).unwrap_or_else(|e| panic!("{e}"));
+    let parsed = StoreUrl::parse(&url).expect("a valid literal");
     let store = open_records(&parsed)
         .await
         .unwrap_or_else(|e| panic!("{url}: {e} (is the server running?)"));
@@ -22,7 +22,7 @@ async fn shows_executed_then_replayed(url: String) {
         engine
             .execute(&key, &fp, || async { Ok::<_, std::io::Error>(42u32) })
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("execute");
     }
     // The replay's timeline entry is written in the background: poll.
     let mut out = String::new();
@@ -32,7 +32,7 @@ async fn shows_executed_then_replayed(url: String) {
             .args(["--namespace", "/v1", "--store", &url])
             .output()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("run the binary");
         out = String::from_utf8_lossy(&o.stdout).into_owned();
         assert!(
             o.status.success(),

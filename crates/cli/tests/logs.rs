@@ -24,8 +24,8 @@ fn string_field<'a>(line: &'a str, field: &str) -> Option<&'a str> {
 async fn keyed_lines_carry_key_and_trace_id_and_never_content() {
     let sim = idemgate_llm_sim::spawn(SimConfig::default())
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        .expect("spawn the process");
+    let dir = tempfile::tempdir().expect("create a temp dir");
     // Port 0 for both listeners (no race with other tests for a port); the
     // bound addresses are read from the "gateway started" log line.
     let mut child = Command::new(BIN)
@@ -47,13 +47,13 @@ async fn keyed_lines_carry_key_and_trace_id_and_never_content() {
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("spawn the process");
     let stderr_pipe = child
         .stderr
         .take()
         .unwrap_or_else(|| panic!("no stderr"))
         .into_owned_fd()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("an owned fd");
     let (started_tx, started_rx) = oneshot::channel::<String>();
     // A plain thread reads the log as it is written, until the pipe closes.
     let reader = std::thread::spawn(move || {
@@ -92,13 +92,13 @@ async fn keyed_lines_carry_key_and_trace_id_and_never_content() {
             .body(prompt)
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("send the request");
         assert_eq!(r.status(), 200);
         assert_eq!(
             r.headers()["idempotent-replayed"],
             if attempt == 0 { "false" } else { "true" }
         );
-        let body = r.text().await.unwrap_or_else(|e| panic!("{e}"));
+        let body = r.text().await.expect("read the response body");
         // The simulated text is the message content; take it as the
         // completion to look for in the logs.
         completion = string_field(&body, "content")
@@ -115,7 +115,7 @@ async fn keyed_lines_carry_key_and_trace_id_and_never_content() {
         .body(prompt.replace("harbour", "lighthouse"))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("send the request");
     assert_eq!(r.status(), 422);
     let r = client
         .post(&url)
@@ -124,7 +124,7 @@ async fn keyed_lines_carry_key_and_trace_id_and_never_content() {
         .body(prompt)
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("send the request");
     assert_eq!(r.status(), 200);
     let _ = r.bytes().await;
 
@@ -133,16 +133,16 @@ async fn keyed_lines_carry_key_and_trace_id_and_never_content() {
         .args(["-TERM", &pid.to_string()])
         .status()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("a status");
     assert!(kill.success());
     let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
         .await
         .unwrap_or_else(|_| panic!("gateway did not exit after SIGTERM"))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("wait for the process");
     // The process has exited: its end of the pipe is closed.
     let stderr = tokio::task::spawn_blocking(move || reader.join())
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .expect("the blocking task did not panic")
         .unwrap_or_else(|_| panic!("log reader panicked"));
     assert!(status.success(), "exit {status:?}: {stderr}");
 

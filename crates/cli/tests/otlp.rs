@@ -26,7 +26,7 @@ const TRACEPARENT: &str = "00-7d3f0c2a9b8e4f6a1c5d2e3f4a5b6c7d-0123456789abcdef-
 fn trace_id_bytes() -> Vec<u8> {
     (0..TRACE_ID.len())
         .step_by(2)
-        .map(|i| u8::from_str_radix(&TRACE_ID[i..i + 2], 16).unwrap_or_else(|e| panic!("{e}")))
+        .map(|i| u8::from_str_radix(&TRACE_ID[i..i + 2], 16).expect("a hex number"))
         .collect()
 }
 
@@ -46,8 +46,10 @@ impl Receiver {
     async fn start() -> (Receiver, SocketAddr) {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+            .expect("bind a loopback port");
+        let addr = listener
+            .local_addr()
+            .expect("a bound listener has an address");
         let receiver = Receiver::default();
         let r = receiver.clone();
         tokio::spawn(async move {
@@ -81,7 +83,7 @@ impl Receiver {
             let len: usize = head
                 .lines()
                 .find_map(|l| l.strip_prefix("content-length:"))
-                .map_or(0, |v| v.trim().parse().unwrap_or_else(|e| panic!("{e}")));
+                .map_or(0, |v| v.trim().parse().expect("a valid literal"));
             while buf.len() < head_end + len {
                 let mut chunk = [0u8; 8192];
                 match stream.read(&mut chunk).await {
@@ -181,13 +183,13 @@ impl Gateway {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("spawn the process");
         let pipe = child
             .stderr
             .take()
             .unwrap_or_else(|| panic!("no stderr"))
             .into_owned_fd()
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("an owned fd");
         let (started_tx, started_rx) = oneshot::channel::<String>();
         let log = std::thread::spawn(move || {
             let mut all = Vec::new();
@@ -229,9 +231,9 @@ impl Gateway {
             .body(r#"{"model":"sim-1","messages":[{"role":"user","content":"hello"}]}"#)
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("send the request");
         let status = r.status().as_u16();
-        let _ = r.bytes().await.unwrap_or_else(|e| panic!("{e}"));
+        let _ = r.bytes().await.expect("read the response body");
         status
     }
 
@@ -242,15 +244,15 @@ impl Gateway {
             .args(["-TERM", &pid.to_string()])
             .status()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("a status");
         assert!(kill.success());
         let status = tokio::time::timeout(Duration::from_secs(60), self.child.wait())
             .await
             .unwrap_or_else(|_| panic!("gateway did not exit after SIGTERM"))
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("wait for the process");
         let log = tokio::task::spawn_blocking(move || self.log.join())
             .await
-            .unwrap_or_else(|e| panic!("{e}"))
+            .expect("the blocking task did not panic")
             .unwrap_or_else(|_| panic!("log reader panicked"));
         (status, log)
     }
@@ -259,7 +261,7 @@ impl Gateway {
 async fn sim() -> SimHandle {
     idemgate_llm_sim::spawn(SimConfig::default())
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .expect("spawn the process")
 }
 
 #[tokio::test]
@@ -322,8 +324,8 @@ async fn collector_down_changes_nothing_for_clients() {
     let closed = {
         let l = TcpListener::bind("127.0.0.1:0")
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        l.local_addr().unwrap_or_else(|e| panic!("{e}"))
+            .expect("bind a loopback port");
+        l.local_addr().expect("a bound listener has an address")
     };
     let sim = sim().await;
     let gw = Gateway::start(

@@ -11,8 +11,10 @@ const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
 async fn free_port() -> u16 {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    l.local_addr().unwrap_or_else(|e| panic!("{e}")).port()
+        .expect("bind a loopback port");
+    l.local_addr()
+        .expect("a bound listener has an address")
+        .port()
 }
 
 /// Polls `url` until it answers 200, or the process exits, or 30 s pass.
@@ -35,8 +37,8 @@ async fn wait_ready(client: &reqwest::Client, url: &str, child: &mut Child) {
 async fn serve_with_only_upstream_answers_and_exits_cleanly_on_sigterm() {
     let sim = idemgate_llm_sim::spawn(SimConfig::default())
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        .expect("spawn the process");
+    let dir = tempfile::tempdir().expect("create a temp dir");
     let (port, admin_port) = (free_port().await, free_port().await);
     // Only --upstream on the command line; the listen addresses come from
     // the environment so the test does not need the default ports, and the
@@ -50,7 +52,7 @@ async fn serve_with_only_upstream_answers_and_exits_cleanly_on_sigterm() {
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("spawn the process");
     let client = reqwest::Client::new();
     wait_ready(
         &client,
@@ -62,7 +64,7 @@ async fn serve_with_only_upstream_answers_and_exits_cleanly_on_sigterm() {
         .get(format!("http://127.0.0.1:{admin_port}/healthz"))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("send the request");
     assert_eq!(health.status(), 200);
 
     let body = r#"{"model":"sim-1","messages":[{"role":"user","content":"hello there"}]}"#;
@@ -75,7 +77,7 @@ async fn serve_with_only_upstream_answers_and_exits_cleanly_on_sigterm() {
             .body(body)
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("send the request");
         assert_eq!(r.status(), 200);
         let replayed = r
             .headers()
@@ -86,7 +88,7 @@ async fn serve_with_only_upstream_answers_and_exits_cleanly_on_sigterm() {
             replayed.as_deref(),
             Some(if attempt == 0 { "false" } else { "true" })
         );
-        bodies.push(r.bytes().await.unwrap_or_else(|e| panic!("{e}")));
+        bodies.push(r.bytes().await.expect("read the response body"));
     }
     assert_eq!(bodies[0], bodies[1], "the replay is the stored answer");
     assert_eq!(sim.executions_for("cli-key-1"), 1);
@@ -100,12 +102,12 @@ async fn serve_with_only_upstream_answers_and_exits_cleanly_on_sigterm() {
         .args(["-TERM", &pid.to_string()])
         .status()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("a status");
     assert!(kill.success());
     let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
         .await
         .unwrap_or_else(|_| panic!("gateway did not exit after SIGTERM"))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("wait for the process");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "exit {:?}: {stderr}", out.status);
     assert!(stderr.contains("SIGTERM received"), "{stderr}");
@@ -114,20 +116,20 @@ async fn serve_with_only_upstream_answers_and_exits_cleanly_on_sigterm() {
 
 #[tokio::test]
 async fn a_bad_config_file_exits_non_zero_with_a_message() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().expect("create a temp dir");
     let file = dir.path().join("bad.toml");
     std::fs::write(
         &file,
         "upstream = \"http://127.0.0.1:1\"\n[[routes]]\nprefix = \"/\"\non_inflight = \"queue\"\n",
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .expect("write the file");
     let out = Command::new(BIN)
         .args(["serve", "--config"])
         .arg(&file)
         .current_dir(dir.path())
         .output()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("run the binary");
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("routes[0].on_inflight"), "{stderr}");
@@ -143,7 +145,7 @@ async fn a_bad_config_file_exits_non_zero_with_a_message() {
         .current_dir(dir.path())
         .output()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("run the binary");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("store"));
 
@@ -152,14 +154,14 @@ async fn a_bad_config_file_exits_non_zero_with_a_message() {
         .current_dir(dir.path())
         .output()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("run the binary");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("missing.toml"));
 }
 
 #[tokio::test]
 async fn an_unreachable_store_is_a_clear_startup_error() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().expect("create a temp dir");
     let (port, admin_port) = (free_port().await, free_port().await);
     // Nothing listens on a port that was just free: every networked store
     // fails to open, and says which store and where.
@@ -187,7 +189,7 @@ async fn an_unreachable_store_is_a_clear_startup_error() {
             .current_dir(dir.path())
             .output()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("run the binary");
         assert!(!out.status.success(), "{store} opened");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
@@ -200,20 +202,20 @@ async fn an_unreachable_store_is_a_clear_startup_error() {
 
 #[tokio::test]
 async fn serve_refuses_a_key_template_that_merges_different_users() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().expect("create a temp dir");
     let file = dir.path().join("merge.toml");
     std::fs::write(
         &file,
         "upstream = \"http://127.0.0.1:1\"\nstore = \"memory:\"\n[[routes]]\nprefix = \"/v1\"\nkey = \"derive\"\nkey_template = [\"body\"]\nkey_window = \"10m\"\n",
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .expect("write the file");
     let out = Command::new(BIN)
         .args(["serve", "--config"])
         .arg(&file)
         .current_dir(dir.path())
         .output()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("run the binary");
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("refusing to start"), "{stderr}");
@@ -226,7 +228,7 @@ async fn serve_refuses_a_key_template_that_merges_different_users() {
         &file,
         "upstream = \"http://127.0.0.1:1\"\nstore = \"memory:\"\n[[routes]]\nprefix = \"/v1\"\nkey = \"derive\"\nkey_template = [\"header:x-user-id\", \"body\"]\nkey_window = \"10m\"\n",
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .expect("write the file");
     let mut child = Command::new(BIN)
         .args(["serve", "--config"])
         .arg(&file)
@@ -237,7 +239,7 @@ async fn serve_refuses_a_key_template_that_merges_different_users() {
         .stderr(Stdio::null())
         .kill_on_drop(true)
         .spawn()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("spawn the process");
     let client = reqwest::Client::new();
     wait_ready(
         &client,

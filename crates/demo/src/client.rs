@@ -1,4 +1,4 @@
-//! The client of the story: a timeout shorter than many generations, and
+//! The demo's client: a timeout shorter than many generations, and
 //! retries with backoff. It does one thing right: the idempotency key is
 //! minted once per operation and sent on every attempt.
 
@@ -9,7 +9,7 @@ use idemgate_layer::IDEMPOTENT_REPLAYED;
 use idemgate_llm_sim::LATENCY_HEADER;
 
 use crate::Timing;
-use crate::service::ReportRequest;
+use crate::request::ReportRequest;
 use crate::workload::Operation;
 
 /// How one operation went, from the client's side.

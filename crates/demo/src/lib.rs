@@ -1,10 +1,11 @@
-//! `idemgate demo`: the 2 a.m. story of the design notes, run locally, once
-//! without idemgate and once with it, and measured.
+//! `idemgate demo`: a late-night incident replayed locally, once without
+//! idemgate and once with it, and measured.
 //!
-//! A report service calls a slow LLM and then charges the account: the
-//! "layer 2" side effect the notes warn about. Its client has a timeout
-//! shorter than many generations and retries with backoff, sending the
-//! same `Idempotency-Key` on every attempt. Nothing is mocked: the LLM is
+//! A report service calls a slow LLM and then charges the account: a side
+//! effect in the caller's own system, beyond the LLM call, that every
+//! re-execution repeats. Its client has a timeout shorter than many
+//! generations and retries with backoff, sending the same
+//! `Idempotency-Key` on every attempt. Nothing is mocked: the LLM is
 //! the simulator (`idemgate-llm-sim`) that counts executions and bills
 //! tokens, the service is an axum server on `127.0.0.1:0`, the client is
 //! reqwest, and the protected run puts [`idemgate_layer::IdempotencyLayer`]
@@ -14,8 +15,10 @@
 //! # Layout
 //! - `workload`: the seeded schedule (latency of every attempt, every
 //!   backoff sleep), identical for both runs.
-//! - `service`: the report service and its ledger of charges.
+//! - `request`: the body the client sends and the service reads.
 //! - `client`: the retrying client with the too-short timeout.
+//! - `service`: the report service and its ledger of charges; runs one
+//!   pass (service + client) and counts it.
 //! - `render`: the side-by-side table and what it means.
 //!
 //! # The key decision
@@ -27,6 +30,7 @@
 
 mod client;
 mod render;
+mod request;
 mod service;
 mod workload;
 
@@ -58,7 +62,7 @@ impl Default for DemoOptions {
     }
 }
 
-/// The clocks of the story.
+/// The clocks of the demo.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Timing {
     /// The client gives up on an attempt after this long.
@@ -76,7 +80,7 @@ pub struct Timing {
 }
 
 impl Timing {
-    /// The story's clocks: a 1 s client timeout against 0.4–2.5 s calls,
+    /// The demo's clocks: a 1 s client timeout against 0.4–2.5 s calls,
     /// three attempts with 0.5 s backoff doubling (all ÷5 when `quick`).
     pub fn new(quick: bool) -> Self {
         let t = Self {

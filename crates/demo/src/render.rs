@@ -86,7 +86,7 @@ pub fn render(r: &DemoReport) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "idemgate demo: the 2 a.m. story, run on this machine\n"
+        "idemgate demo: the timeout-and-retry story, run on this machine\n"
     );
     let setup = format!(
         "A report service asks a slow LLM for a report ({}–{} per call), then charges \

@@ -2,6 +2,11 @@
 //! charges the account one credit. The work runs in its own task, so it
 //! finishes (generation billed, charge made) even when the client has
 //! already given up, as a real server's would.
+//!
+//! It also runs one whole pass of the demo (`run_once`): it starts the
+//! service, drives the retrying client (`client`) against it and counts
+//! what it cost. The body both sides exchange lives in `request`, so the
+//! client does not depend on this module.
 
 use std::collections::BTreeMap;
 use std::future::IntoFuture;
@@ -17,24 +22,15 @@ use axum::{Json, Router};
 use idemgate_engine::{Engine, Policy};
 use idemgate_layer::{IdempotencyLayer, InflightMode, LayerConfig};
 use idemgate_llm_sim::{LATENCY_HEADER, SimHandle};
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
+use crate::request::ReportRequest;
 use crate::workload::Operation;
 use crate::{DemoError, Protection, RunStats, Timing, client};
 
 /// Tokens the simulated model writes per report.
 pub(crate) const COMPLETION_TOKENS: u32 = 400;
-
-/// Body of `POST /reports`.
-#[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct ReportRequest {
-    /// The business operation.
-    pub(crate) operation: String,
-    /// The account to report on and charge.
-    pub(crate) account: String,
-}
 
 /// Charges per operation.
 #[derive(Debug, Default)]

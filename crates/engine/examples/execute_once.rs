@@ -1,4 +1,4 @@
-//! The seed's `execute_once` story in Rust: a client whose timeout is shorter
+//! Execute-once in Rust: a client whose timeout is shorter
 //! than the work retries, and the work still runs once.
 //!
 //! Run with: `cargo run -p idemgate-engine --example execute_once`

@@ -2,17 +2,32 @@
 //!
 //! A key reused with a different payload is a client bug (or an attack), and
 //! must be refused rather than answered with the other payload's result. The
-//! fingerprint is SHA-256 over the method, the path and the body in canonical
-//! JSON form — object keys sorted, insignificant whitespace dropped — so that
-//! two serializations of the same JSON value match. Configured JSON pointers
-//! (e.g. `/metadata/request_time`) are removed first, for fields that clients
-//! legitimately change between retries. A body that is not JSON is hashed as
-//! raw bytes.
+//! fingerprint is SHA-256 over the method, the path and a digest of the body:
+//!
+//! - **JSON** is reduced to a canonical form — object keys sorted,
+//!   insignificant whitespace dropped, strings re-escaped one way — so two
+//!   serializations of the same value match. Numbers keep their exact literal
+//!   text: `12345678901234567890123` and `…124` are different requests, which
+//!   a parse into `f64` would merge. An object with a duplicate key is
+//!   refused ([`BodyError::DuplicateKey`]): parsers disagree on which value
+//!   wins, so the upstream may see a different request than the one we
+//!   fingerprinted. Configured JSON pointers (e.g. `/metadata/request_time`)
+//!   are left out, for fields that clients legitimately change between
+//!   retries.
+//! - **multipart** bodies are hashed without their boundary: a client picks a
+//!   fresh random boundary on every attempt, so the boundary must not make a
+//!   retry look like a different request.
+//! - anything else is hashed as raw bytes.
+//!
+//! The canonical form is built from `serde_json`'s [`RawValue`], which gives
+//! each value's exact source text, so no crate-wide `arbitrary_precision`
+//! feature is needed (it would change every crate's `Value`).
 
 use std::fmt;
 
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 /// SHA-256 of a request's method, path and canonical body.
@@ -20,15 +35,25 @@ use sha2::{Digest, Sha256};
 pub struct Fingerprint(#[serde(with = "hex_bytes")] pub [u8; 32]);
 
 impl Fingerprint {
-    /// The fingerprint of an HTTP-like request.
-    pub fn of_request(method: &str, path: &str, body: &[u8], ignore: &[String]) -> Self {
+    /// The fingerprint of a request from its method, path and body digest.
+    pub fn of_digest(method: &str, path: &str, body: &BodyDigest) -> Self {
         let mut h = Sha256::new();
         h.update(method.as_bytes());
         h.update([0]);
         h.update(path.as_bytes());
         h.update([0]);
-        h.update(canonical_content_hash(body, ignore));
+        h.update(body.0);
         Self(h.finalize().into())
+    }
+
+    /// The fingerprint of a request whose body is JSON or raw bytes.
+    ///
+    /// A convenience for library callers that do not refuse bad bodies: a
+    /// JSON body with a duplicate object key is hashed as raw bytes here. A
+    /// server that must refuse it uses [`digest_body`] and
+    /// [`Fingerprint::of_digest`].
+    pub fn of_request(method: &str, path: &str, body: &[u8], ignore: &[String]) -> Self {
+        Self::of_digest(method, path, &BodyDigest::lenient(body, ignore))
     }
 
     /// The fingerprint of a value the caller already holds (library use):
@@ -37,9 +62,12 @@ impl Fingerprint {
     /// # Errors
     /// When `value` cannot be serialized to JSON.
     pub fn of_value<T: Serialize + ?Sized>(value: &T) -> Result<Self, serde_json::Error> {
-        let v = serde_json::to_value(value)?;
-        let mut out = Vec::new();
-        write_canonical(&v, &mut out);
+        let text = serde_json::to_vec(value)?;
+        let raw: &RawValue = serde_json::from_slice(&text)?;
+        let mut out = Vec::with_capacity(text.len());
+        Canonical::new(&[])
+            .write(raw, &mut Vec::new(), &mut out)
+            .map_err(de::Error::custom)?;
         Ok(Self(Sha256::digest(&out).into()))
     }
 
@@ -62,99 +90,250 @@ impl fmt::Debug for Fingerprint {
     }
 }
 
-/// SHA-256 of `body` in canonical JSON form with `ignore` pointers removed,
-/// or of the raw bytes when `body` is not JSON.
-pub fn canonical_content_hash(body: &[u8], ignore: &[String]) -> [u8; 32] {
-    match serde_json::from_slice::<Value>(body) {
-        Ok(mut v) => {
-            for pointer in ignore {
-                remove_pointer(&mut v, pointer);
-            }
-            let mut out = Vec::with_capacity(body.len());
-            out.push(b'j');
-            write_canonical(&v, &mut out);
-            Sha256::digest(&out).into()
-        }
-        Err(_) => {
-            let mut h = Sha256::new();
-            h.update(b"r");
-            h.update(body);
-            h.finalize().into()
-        }
+/// SHA-256 of a body in its canonical form (see the module docs).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BodyDigest([u8; 32]);
+
+impl BodyDigest {
+    /// The digest's bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// [`digest_body`] without a content type, hashing a JSON body with a
+    /// duplicate key as raw bytes instead of refusing it.
+    pub(crate) fn lenient(body: &[u8], ignore: &[String]) -> Self {
+        digest_body(None, body, ignore).unwrap_or_else(|_| Self::raw(body))
+    }
+
+    fn raw(body: &[u8]) -> Self {
+        let mut h = Sha256::new();
+        h.update(b"r");
+        h.update(body);
+        Self(h.finalize().into())
     }
 }
 
-/// Canonical JSON text of `body` (sorted keys, no whitespace), if it is JSON.
+impl fmt::Debug for BodyDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BodyDigest({})", &hex::encode(self.0)[..16])
+    }
+}
+
+/// A body that cannot be fingerprinted faithfully.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BodyError {
+    /// A JSON object names the same key twice.
+    #[error("the JSON body repeats the object key {key:?}; send each key once")]
+    DuplicateKey {
+        /// The repeated key (at most 64 characters of it).
+        key: String,
+    },
+}
+
+/// The digest of `body`: canonical JSON (with `ignore` pointers left out),
+/// multipart without its boundary, or raw bytes.
+///
+/// `content_type` is the request's `Content-Type`; only a `multipart/*`
+/// type changes the result. JSON is recognised by parsing, whatever the
+/// content type says.
+///
+/// # Errors
+/// [`BodyError::DuplicateKey`] for JSON with a repeated object key.
+pub fn digest_body(
+    content_type: Option<&str>,
+    body: &[u8],
+    ignore: &[String],
+) -> Result<BodyDigest, BodyError> {
+    if let Ok(raw) = serde_json::from_slice::<&RawValue>(body) {
+        let mut out = Vec::with_capacity(body.len() + 1);
+        out.push(b'j');
+        Canonical::new(ignore).write(raw, &mut Vec::new(), &mut out)?;
+        return Ok(BodyDigest(Sha256::digest(&out).into()));
+    }
+    if let Some(boundary) = content_type.and_then(multipart_boundary) {
+        return Ok(BodyDigest(multipart_digest(body, boundary.as_bytes())));
+    }
+    Ok(BodyDigest::raw(body))
+}
+
+/// SHA-256 of `body` in canonical form (see [`digest_body`]); a JSON body
+/// with a duplicate key is hashed as raw bytes.
+pub fn canonical_content_hash(body: &[u8], ignore: &[String]) -> [u8; 32] {
+    BodyDigest::lenient(body, ignore).0
+}
+
+/// Canonical JSON text of `body` (sorted keys, no whitespace, numbers as
+/// written), if it is JSON without duplicate keys.
 pub fn canonical_json(body: &[u8]) -> Option<Vec<u8>> {
-    let v: Value = serde_json::from_slice(body).ok()?;
+    let raw: &RawValue = serde_json::from_slice(body).ok()?;
     let mut out = Vec::with_capacity(body.len());
-    write_canonical(&v, &mut out);
+    Canonical::new(&[])
+        .write(raw, &mut Vec::new(), &mut out)
+        .ok()?;
     Some(out)
 }
 
-/// Writes `v` with object keys sorted, independent of serde_json's
-/// `preserve_order` feature (which another crate in a build could enable).
-fn write_canonical(v: &Value, out: &mut Vec<u8>) {
-    match v {
-        Value::Object(map) => {
-            let mut entries: Vec<_> = map.iter().collect();
-            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
-            out.push(b'{');
-            for (i, (k, val)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
+/// Writes canonical JSON from raw JSON text, leaving out ignored pointers.
+struct Canonical {
+    /// Ignored pointers, split into unescaped reference tokens.
+    ignore: Vec<Vec<String>>,
+}
+
+impl Canonical {
+    fn new(ignore: &[String]) -> Self {
+        let ignore = ignore
+            .iter()
+            .filter_map(|p| p.strip_prefix('/'))
+            .map(|p| {
+                p.split('/')
+                    .map(|t| t.replace("~1", "/").replace("~0", "~"))
+                    .collect()
+            })
+            .collect();
+        Self { ignore }
+    }
+
+    fn ignored(&self, path: &[String]) -> bool {
+        self.ignore.iter().any(|p| p.as_slice() == path)
+    }
+
+    /// Writes `raw` (already validated JSON) at `path` into `out`.
+    fn write(
+        &self,
+        raw: &RawValue,
+        path: &mut Vec<String>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), BodyError> {
+        let text = raw.get();
+        match text.as_bytes().first() {
+            Some(b'{') => {
+                let Members(mut members) = parse(text)?;
+                members.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+                if let Some(pair) = members.windows(2).find(|w| w[0].0 == w[1].0) {
+                    return Err(BodyError::DuplicateKey {
+                        key: pair[0].0.chars().take(64).collect(),
+                    });
                 }
-                write_scalar(&Value::String(k.clone()), out);
-                out.push(b':');
-                write_canonical(val, out);
-            }
-            out.push(b'}');
-        }
-        Value::Array(items) => {
-            out.push(b'[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
+                out.push(b'{');
+                let mut first = true;
+                for (key, value) in members {
+                    path.push(key);
+                    if !self.ignored(path) {
+                        if !first {
+                            out.push(b',');
+                        }
+                        first = false;
+                        write_string(path.last().map_or("", String::as_str), out);
+                        out.push(b':');
+                        self.write(value, path, out)?;
+                    }
+                    path.pop();
                 }
-                write_canonical(item, out);
+                out.push(b'}');
             }
-            out.push(b']');
+            Some(b'[') => {
+                let items: Vec<&RawValue> = parse(text)?;
+                out.push(b'[');
+                let mut first = true;
+                for (i, item) in items.into_iter().enumerate() {
+                    path.push(i.to_string());
+                    if !self.ignored(path) {
+                        if !first {
+                            out.push(b',');
+                        }
+                        first = false;
+                        self.write(item, path, out)?;
+                    }
+                    path.pop();
+                }
+                out.push(b']');
+            }
+            Some(b'"') => {
+                let s: String = parse(text)?;
+                write_string(&s, out);
+            }
+            // Numbers, `true`, `false` and `null`: their exact literal text.
+            _ => out.extend_from_slice(text.as_bytes()),
         }
-        scalar => write_scalar(scalar, out),
+        Ok(())
     }
 }
 
-fn write_scalar(v: &Value, out: &mut Vec<u8>) {
-    // Serializing a scalar `Value` into a Vec cannot fail.
-    if serde_json::to_writer(&mut *out, v).is_err() {
-        out.extend_from_slice(b"null");
+/// Re-parses a fragment that `serde_json` already validated as part of the
+/// whole body; a failure here cannot happen for valid input, and is treated
+/// as "not canonicalisable" rather than a panic.
+fn parse<'a, T: Deserialize<'a>>(text: &'a str) -> Result<T, BodyError> {
+    serde_json::from_str(text).map_err(|_| BodyError::DuplicateKey { key: String::new() })
+}
+
+fn write_string(s: &str, out: &mut Vec<u8>) {
+    // Serializing a string into a Vec cannot fail.
+    if serde_json::to_writer(&mut *out, s).is_err() {
+        out.extend_from_slice(b"\"\"");
     }
 }
 
-/// Removes the value at an RFC 6901 pointer, if present.
-fn remove_pointer(v: &mut Value, pointer: &str) {
-    let Some((parent, last)) = pointer.rsplit_once('/') else {
-        return;
-    };
-    let last = last.replace("~1", "/").replace("~0", "~");
-    let target = if parent.is_empty() {
-        Some(v)
-    } else {
-        v.pointer_mut(parent)
-    };
-    match target {
-        Some(Value::Object(map)) => {
-            map.remove(&last);
-        }
-        Some(Value::Array(items)) => {
-            if let Ok(i) = last.parse::<usize>() {
-                if i < items.len() {
-                    items.remove(i);
+/// An object's members in source order, values as raw text.
+struct Members<'a>(Vec<(String, &'a RawValue)>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Members<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = Members<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut members = Vec::with_capacity(map.size_hint().unwrap_or(8));
+                while let Some(key) = map.next_key::<String>()? {
+                    members.push((key, map.next_value::<&'a RawValue>()?));
                 }
+                Ok(Members(members))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
+                Err(de::Error::custom("expected an object"))
             }
         }
-        _ => {}
+        d.deserialize_map(V(std::marker::PhantomData))
     }
+}
+
+/// The `boundary` parameter of a `multipart/*` content type.
+fn multipart_boundary(content_type: &str) -> Option<String> {
+    let mut params = content_type.split(';');
+    let essence = params.next()?.trim();
+    if !essence
+        .get(..10)
+        .is_some_and(|p| p.eq_ignore_ascii_case("multipart/"))
+    {
+        return None;
+    }
+    params.find_map(|p| {
+        let (name, value) = p.split_once('=')?;
+        if !name.trim().eq_ignore_ascii_case("boundary") {
+            return None;
+        }
+        let value = value.trim().trim_matches('"');
+        (!value.is_empty() && value.len() <= 70).then(|| value.to_owned())
+    })
+}
+
+/// SHA-256 of a multipart body with every occurrence of its boundary left
+/// out: the parts (their headers and content) and their order remain.
+fn multipart_digest(body: &[u8], boundary: &[u8]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(b"m");
+    let mut from = 0;
+    for at in memchr::memmem::find_iter(body, boundary) {
+        h.update(&body[from..at]);
+        h.update([0]);
+        from = at + boundary.len();
+    }
+    h.update(&body[from..]);
+    h.finalize().into()
 }
 
 mod hex_bytes {
@@ -237,6 +416,119 @@ mod tests {
             canonical_json(br#"{"b":1, "a":"x"}"#).unwrap(),
             br#"{"a":"x","b":1}"#
         );
+    }
+
+    #[test]
+    fn numbers_compare_by_their_exact_literal() {
+        let a = br#"{"amount": 12345678901234567890123}"#;
+        let b = br#"{"amount": 12345678901234567890124}"#;
+        assert_ne!(
+            Fingerprint::of_request("POST", "/", a, &[]),
+            Fingerprint::of_request("POST", "/", b, &[])
+        );
+        assert_ne!(
+            Fingerprint::of_request("POST", "/", br#"[0.1000000000000000000001]"#, &[]),
+            Fingerprint::of_request("POST", "/", br#"[0.1]"#, &[])
+        );
+        assert_eq!(
+            canonical_json(br#"{"b": 1.50, "a": -0}"#).unwrap(),
+            br#"{"a":-0,"b":1.50}"#
+        );
+    }
+
+    #[test]
+    fn duplicate_object_keys_are_refused_at_any_depth() {
+        for body in [
+            &br#"{"a":1,"a":2}"#[..],
+            br#"{"x":[{"k":1,"j":0,"k":1}]}"#,
+            br#"{"\u0061":1,"a":1}"#,
+        ] {
+            let err = digest_body(Some("application/json"), body, &[]).unwrap_err();
+            assert!(matches!(err, BodyError::DuplicateKey { .. }), "{err}");
+            assert!(err.to_string().contains("repeats the object key"));
+            assert_eq!(canonical_json(body), None);
+        }
+        // The lenient form used by library callers hashes such a body raw.
+        assert_eq!(
+            Fingerprint::of_request("POST", "/", br#"{"a":1,"a":2}"#, &[]),
+            Fingerprint::of_request("POST", "/", br#"{"a":1,"a":2}"#, &[])
+        );
+    }
+
+    #[test]
+    fn strings_are_compared_by_value_not_escape() {
+        assert_eq!(
+            digest_body(None, br#"{"q":"caf\u00e9 \/"}"#, &[]),
+            digest_body(None, "{\"q\":\"café /\"}".as_bytes(), &[])
+        );
+    }
+
+    fn multipart(boundary: &str, text: &str) -> (String, Vec<u8>) {
+        let body = format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\n{text}\r\n\
+             --{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.jsonl\"\r\n\
+             Content-Type: application/octet-stream\r\n\r\n{{\"x\":1}}\r\n--{boundary}--\r\n"
+        );
+        (
+            format!("multipart/form-data; boundary={boundary}"),
+            body.into_bytes(),
+        )
+    }
+
+    #[test]
+    fn multipart_bodies_are_fingerprinted_by_their_parts_not_their_boundary() {
+        let (ct1, b1) = multipart("----a1b2c3", "fine-tune");
+        let (ct2, b2) = multipart("----zz99", "fine-tune");
+        let (ct3, b3) = multipart("----zz99", "batch");
+        let d1 = digest_body(Some(&ct1), &b1, &[]).unwrap();
+        assert_eq!(d1, digest_body(Some(&ct2), &b2, &[]).unwrap());
+        assert_ne!(d1, digest_body(Some(&ct3), &b3, &[]).unwrap());
+        // A quoted boundary parameter is the same boundary.
+        let quoted = ct1.replace("boundary=----a1b2c3", "Boundary=\"----a1b2c3\"");
+        assert_eq!(d1, digest_body(Some(&quoted), &b1, &[]).unwrap());
+        // Without the multipart content type the boundary counts.
+        assert_ne!(
+            digest_body(None, &b1, &[]).unwrap(),
+            digest_body(None, &b2, &[]).unwrap()
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_bytes_digest_without_panicking(body in proptest::collection::vec(proptest::num::u8::ANY, 0..256),
+                                             ct in "[ -~]{0,40}") {
+            let _ = digest_body(Some(&ct), &body, &["/a".to_owned(), "".to_owned(), "/".to_owned()]);
+            let _ = canonical_json(&body);
+        }
+
+        #[test]
+        fn reformatting_json_keeps_the_digest(v in json_value()) {
+            let compact = serde_json::to_vec(&v).unwrap();
+            let pretty = serde_json::to_vec_pretty(&v).unwrap();
+            proptest::prop_assert_eq!(
+                digest_body(None, &compact, &[]).unwrap(),
+                digest_body(None, &pretty, &[]).unwrap()
+            );
+            let canon = canonical_json(&compact).unwrap();
+            proptest::prop_assert_eq!(canonical_json(&canon).unwrap(), canon);
+        }
+    }
+
+    fn json_value() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::Bool),
+            any::<i64>().prop_map(|n| serde_json::json!(n)),
+            "[a-z\\u{e9}\"\\\\ ]{0,8}".prop_map(serde_json::Value::String),
+        ];
+        leaf.prop_recursive(4, 32, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(serde_json::Value::Array),
+                proptest::collection::btree_map("[a-z]{1,4}", inner, 0..6)
+                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        })
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Idempotency keys: parsing what clients send, and building keys that stay
 //! stable across retries.
 //!
-//! The seed's first rule is that a key must not change between attempts of one
+//! The first rule of idempotency keys is that a key must not change between attempts of one
 //! operation. The helpers here produce keys from things that do not change:
 //! business identifiers ([`natural_key`]), a value minted once before the first
 //! attempt and carried through every retry ([`ClientKey::mint`]), or — when a
@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-/// Longest accepted client key, in characters (SPEC §3).
+/// Longest accepted client key, in characters (the HTTP contract in docs/design.md).
 pub const MAX_KEY_LEN: usize = 255;
 
 /// Why a client-supplied key was refused.
@@ -86,7 +86,7 @@ impl ClientKey {
 
     /// Mints a fresh random key. Call this **once, before the first attempt**,
     /// and send the same key with every retry of the operation; minting inside
-    /// a retry loop defeats idempotency (the seed's counter-example).
+    /// a retry loop defeats idempotency: each retry looks like a new operation.
     pub fn mint() -> Self {
         let bits: u128 = rand::random();
         Self(format!("ik_{bits:032x}"))

@@ -12,8 +12,8 @@
 //! - [`record`]: the record, its lease, and the timeline of attempts.
 //! - [`store`]: the [`Store`] trait every backend implements.
 //! - [`memory`]: the in-memory store.
-//! - [`engine`]: [`Engine::execute`] and the lower-level [`Engine::begin`].
-//! - [`retry`]: retry-window arithmetic behind the TTL rule.
+//! - [`execute`]: the [`Engine`]: [`Engine::execute`] and the lower-level
+//!   [`Engine::begin`].
 //! - [`notify`]: per-key wake-ups used by stores for waiters.
 //!
 //! # The key decision
@@ -25,16 +25,15 @@
 //! owner that took over. Every store operation is one atomic step, one round
 //! trip on a networked store.
 
-pub mod engine;
+pub mod execute;
 pub mod fingerprint;
 pub mod key;
 pub mod memory;
 pub mod notify;
 pub mod record;
-pub mod retry;
 pub mod store;
 
-pub use engine::{
+pub use execute::{
     Begin, BeginError, Engine, ExecuteError, Executed, InFlight, LeaseGuard, OnInflight, Origin,
     Policy, Settled, Unstored,
 };
@@ -44,5 +43,4 @@ pub use memory::{Clock, ManualClock, MemoryStore, SystemClock};
 pub use record::{
     Attempt, AttemptOutcome, Claim, Fenced, Lease, MAX_TIMELINE, Record, RecordState,
 };
-pub use retry::{Jitter, RetryPolicy, TtlTooShort, check_done_ttl};
-pub use store::{Store, StoreError, StoreErrorKind};
+pub use store::{BoxFuture, Store, StoreError, StoreErrorKind};

@@ -12,13 +12,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::notify::KeyedNotify;
 use crate::record::{MAX_TIMELINE, ms, now_ms};
 use crate::{
-    Attempt, Claim, Fenced, Fingerprint, Lease, Record, RecordState, ScopedKey, Store, StoreError,
+    Attempt, BoxFuture, Claim, Fenced, Fingerprint, Lease, Record, RecordState, ScopedKey, Store,
+    StoreError,
 };
 
 /// A source of "now" in ms since the epoch. Injected so that tests can step
@@ -203,157 +203,179 @@ fn push_attempt(entry: &mut Entry, attempt: &Attempt, keep_until_ms: u64) {
     entry.keep_until_ms = entry.keep_until_ms.max(keep_until_ms);
 }
 
-#[async_trait]
 impl Store for MemoryStore {
     fn backend(&self) -> &'static str {
         "memory"
     }
 
-    async fn claim(
-        &self,
-        key: &ScopedKey,
-        fingerprint: &Fingerprint,
+    fn claim<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        fingerprint: &'a Fingerprint,
         pending_ttl: Duration,
-    ) -> Result<Claim, StoreError> {
-        let now = self.shared.clock.now_ms();
-        let id = key.storage_id();
-        let mut map = self.shared.lock();
-        let entry = map.entry(id).or_insert_with(|| Entry {
-            record: None,
-            fence: 0,
-            timeline: VecDeque::new(),
-            keep_until_ms: 0,
-        });
-        if let Some(slot) = entry.record.as_ref().filter(|s| s.live(now)) {
-            return Ok(Claim::Existing(slot.to_record()));
-        }
-        entry.fence = self.shared.fences.fetch_add(1, Ordering::Relaxed) + 1;
-        let lease = Lease {
-            key: key.clone(),
-            token: Lease::new_token(),
-            fence: entry.fence,
-            expires_at_ms: now.saturating_add(ms(pending_ttl)),
-        };
-        entry.record = Some(Slot {
-            fingerprint: *fingerprint,
-            token: lease.token,
-            state: RecordState::Pending {
+    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(async move {
+            let now = self.shared.clock.now_ms();
+            let id = key.storage_id();
+            let mut map = self.shared.lock();
+            let entry = map.entry(id).or_insert_with(|| Entry {
+                record: None,
+                fence: 0,
+                timeline: VecDeque::new(),
+                keep_until_ms: 0,
+            });
+            if let Some(slot) = entry.record.as_ref().filter(|s| s.live(now)) {
+                return Ok(Claim::Existing(slot.to_record()));
+            }
+            entry.fence = self.shared.fences.fetch_add(1, Ordering::Relaxed) + 1;
+            let lease = Lease {
+                key: key.clone(),
+                token: Lease::new_token(),
+                fence: entry.fence,
+                expires_at_ms: now.saturating_add(ms(pending_ttl)),
+            };
+            entry.record = Some(Slot {
+                fingerprint: *fingerprint,
+                token: lease.token,
+                state: RecordState::Pending {
+                    fence: lease.fence,
+                    lease_expires_at_ms: lease.expires_at_ms,
+                },
+            });
+            Ok(Claim::Acquired(lease))
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        lease: &'a mut Lease,
+        pending_ttl: Duration,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(async move {
+            let now = self.shared.clock.now_ms();
+            let mut map = self.shared.lock();
+            let slot = map
+                .get_mut(&lease.key.storage_id())
+                .and_then(|e| e.record.as_mut())
+                .filter(|s| s.owned_by(lease));
+            let Some(slot) = slot else {
+                return Ok(Fenced::Stale);
+            };
+            let expires = now.saturating_add(ms(pending_ttl));
+            slot.state = RecordState::Pending {
                 fence: lease.fence,
-                lease_expires_at_ms: lease.expires_at_ms,
-            },
-        });
-        Ok(Claim::Acquired(lease))
+                lease_expires_at_ms: expires,
+            };
+            lease.expires_at_ms = expires;
+            Ok(Fenced::Applied)
+        })
     }
 
-    async fn renew(&self, lease: &mut Lease, pending_ttl: Duration) -> Result<Fenced, StoreError> {
-        let now = self.shared.clock.now_ms();
-        let mut map = self.shared.lock();
-        let slot = map
-            .get_mut(&lease.key.storage_id())
-            .and_then(|e| e.record.as_mut())
-            .filter(|s| s.owned_by(lease));
-        let Some(slot) = slot else {
-            return Ok(Fenced::Stale);
-        };
-        let expires = now.saturating_add(ms(pending_ttl));
-        slot.state = RecordState::Pending {
-            fence: lease.fence,
-            lease_expires_at_ms: expires,
-        };
-        lease.expires_at_ms = expires;
-        Ok(Fenced::Applied)
-    }
-
-    async fn complete(
-        &self,
-        lease: &Lease,
+    fn complete<'a>(
+        &'a self,
+        lease: &'a Lease,
         payload: Bytes,
         done_ttl: Duration,
-        attempt: &Attempt,
-    ) -> Result<Fenced, StoreError> {
-        let now = self.shared.clock.now_ms();
-        let id = lease.key.storage_id();
-        {
-            let mut map = self.shared.lock();
-            let Some(entry) = map.get_mut(&id) else {
-                return Ok(Fenced::Stale);
-            };
-            let Some(slot) = entry.record.as_mut().filter(|s| s.owned_by(lease)) else {
-                return Ok(Fenced::Stale);
-            };
-            let expires_at_ms = now.saturating_add(ms(done_ttl));
-            slot.state = RecordState::Done {
-                payload,
-                expires_at_ms,
-            };
-            push_attempt(entry, attempt, expires_at_ms);
-        }
-        self.shared.notify.notify(&id);
-        Ok(Fenced::Applied)
-    }
-
-    async fn release(
-        &self,
-        lease: &Lease,
-        attempt: &Attempt,
-        timeline_ttl: Duration,
-    ) -> Result<Fenced, StoreError> {
-        let now = self.shared.clock.now_ms();
-        let id = lease.key.storage_id();
-        {
-            let mut map = self.shared.lock();
-            let Some(entry) = map.get_mut(&id) else {
-                return Ok(Fenced::Stale);
-            };
-            if !entry.record.as_ref().is_some_and(|s| s.owned_by(lease)) {
-                return Ok(Fenced::Stale);
+        attempt: &'a Attempt,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(async move {
+            let now = self.shared.clock.now_ms();
+            let id = lease.key.storage_id();
+            {
+                let mut map = self.shared.lock();
+                let Some(entry) = map.get_mut(&id) else {
+                    return Ok(Fenced::Stale);
+                };
+                let Some(slot) = entry.record.as_mut().filter(|s| s.owned_by(lease)) else {
+                    return Ok(Fenced::Stale);
+                };
+                let expires_at_ms = now.saturating_add(ms(done_ttl));
+                slot.state = RecordState::Done {
+                    payload,
+                    expires_at_ms,
+                };
+                push_attempt(entry, attempt, expires_at_ms);
             }
-            entry.record = None;
-            push_attempt(entry, attempt, now.saturating_add(ms(timeline_ttl)));
-        }
-        self.shared.notify.notify(&id);
-        Ok(Fenced::Applied)
+            self.shared.notify.notify(&id);
+            Ok(Fenced::Applied)
+        })
     }
 
-    async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError> {
-        let now = self.shared.clock.now_ms();
-        let map = self.shared.lock();
-        Ok(map
-            .get(&key.storage_id())
-            .and_then(|e| e.record.as_ref())
-            .filter(|s| s.live(now))
-            .map(Slot::to_record))
+    fn release<'a>(
+        &'a self,
+        lease: &'a Lease,
+        attempt: &'a Attempt,
+        timeline_ttl: Duration,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(async move {
+            let now = self.shared.clock.now_ms();
+            let id = lease.key.storage_id();
+            {
+                let mut map = self.shared.lock();
+                let Some(entry) = map.get_mut(&id) else {
+                    return Ok(Fenced::Stale);
+                };
+                if !entry.record.as_ref().is_some_and(|s| s.owned_by(lease)) {
+                    return Ok(Fenced::Stale);
+                }
+                entry.record = None;
+                push_attempt(entry, attempt, now.saturating_add(ms(timeline_ttl)));
+            }
+            self.shared.notify.notify(&id);
+            Ok(Fenced::Applied)
+        })
     }
 
-    async fn record_attempt(
-        &self,
-        key: &ScopedKey,
-        attempt: &Attempt,
+    fn get<'a>(&'a self, key: &'a ScopedKey) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+        Box::pin(async move {
+            let now = self.shared.clock.now_ms();
+            let map = self.shared.lock();
+            Ok(map
+                .get(&key.storage_id())
+                .and_then(|e| e.record.as_ref())
+                .filter(|s| s.live(now))
+                .map(Slot::to_record))
+        })
+    }
+
+    fn record_attempt<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        attempt: &'a Attempt,
         ttl: Duration,
-    ) -> Result<(), StoreError> {
-        let now = self.shared.clock.now_ms();
-        let mut map = self.shared.lock();
-        let entry = map.entry(key.storage_id()).or_insert_with(|| Entry {
-            record: None,
-            fence: 0,
-            timeline: VecDeque::new(),
-            keep_until_ms: 0,
-        });
-        push_attempt(entry, attempt, now.saturating_add(ms(ttl)));
-        Ok(())
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let now = self.shared.clock.now_ms();
+            let mut map = self.shared.lock();
+            let entry = map.entry(key.storage_id()).or_insert_with(|| Entry {
+                record: None,
+                fence: 0,
+                timeline: VecDeque::new(),
+                keep_until_ms: 0,
+            });
+            push_attempt(entry, attempt, now.saturating_add(ms(ttl)));
+            Ok(())
+        })
     }
 
-    async fn timeline(&self, key: &ScopedKey) -> Result<Vec<Attempt>, StoreError> {
-        let now = self.shared.clock.now_ms();
-        let map = self.shared.lock();
-        Ok(map
-            .get(&key.storage_id())
-            .filter(|e| e.keep_until_ms > now || e.record.is_some())
-            .map(|e| e.timeline.iter().cloned().collect())
-            .unwrap_or_default())
+    fn timeline<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+    ) -> BoxFuture<'a, Result<Vec<Attempt>, StoreError>> {
+        Box::pin(async move {
+            let now = self.shared.clock.now_ms();
+            let map = self.shared.lock();
+            Ok(map
+                .get(&key.storage_id())
+                .filter(|e| e.keep_until_ms > now || e.record.is_some())
+                .map(|e| e.timeline.iter().cloned().collect())
+                .unwrap_or_default())
+        })
     }
 
-    async fn changed(&self, key: &ScopedKey, max: Duration) {
-        self.shared.notify.wait(&key.storage_id(), max).await;
+    fn changed<'a>(&'a self, key: &'a ScopedKey, max: Duration) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            self.shared.notify.wait(&key.storage_id(), max).await;
+        })
     }
 }

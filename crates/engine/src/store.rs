@@ -8,11 +8,35 @@
 //!
 //! The behaviour of every method is pinned down by the conformance suite in
 //! `idemgate-testkit`, which every store runs unchanged.
+//!
+//! # Async methods: hand-written [`BoxFuture`], not `#[async_trait]`
+//! Every async trait of the workspace ([`Store`] here, the live-event traits
+//! of `idemgate-layer`, and the layer's tower `Service`, whose future is a
+//! `BoxFuture<'static, _>`) returns a [`BoxFuture`] written out by hand:
+//! `fn get<'a>(&'a self, key: &'a ScopedKey) -> BoxFuture<'a, …>`, with the
+//! body in `Box::pin(async move { … })`. One convention, for these reasons:
+//! - The traits are used as trait objects (`Arc<dyn Store>`,
+//!   `Arc<dyn LiveEvents>`), and a `dyn` call to an async method needs a
+//!   boxed future whichever way it is written: `#[async_trait]` expands to
+//!   the same `Pin<Box<dyn Future + Send + 'a>>`. Nothing is gained at run
+//!   time by the macro, and nothing lost without it.
+//! - The signature a backend author reads is the one the compiler checks:
+//!   the documentation shows `BoxFuture<'a, Result<Claim, StoreError>>`, the
+//!   `Send` bound and how long each argument is borrowed, not the macro's
+//!   `'life0, 'life1, 'async_trait` expansion, and error messages point at
+//!   real code.
+//! - No procedural macro in the build of the engine and of every store.
+//! - An implementation can do synchronous work before it boxes, or return a
+//!   ready future (the default [`Store::changed`] boxes a plain sleep).
+//!
+//! The cost is one `Box::pin(async move { … })` per method in each
+//! implementation. [`BoxFuture`] is re-exported here so that a backend
+//! needs no dependency beyond this crate.
 
 use std::time::Duration;
 
-use async_trait::async_trait;
 use bytes::Bytes;
+pub use futures_util::future::BoxFuture;
 
 use crate::{Attempt, Claim, Fenced, Fingerprint, Lease, Record, ScopedKey};
 
@@ -79,7 +103,6 @@ impl StoreError {
 ///
 /// Implementations must be safe to share between tasks (and, for the
 /// persistent ones, between processes).
-#[async_trait]
 pub trait Store: Send + Sync + std::fmt::Debug {
     /// Short backend name for metrics and errors.
     fn backend(&self) -> &'static str;
@@ -94,12 +117,12 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Otherwise returns the record ([`Claim::Existing`]) without changing
     /// it — whatever its fingerprint (mismatch is the caller's decision).
     /// An expired DONE record counts as absent.
-    async fn claim(
-        &self,
-        key: &ScopedKey,
-        fingerprint: &Fingerprint,
+    fn claim<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        fingerprint: &'a Fingerprint,
         pending_ttl: Duration,
-    ) -> Result<Claim, StoreError>;
+    ) -> BoxFuture<'a, Result<Claim, StoreError>>;
 
     /// Extends the lease (heartbeat).
     ///
@@ -108,7 +131,11 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// expiry to now + `pending_ttl`, updates `lease.expires_at_ms` and
     /// returns [`Fenced::Applied`]; otherwise changes nothing and returns
     /// [`Fenced::Stale`].
-    async fn renew(&self, lease: &mut Lease, pending_ttl: Duration) -> Result<Fenced, StoreError>;
+    fn renew<'a>(
+        &'a self,
+        lease: &'a mut Lease,
+        pending_ttl: Duration,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>>;
 
     /// Stores the result: PENDING → DONE.
     ///
@@ -119,13 +146,13 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// and returns [`Fenced::Applied`]. Otherwise writes nothing and returns
     /// [`Fenced::Stale`]. A store acknowledges only once the write is durable
     /// to the store's own standard.
-    async fn complete(
-        &self,
-        lease: &Lease,
+    fn complete<'a>(
+        &'a self,
+        lease: &'a Lease,
         payload: Bytes,
         done_ttl: Duration,
-        attempt: &Attempt,
-    ) -> Result<Fenced, StoreError>;
+        attempt: &'a Attempt,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>>;
 
     /// Gives the key up: PENDING → absent.
     ///
@@ -134,19 +161,19 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// appends `attempt` to the timeline (kept for `timeline_ttl`) and returns
     /// [`Fenced::Applied`]; otherwise changes nothing and returns
     /// [`Fenced::Stale`].
-    async fn release(
-        &self,
-        lease: &Lease,
-        attempt: &Attempt,
+    fn release<'a>(
+        &'a self,
+        lease: &'a Lease,
+        attempt: &'a Attempt,
         timeline_ttl: Duration,
-    ) -> Result<Fenced, StoreError>;
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>>;
 
     /// Reads the record.
     ///
     /// # Behavior
     /// Returns DONE records before their expiry and PENDING records whose
     /// lease has not expired; `None` otherwise.
-    async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError>;
+    fn get<'a>(&'a self, key: &'a ScopedKey) -> BoxFuture<'a, Result<Option<Record>, StoreError>>;
 
     /// Appends an attempt that did not change the record (a replay, a
     /// conflict, a mismatch) to the key's timeline, kept for `ttl`.
@@ -154,15 +181,18 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// # Behavior
     /// Best effort: a store may batch these and acknowledge before they are
     /// durable. At most [`crate::MAX_TIMELINE`] entries are kept per key.
-    async fn record_attempt(
-        &self,
-        key: &ScopedKey,
-        attempt: &Attempt,
+    fn record_attempt<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        attempt: &'a Attempt,
         ttl: Duration,
-    ) -> Result<(), StoreError>;
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// The key's attempts, oldest first.
-    async fn timeline(&self, key: &ScopedKey) -> Result<Vec<Attempt>, StoreError>;
+    fn timeline<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+    ) -> BoxFuture<'a, Result<Vec<Attempt>, StoreError>>;
 
     /// Waits until the key's record may have changed, or `max` has passed.
     ///
@@ -170,8 +200,8 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// A hint, not a guarantee: callers re-read with [`Store::get`] after it
     /// returns. The default sleeps for `max` capped at 50 ms (polling); stores
     /// with notifications return as soon as the record changes.
-    async fn changed(&self, key: &ScopedKey, max: Duration) {
+    fn changed<'a>(&'a self, key: &'a ScopedKey, max: Duration) -> BoxFuture<'a, ()> {
         let _ = key;
-        tokio::time::sleep(max.min(Duration::from_millis(50))).await;
+        Box::pin(tokio::time::sleep(max.min(Duration::from_millis(50))))
     }
 }

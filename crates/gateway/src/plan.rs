@@ -170,7 +170,7 @@ mod tests {
                 KeyPart::Window(Duration::from_secs(600)),
             ])
         );
-        assert_eq!(r.client_retry, idemgate_engine::RetryPolicy::default());
+        assert_eq!(r.client_retry, idemgate_check::RetryPolicy::default());
     }
 
     #[test]

@@ -21,10 +21,10 @@
 use std::sync::Arc;
 
 use idemgate_engine::{Engine, MemoryStore, Store, StoreError};
-use idemgate_fanout::{FanoutOptions, RedisLiveEvents};
 use idemgate_layer::{IdempotencyLayer, LayerConfig, LiveEvents};
 use idemgate_postgres::{PostgresOptions, PostgresStore};
 use idemgate_redis::{RedisOptions, RedisStore};
+use idemgate_redis_live::{FanoutOptions, RedisLiveEvents};
 use url::Url;
 
 use crate::config::StoreUrl;

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use figment::Jail;
-use idemgate_engine::{Jitter, RetryPolicy};
+use idemgate_check::{Jitter, RetryPolicy};
 use idemgate_gateway::config::{DerivePart, InflightMode, KeyMode, StoreErrorMode, Timeouts};
 use idemgate_gateway::{ConfigError, GatewayConfig, Overrides, StoreUrl};
 

@@ -134,8 +134,8 @@ async fn the_dashboard_shows_hit_ratio_tokens_saved_and_a_timeline() {
     };
     let sim = idemgate_llm_sim::spawn(SimConfig::default())
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        .expect("spawn the process");
+    let dir = tempfile::tempdir().expect("create a temp dir");
     let config = GatewayConfig::from_raw(RawConfig {
         store: Some(format!("sqlite:{}", dir.path().join("dash.db").display())),
         shutdown_grace: Some("1s".into()),
@@ -149,7 +149,7 @@ async fn the_dashboard_shows_hit_ratio_tokens_saved_and_a_timeline() {
         }],
         ..RawConfig::default()
     })
-    .unwrap_or_else(|e| panic!("{e}"));
+    .expect("it succeeds");
     let support::Spawned {
         base,
         admin: admin_url,
@@ -176,11 +176,11 @@ async fn the_dashboard_shows_hit_ratio_tokens_saved_and_a_timeline() {
                 .body(body.clone())
                 .send()
                 .await
-                .unwrap_or_else(|e| panic!("{e}"));
+                .expect("send the request");
             assert_eq!(r.status(), 200);
             let v: serde_json::Value =
-                serde_json::from_slice(&r.bytes().await.unwrap_or_else(|e| panic!("{e}")))
-                    .unwrap_or_else(|e| panic!("{e}"));
+                serde_json::from_slice(&r.bytes().await.expect("read the response body"))
+                    .expect("valid JSON");
             let total = v["usage"]["total_tokens"]
                 .as_u64()
                 .unwrap_or_else(|| panic!("{v}"));
@@ -204,12 +204,12 @@ async fn the_dashboard_shows_hit_ratio_tokens_saved_and_a_timeline() {
                 .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
                 .send()
                 .await
-                .unwrap_or_else(|e| panic!("{e}"))
+                .expect("send the request")
                 .bytes()
                 .await
-                .unwrap_or_else(|e| panic!("{e}")),
+                .expect("read the response body"),
         )
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("it succeeds");
         if v["attempts"].as_array().is_some_and(|a| a.len() >= 3) {
             break;
         }
@@ -253,16 +253,16 @@ async fn the_dashboard_shows_hit_ratio_tokens_saved_and_a_timeline() {
         &format!("--screenshot={}", shot.display()),
     )
     .await;
-    let png = std::fs::read(&shot).unwrap_or_else(|e| panic!("{e}"));
+    let png = std::fs::read(&shot).expect("read");
     assert!(png.starts_with(b"\x89PNG"), "not a PNG");
     if let Some(keep) = std::env::var_os("IDEMGATE_DASHBOARD_PNG") {
-        std::fs::copy(&shot, keep).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::copy(&shot, keep).expect("copy");
     }
 
     let _ = stop.send(());
     tokio::time::timeout(Duration::from_secs(30), gateway)
         .await
         .unwrap_or_else(|_| panic!("gateway did not stop"))
-        .unwrap_or_else(|e| panic!("{e}"))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("the task did not panic")
+        .expect("it ended without error");
 }

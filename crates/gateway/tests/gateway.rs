@@ -44,7 +44,7 @@ impl Gateway {
         tokio::time::timeout(Duration::from_secs(30), self.task)
             .await
             .unwrap_or_else(|_| panic!("gateway did not stop"))
-            .unwrap_or_else(|e| panic!("{e}"))
+            .expect("wait for the process")
     }
 }
 
@@ -75,7 +75,7 @@ fn config(store: &str, upstream: &str, tweak: impl FnOnce(&mut RawRoute)) -> Gat
 async fn sim() -> SimHandle {
     idemgate_llm_sim::spawn(SimConfig::default())
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .expect("spawn the process")
 }
 
 fn chat_body(stream: bool, text: &str) -> String {
@@ -111,8 +111,8 @@ fn replayed(r: &reqwest::Response) -> Option<String> {
 }
 
 async fn problem_type(r: reqwest::Response) -> String {
-    let bytes = r.bytes().await.unwrap_or_else(|e| panic!("{e}"));
-    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{e}"));
+    let bytes = r.bytes().await.expect("read the response body");
+    let v: serde_json::Value = serde_json::from_slice(&bytes).expect("valid JSON");
     v["type"].as_str().unwrap_or_default().to_owned()
 }
 
@@ -128,7 +128,7 @@ async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
 }
 
 // --------------------------------------------------------------------------
-// The seed's three timeout positions.
+// The three places a timeout can hit (docs/design.md, "Timeouts").
 
 /// (a) The client times out while the upstream is still generating; the
 /// gateway keeps the call going; the retry gets its result. One execution.
@@ -139,9 +139,9 @@ async fn a_client_timeout_during_generation_then_retry_replays() {
     let impatient = reqwest::Client::builder()
         .timeout(Duration::from_millis(200))
         .build()
-        .unwrap_or_else(|e| panic!("{e}"));
-    let body = chat_body(false, "seed position a");
-    let first = post(&impatient, &gw, Some("seed-a"), body.clone())
+        .expect("build the client");
+    let body = chat_body(false, "timeout position a");
+    let first = post(&impatient, &gw, Some("position-a"), body.clone())
         .header("x-sim-latency-ms", "800")
         .send()
         .await;
@@ -153,17 +153,17 @@ async fn a_client_timeout_during_generation_then_retry_replays() {
     // The retry arrives while the generation is still running: it waits
     // for it instead of paying again.
     let client = reqwest::Client::new();
-    let retry = post(&client, &gw, Some("seed-a"), body.clone())
+    let retry = post(&client, &gw, Some("position-a"), body.clone())
         .header("x-sim-latency-ms", "800")
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("send the request");
     assert_eq!(retry.status(), 200);
     assert_eq!(replayed(&retry).as_deref(), Some("true"));
-    let text = retry.text().await.unwrap_or_else(|e| panic!("{e}"));
+    let text = retry.text().await.expect("read the response body");
     assert!(text.contains("chat.completion"), "{text}");
-    assert_eq!(sim.executions_for("seed-a"), 1);
-    gw.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(sim.executions_for("position-a"), 1);
+    gw.stop().await.expect("stop cleanly");
 }
 
 /// (b) The client times out; the upstream answers afterwards and the gateway
@@ -177,9 +177,9 @@ async fn a_client_timeout_then_upstream_answers_then_retry_replays() {
     let impatient = reqwest::Client::builder()
         .timeout(Duration::from_millis(1000))
         .build()
-        .unwrap_or_else(|e| panic!("{e}"));
-    let body = chat_body(false, "seed position b");
-    let first = post(&impatient, &gw, Some("seed-b"), body.clone())
+        .expect("build the client");
+    let body = chat_body(false, "timeout position b");
+    let first = post(&impatient, &gw, Some("position-b"), body.clone())
         .header("x-sim-latency-ms", "2500")
         .send()
         .await;
@@ -193,10 +193,10 @@ async fn a_client_timeout_then_upstream_answers_then_retry_replays() {
     let client = reqwest::Client::new();
     let mut last = None;
     for _ in 0..100 {
-        let r = post(&client, &gw, Some("seed-b"), body.clone())
+        let r = post(&client, &gw, Some("position-b"), body.clone())
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("send the request");
         assert_eq!(r.status(), 200);
         last = replayed(&r);
         if last.as_deref() == Some("true") {
@@ -204,8 +204,8 @@ async fn a_client_timeout_then_upstream_answers_then_retry_replays() {
         }
     }
     assert_eq!(last.as_deref(), Some("true"));
-    assert_eq!(sim.executions_for("seed-b"), 1);
-    gw.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(sim.executions_for("position-b"), 1);
+    gw.stop().await.expect("stop cleanly");
 }
 
 /// (c) The answer is lost on its way to the client (the client drops the
@@ -214,36 +214,36 @@ async fn a_client_timeout_then_upstream_answers_then_retry_replays() {
 async fn an_answer_lost_to_the_client_is_replayed_on_retry() {
     let sim = sim().await;
     let gw = Gateway::start(config("memory:", &sim.url(), |_| {})).await;
-    let body = chat_body(false, "seed position c");
+    let body = chat_body(false, "timeout position c");
     {
         let client = reqwest::Client::new();
-        let resp = post(&client, &gw, Some("seed-c"), body.clone())
+        let resp = post(&client, &gw, Some("position-c"), body.clone())
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("send the request");
         assert_eq!(resp.status(), 200);
         // Headers arrived; the body is never read and the connection goes.
         drop(resp);
         drop(client);
     }
     let client = reqwest::Client::new();
-    let retry = post(&client, &gw, Some("seed-c"), body.clone())
+    let retry = post(&client, &gw, Some("position-c"), body.clone())
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("send the request");
     assert_eq!(retry.status(), 200);
     assert_eq!(replayed(&retry).as_deref(), Some("true"));
-    assert_eq!(sim.executions_for("seed-c"), 1);
+    assert_eq!(sim.executions_for("position-c"), 1);
 
     // The streaming form: the client leaves after the first event.
-    let sbody = chat_body(true, "seed position c, streaming");
+    let sbody = chat_body(true, "timeout position c, streaming");
     {
         let client = reqwest::Client::new();
-        let resp = post(&client, &gw, Some("seed-c-sse"), sbody.clone())
+        let resp = post(&client, &gw, Some("position-c-sse"), sbody.clone())
             .header("x-sim-token-interval-ms", "20")
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("send the request");
         let mut s = resp.bytes_stream();
         let _ = s.next().await;
     }
@@ -254,19 +254,19 @@ async fn an_answer_lost_to_the_client_is_replayed_on_retry() {
     .await;
     let mut full = None;
     for _ in 0..100 {
-        let r = post(&client, &gw, Some("seed-c-sse"), sbody.clone())
+        let r = post(&client, &gw, Some("position-c-sse"), sbody.clone())
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("send the request");
         if replayed(&r).as_deref() == Some("true") {
-            full = Some(r.text().await.unwrap_or_else(|e| panic!("{e}")));
+            full = Some(r.text().await.expect("read the response body"));
             break;
         }
     }
     let full = full.unwrap_or_else(|| panic!("no replay of the abandoned stream"));
     assert!(full.contains("data: [DONE]"), "whole stream stored: {full}");
-    assert_eq!(sim.executions_for("seed-c-sse"), 1);
-    gw.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(sim.executions_for("position-c-sse"), 1);
+    gw.stop().await.expect("stop cleanly");
 }
 
 // --------------------------------------------------------------------------
@@ -289,17 +289,17 @@ async fn duplicates(mode: &str, stream: bool, n: usize, iterations: usize) {
                 .header("x-sim-first-token-ms", "100")
                 .header("x-sim-token-interval-ms", "10");
             tasks.push(tokio::spawn(async move {
-                let r = req.send().await.unwrap_or_else(|e| panic!("{e}"));
+                let r = req.send().await.expect("send the request");
                 let status = r.status().as_u16();
                 let rep = replayed(&r);
-                let text = r.text().await.unwrap_or_else(|e| panic!("{e}"));
+                let text = r.text().await.expect("read the response body");
                 (status, rep, text)
             }));
         }
         let mut fresh = 0;
         let mut ok_bodies = Vec::new();
         for t in tasks {
-            let (status, rep, text) = t.await.unwrap_or_else(|e| panic!("{e}"));
+            let (status, rep, text) = t.await.expect("it succeeds");
             match status {
                 200 => {
                     if rep.as_deref() == Some("false") {
@@ -335,7 +335,7 @@ async fn duplicates(mode: &str, stream: bool, n: usize, iterations: usize) {
             "{mode}: one upstream execution"
         );
     }
-    gw.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    gw.stop().await.expect("stop cleanly");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -391,7 +391,7 @@ async fn a_dropped_stream_resumes_after_last_event_id() {
             .header("x-sim-tokens", "12")
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("send the request");
         assert_eq!(resp.status(), 200);
         let mut s = resp.bytes_stream();
         while events(&seen).len() < k as usize || !seen.replace("\r\n", "\n").ends_with("\n\n") {
@@ -412,9 +412,9 @@ async fn a_dropped_stream_resumes_after_last_event_id() {
         .header("last-event-id", last_id.to_string())
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("send the request");
     assert_eq!(rest.status(), 200);
-    let rest = events(&rest.text().await.unwrap_or_else(|e| panic!("{e}")));
+    let rest = events(&rest.text().await.expect("read the response body"));
     let rest_ids: Vec<u64> = rest.iter().filter_map(|e| event_id(e)).collect();
     assert_eq!(rest_ids.first(), Some(&(last_id + 1)), "{rest:?}");
     assert!(rest.iter().any(|e| e.contains("[DONE]")));
@@ -423,9 +423,9 @@ async fn a_dropped_stream_resumes_after_last_event_id() {
     let whole = post(&client, &gw, Some("sse-resume"), body.clone())
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("send the request");
     assert_eq!(replayed(&whole).as_deref(), Some("true"));
-    let whole = events(&whole.text().await.unwrap_or_else(|e| panic!("{e}")));
+    let whole = events(&whole.text().await.expect("read the response body"));
     let mut joined: Vec<String> = got
         .iter()
         .filter(|e| event_id(e).is_some_and(|i| i <= last_id))
@@ -434,7 +434,7 @@ async fn a_dropped_stream_resumes_after_last_event_id() {
     joined.extend(rest);
     assert_eq!(joined, whole);
     assert_eq!(sim.executions_for("sse-resume"), 1);
-    gw.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    gw.stop().await.expect("stop cleanly");
 }
 
 #[tokio::test]
@@ -447,19 +447,19 @@ async fn a_5xx_releases_the_key_and_the_retry_executes_again() {
         .header("x-sim-fail", "500")
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("send the request");
     assert_eq!(r.status(), 500);
     let r = post(&client, &gw, Some("five-hundred"), body.clone())
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("send the request");
     assert_eq!(r.status(), 200);
     assert_eq!(replayed(&r).as_deref(), Some("false"));
     assert_eq!(sim.executions_for("five-hundred"), 2, "the retry ran again");
     let r = post(&client, &gw, Some("five-hundred"), body)
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("send the request");
     assert_eq!(replayed(&r).as_deref(), Some("true"));
     assert_eq!(sim.executions_for("five-hundred"), 2);
 
@@ -470,24 +470,26 @@ async fn a_5xx_releases_the_key_and_the_retry_executes_again() {
             .header("x-sim-fail", "400")
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("send the request");
         assert_eq!(r.status(), 400);
         assert_eq!(
             replayed(&r).as_deref(),
             Some(if attempt == 0 { "false" } else { "true" })
         );
     }
-    gw.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    gw.stop().await.expect("stop cleanly");
 }
 
 #[tokio::test]
 async fn upstream_unreachable_and_first_byte_timeout_release_the_key() {
     let closed = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("bind a loopback port");
     let dead = format!(
         "http://{}",
-        closed.local_addr().unwrap_or_else(|e| panic!("{e}"))
+        closed
+            .local_addr()
+            .expect("a bound listener has an address")
     );
     drop(closed);
     let gw = Gateway::start(config("memory:", &dead, |r| {
@@ -499,7 +501,7 @@ async fn upstream_unreachable_and_first_byte_timeout_release_the_key() {
         let r = post(&client, &gw, Some("unreachable"), chat_body(false, "x"))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("send the request");
         // Never a 409 or a replay: the failed attempt gave the key back.
         assert_eq!(r.status(), 502);
         assert_eq!(
@@ -507,7 +509,7 @@ async fn upstream_unreachable_and_first_byte_timeout_release_the_key() {
             "https://idemgate.dev/problems/upstream-unavailable"
         );
     }
-    gw.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    gw.stop().await.expect("stop cleanly");
 
     let sim = sim().await;
     let gw = Gateway::start(config("memory:", &sim.url(), |r| {
@@ -524,17 +526,17 @@ async fn upstream_unreachable_and_first_byte_timeout_release_the_key() {
         .header("x-sim-fail", "hang")
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("send the request");
     // Released by the marker even though no status is configured retryable.
     assert_eq!(r.status(), 504);
     let r = post(&client, &gw, Some("hang-then-ok"), body)
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("send the request");
     assert_eq!(r.status(), 200);
     assert_eq!(replayed(&r).as_deref(), Some("false"));
     assert_eq!(sim.executions_for("hang-then-ok"), 2);
-    gw.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    gw.stop().await.expect("stop cleanly");
 }
 
 #[tokio::test]
@@ -549,10 +551,10 @@ async fn tenants_never_share_records() {
             .header("authorization", tenant)
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("send the request");
         assert_eq!(r.status(), 200);
         assert_eq!(replayed(&r).as_deref(), Some("false"), "{tenant}");
-        texts.push(r.text().await.unwrap_or_else(|e| panic!("{e}")));
+        texts.push(r.text().await.expect("read the response body"));
     }
     assert_ne!(texts[0], texts[1], "two executions, two ids");
     assert_eq!(sim.executions_for("shared-key"), 2);
@@ -560,10 +562,10 @@ async fn tenants_never_share_records() {
         .header("authorization", "Bearer sk-alice")
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("send the request");
     assert_eq!(replayed(&r).as_deref(), Some("true"));
-    assert_eq!(r.text().await.unwrap_or_else(|e| panic!("{e}")), texts[0]);
-    gw.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.text().await.expect("read the response body"), texts[0]);
+    gw.stop().await.expect("stop cleanly");
 }
 
 #[tokio::test]
@@ -588,12 +590,12 @@ async fn malformed_and_missing_keys_are_refused_before_the_upstream() {
             .header("content-type", "application/json")
             .header(
                 "idempotency-key",
-                reqwest::header::HeaderValue::from_bytes(key).unwrap_or_else(|e| panic!("{e}")),
+                reqwest::header::HeaderValue::from_bytes(key).expect("a valid value"),
             )
             .body(chat_body(false, "x"))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("send the request");
         assert_eq!(r.status(), 400, "key {:?}", String::from_utf8_lossy(key));
         assert_eq!(
             problem_type(r).await,
@@ -603,7 +605,7 @@ async fn malformed_and_missing_keys_are_refused_before_the_upstream() {
     let r = post(&client, &gw, None, chat_body(false, "x"))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("send the request");
     assert_eq!(r.status(), 400);
     assert_eq!(
         problem_type(r).await,
@@ -614,19 +616,19 @@ async fn malformed_and_missing_keys_are_refused_before_the_upstream() {
     let r = post(&client, &gw, Some("\"same-key\""), body.clone())
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("send the request");
     assert_eq!(replayed(&r).as_deref(), Some("false"));
     let r = post(&client, &gw, Some("same-key"), body)
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("send the request");
     assert_eq!(replayed(&r).as_deref(), Some("true"));
     assert_eq!(
         sim.stats().requests,
         1,
         "only the valid request was forwarded"
     );
-    gw.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    gw.stop().await.expect("stop cleanly");
 }
 
 #[tokio::test]
@@ -645,7 +647,7 @@ async fn an_oversized_body_is_413_and_no_route_is_404() {
     )
     .send()
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .expect("send the request");
     assert_eq!(r.status(), 413);
     assert_eq!(
         problem_type(r).await,
@@ -656,19 +658,19 @@ async fn an_oversized_body_is_413_and_no_route_is_404() {
         .body("{}")
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("send the request");
     assert_eq!(r.status(), 404);
     assert_eq!(
         problem_type(r).await,
         "https://idemgate.dev/problems/no-route"
     );
     assert_eq!(sim.stats().requests, 0);
-    gw.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    gw.stop().await.expect("stop cleanly");
 }
 
 #[tokio::test]
 async fn admin_endpoints_report_health_readiness_and_metrics() {
-    idemgate_gateway::telemetry::install_prometheus().unwrap_or_else(|e| panic!("{e}"));
+    idemgate_gateway::telemetry::install_prometheus().expect("install the recorder");
     let sim = sim().await;
     let gw = Gateway::start(config("memory:", &sim.url(), |r| {
         r.id = Some("metrics-route".into());
@@ -678,17 +680,17 @@ async fn admin_endpoints_report_health_readiness_and_metrics() {
     let r = post(&client, &gw, Some("metered"), chat_body(false, "count me"))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("send the request");
     assert_eq!(r.status(), 200);
     let _ = r.bytes().await;
     let text = client
         .get(format!("{}/metrics", gw.admin))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .expect("send the request")
         .text()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("read the response body");
     for (name, phase) in [
         ("idemgate_upstream_queue_seconds_bucket", ""),
         (
@@ -714,10 +716,10 @@ async fn admin_endpoints_report_health_readiness_and_metrics() {
             .get(format!("{}{path}", gw.admin))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("send the request");
         assert_eq!(r.status(), 200, "{path}");
     }
-    gw.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    gw.stop().await.expect("stop cleanly");
 }
 
 /// Shutdown with calls still running: after the grace period they are
@@ -727,7 +729,7 @@ async fn admin_endpoints_report_health_readiness_and_metrics() {
 #[tokio::test]
 async fn graceful_shutdown_leaves_no_pending_record() {
     let sim = sim().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().expect("create a temp dir");
     let db = dir.path().join("gw.db");
     let mut cfg = config(&format!("sqlite:{}", db.display()), &sim.url(), |r| {
         r.pending_ttl = Some("1h".into());
@@ -761,25 +763,21 @@ async fn graceful_shutdown_leaves_no_pending_record() {
         stats.snapshot().executions >= 2
     })
     .await;
-    gw.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    gw.stop().await.expect("stop cleanly");
     for t in inflight {
         let _ = t.await;
     }
 
     let store: Arc<dyn Store> =
-        Arc::new(idemgate_sqlite::SqliteStore::open(&db).unwrap_or_else(|e| panic!("{e}")));
+        Arc::new(idemgate_sqlite::SqliteStore::open(&db).expect("open the store"));
     for key in keys {
         let scoped = ScopedKey::new(
             "anonymous",
             route_id.clone(),
-            ClientKey::parse(key).unwrap_or_else(|e| panic!("{e}")),
+            ClientKey::parse(key).expect("a valid literal"),
         );
         assert!(
-            store
-                .get(&scoped)
-                .await
-                .unwrap_or_else(|e| panic!("{e}"))
-                .is_none(),
+            store.get(&scoped).await.expect("GET").is_none(),
             "{key}: no record left behind"
         );
         let claim = store
@@ -789,7 +787,7 @@ async fn graceful_shutdown_leaves_no_pending_record() {
                 Duration::from_secs(30),
             )
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("claim");
         assert!(matches!(claim, Claim::Acquired(_)), "{key}: {claim:?}");
     }
 }
@@ -816,15 +814,15 @@ async fn derived_keys_merge_retries_of_one_user_and_session_only() {
             .header("x-session-id", "s-1")
             .send()
     };
-    let a = send("u-1").await.unwrap_or_else(|e| panic!("{e}"));
+    let a = send("u-1").await.expect("send the request");
     assert_eq!(replayed(&a).as_deref(), Some("false"));
-    let b = send("u-1").await.unwrap_or_else(|e| panic!("{e}"));
+    let b = send("u-1").await.expect("send the request");
     assert_eq!(
         replayed(&b).as_deref(),
         Some("true"),
         "same user, session, body"
     );
-    let c = send("u-2").await.unwrap_or_else(|e| panic!("{e}"));
+    let c = send("u-2").await.expect("send the request");
     assert_eq!(
         replayed(&c).as_deref(),
         Some("false"),
@@ -836,8 +834,8 @@ async fn derived_keys_merge_retries_of_one_user_and_session_only() {
         .header("x-user-id", "u-1")
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("send the request");
     assert_eq!(r.status(), 400);
     assert_eq!(sim.stats().requests, 2);
-    gw.stop().await.unwrap_or_else(|e| panic!("{e}"));
+    gw.stop().await.expect("stop cleanly");
 }

@@ -40,7 +40,7 @@ impl Gateway {
         admin_token: Option<&str>,
         tweak: impl FnOnce(&mut RawRoute),
     ) -> Self {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().expect("create a temp dir");
         let mut route = RawRoute {
             id: Some("obs".into()),
             prefix: Some("/v1".into()),
@@ -84,9 +84,9 @@ impl Gateway {
             .get(format!("{}/metrics", self.admin))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("send the request");
         assert_eq!(r.status(), 200);
-        r.text().await.unwrap_or_else(|e| panic!("{e}"))
+        r.text().await.expect("read the response body")
     }
 
     async fn stop(mut self) {
@@ -96,15 +96,15 @@ impl Gateway {
         tokio::time::timeout(Duration::from_secs(30), self.task)
             .await
             .unwrap_or_else(|_| panic!("gateway did not stop"))
-            .unwrap_or_else(|e| panic!("{e}"))
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("the task did not panic")
+            .expect("it ended without error");
     }
 }
 
 async fn sim() -> SimHandle {
     idemgate_llm_sim::spawn(SimConfig::default())
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .expect("spawn the process")
 }
 
 fn chat(stream: bool, text: &str) -> String {
@@ -192,7 +192,7 @@ fn present(text: &str, name: &str, labels: &[(&str, &str)]) -> bool {
 }
 
 fn total_tokens(body: &[u8]) -> u64 {
-    let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_else(|e| panic!("{e}"));
+    let v: serde_json::Value = serde_json::from_slice(body).expect("valid JSON");
     let usage = &v["usage"];
     let p = usage["prompt_tokens"]
         .as_u64()
@@ -221,11 +221,11 @@ async fn ten_keys_three_sends_give_exact_figures() {
             let r = post(&client, &gw, &key, body.clone())
                 .send()
                 .await
-                .unwrap_or_else(|e| panic!("{e}"));
+                .expect("send the request");
             assert_eq!(r.status(), 200);
             let replayed = r.headers()["idempotent-replayed"] == "true";
             assert_eq!(replayed, send > 0);
-            let bytes = r.bytes().await.unwrap_or_else(|e| panic!("{e}"));
+            let bytes = r.bytes().await.expect("read the response body");
             match usage_of_first {
                 None => usage_of_first = Some(total_tokens(&bytes)),
                 Some(u) => saved += u,
@@ -358,8 +358,8 @@ async fn concurrent_duplicates_in_reject_mode_count_four_conflicts() {
                 .next()
                 .await
                 .unwrap_or_else(|| panic!("five sends"))
-                .unwrap_or_else(|e| panic!("{e}"))
-                .unwrap_or_else(|e| panic!("{e}"));
+                .expect("the task did not panic")
+                .expect("the send succeeded");
             assert_eq!(r.status(), 409);
         }
         owners.push(sends);
@@ -410,7 +410,7 @@ async fn upstream_phases_timeouts_and_lost_events() {
         let r = post(&client, &gw, &format!("phase-{k}"), chat(false, "phases"))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("send the request");
         assert_eq!(r.status(), 200);
         let _ = r.bytes().await;
     }
@@ -419,14 +419,14 @@ async fn upstream_phases_timeouts_and_lost_events() {
         .header(FAIL_HEADER, "hang")
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("send the request");
     assert_eq!(r.status(), 504);
     // Idle timeout mid-stream: three tokens, then silence.
     let r = post(&client, &gw, "phase-stall", chat(true, "stall"))
         .header(FAIL_HEADER, "stall-after:3")
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("send the request");
     assert_eq!(r.status(), 200);
     let mut body = r.bytes_stream();
     let mut received = Vec::new();
@@ -501,8 +501,7 @@ fn referenced_names() -> BTreeSet<String> {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../ops");
     let mut exprs = Vec::new();
     // alerts.yml: `expr:` values, inline or as an indented block.
-    let alerts =
-        std::fs::read_to_string(format!("{root}/alerts.yml")).unwrap_or_else(|e| panic!("{e}"));
+    let alerts = std::fs::read_to_string(format!("{root}/alerts.yml")).expect("read the file");
     let lines: Vec<&str> = alerts.lines().collect();
     let mut i = 0;
     while i < lines.len() {
@@ -528,10 +527,9 @@ fn referenced_names() -> BTreeSet<String> {
         i += 1;
     }
     // grafana-dashboard.json: every "expr" string, at any depth.
-    let dashboard = std::fs::read_to_string(format!("{root}/grafana-dashboard.json"))
-        .unwrap_or_else(|e| panic!("{e}"));
-    let json: serde_json::Value =
-        serde_json::from_str(&dashboard).unwrap_or_else(|e| panic!("{e}"));
+    let dashboard =
+        std::fs::read_to_string(format!("{root}/grafana-dashboard.json")).expect("read the file");
+    let json: serde_json::Value = serde_json::from_str(&dashboard).expect("valid JSON");
     fn walk(v: &serde_json::Value, out: &mut Vec<String>) {
         match v {
             serde_json::Value::Object(m) => {
@@ -616,7 +614,7 @@ async fn alerts_and_dashboard_refer_only_to_exported_metrics() {
         let r = post(&client, &gw, "names-1", chat(false, "names"))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("send the request");
         assert_eq!(r.status(), 200);
         let _ = r.bytes().await;
     }
@@ -624,7 +622,7 @@ async fn alerts_and_dashboard_refer_only_to_exported_metrics() {
         .header(FAIL_HEADER, "hang")
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("send the request");
     assert_eq!(r.status(), 504);
     let text = gw.metrics(&client).await;
     let exported: BTreeSet<String> = samples(&text)
@@ -652,7 +650,7 @@ async fn recording_upstream() -> (String, Arc<Mutex<Vec<Option<String>>>>) {
                 .get("traceparent")
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned);
-            log.lock().unwrap_or_else(|e| panic!("{e}")).push(tp);
+            log.lock().expect("lock not poisoned").push(tp);
             (
                 [("content-type", "application/json")],
                 r#"{"usage":{"prompt_tokens":1,"completion_tokens":2}}"#,
@@ -661,10 +659,12 @@ async fn recording_upstream() -> (String, Arc<Mutex<Vec<Option<String>>>>) {
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("bind a loopback port");
     let url = format!(
         "http://{}",
-        listener.local_addr().unwrap_or_else(|e| panic!("{e}"))
+        listener
+            .local_addr()
+            .expect("a bound listener has an address")
     );
     tokio::spawn(async move { axum::serve(listener, app).await });
     (url, seen)
@@ -703,21 +703,17 @@ async fn traceparent_is_propagated_or_started() {
     };
     let r = send("trace-1", Some(given))
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("send the request");
     assert_eq!(r.status(), 200);
-    let r = send("trace-2", None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let r = send("trace-2", None).await.expect("send the request");
     assert_eq!(r.status(), 200);
-    let r = send("trace-3", None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let r = send("trace-3", None).await.expect("send the request");
     assert_eq!(r.status(), 200);
     let r = send("trace-4", Some("00-NOT-A-TRACE-01"))
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("send the request");
     assert_eq!(r.status(), 200);
-    let seen = seen.lock().unwrap_or_else(|e| panic!("{e}")).clone();
+    let seen = seen.lock().expect("lock not poisoned").clone();
     assert_eq!(seen.len(), 4);
     assert_eq!(seen[0].as_deref(), Some(given));
     let fresh: Vec<String> = seen[1..]
@@ -743,7 +739,7 @@ impl std::io::Write for Captured {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         self.0
             .lock()
-            .unwrap_or_else(|e| panic!("{e}"))
+            .expect("lock not poisoned")
             .extend_from_slice(buf);
         Ok(buf.len())
     }
@@ -787,11 +783,11 @@ async fn keyed_log_lines_carry_key_and_trace_id_and_no_content() {
             .header("traceparent", given)
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("send the request");
         assert_eq!(r.status(), 200);
         let v: serde_json::Value =
-            serde_json::from_slice(&r.bytes().await.unwrap_or_else(|e| panic!("{e}")))
-                .unwrap_or_else(|e| panic!("{e}"));
+            serde_json::from_slice(&r.bytes().await.expect("read the response body"))
+                .expect("valid JSON");
         completion = v["choices"][0]["message"]["content"]
             .as_str()
             .unwrap_or_default()
@@ -807,18 +803,18 @@ async fn keyed_log_lines_carry_key_and_trace_id_and_no_content() {
     .header("traceparent", given)
     .send()
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .expect("send the request");
     assert_eq!(r.status(), 422);
     let r = post(&client, &gw, "log-key-2", chat(false, prompt))
         .header(FAIL_HEADER, "hang")
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("send the request");
     assert_eq!(r.status(), 504);
     gw.stop().await;
 
-    let text = String::from_utf8(captured.0.lock().unwrap_or_else(|e| panic!("{e}")).clone())
-        .unwrap_or_else(|e| panic!("{e}"));
+    let text =
+        String::from_utf8(captured.0.lock().expect("lock not poisoned").clone()).expect("UTF-8");
     let lines: Vec<serde_json::Value> = text
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
@@ -872,9 +868,9 @@ async fn timeline(
     if let Some(t) = token {
         b = b.header("authorization", format!("Bearer {t}"));
     }
-    let r = b.send().await.unwrap_or_else(|e| panic!("{e}"));
+    let r = b.send().await.expect("send the request");
     let status = r.status().as_u16();
-    let bytes = r.bytes().await.unwrap_or_else(|e| panic!("{e}"));
+    let bytes = r.bytes().await.expect("read the response body");
     let v = serde_json::from_slice(&bytes)
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&bytes)));
     (status, v)
@@ -921,7 +917,7 @@ async fn timeline_refuses_missing_and_wrong_tokens() {
     let r = post(&client, &gw, "tl-secret", chat(false, "hidden"))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("send the request");
     assert_eq!(r.status(), 200);
     let _ = r.bytes().await;
     let wrong = format!("{ADMIN_TOKEN}x");
@@ -936,7 +932,7 @@ async fn timeline_refuses_missing_and_wrong_tokens() {
         .header("authorization", format!("Basic {ADMIN_TOKEN}"))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("send the request");
     assert_eq!(r.status(), 401);
     assert!(r.headers().contains_key("www-authenticate"));
     gw.stop().await;
@@ -960,7 +956,7 @@ async fn timeline_lists_execute_replay_and_mismatch() {
         let r = post(&client, &gw, key, body)
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("send the request");
         assert_eq!(r.status(), expected);
         let _ = r.bytes().await;
     }

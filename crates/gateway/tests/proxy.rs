@@ -44,8 +44,7 @@ fn chat(stream: bool, headers: &[(&str, &str)]) -> Request<Body> {
     for (k, v) in headers {
         b = b.header(*k, *v);
     }
-    b.body(Body::from(body.to_string()))
-        .unwrap_or_else(|e| panic!("{e}"))
+    b.body(Body::from(body.to_string())).expect("a valid body")
 }
 
 fn proxy(route: &RouteConfig) -> Proxy {
@@ -90,7 +89,7 @@ fn body_error_phase(e: &axum::Error) -> &'static str {
 async fn forwards_and_streams_the_answer() {
     let sim = idemgate_llm_sim::spawn(SimConfig::default())
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("spawn the process");
     let r = route(&sim.url(), RawTimeouts::default(), |_| {});
     let p = proxy(&r);
     let resp = p
@@ -99,7 +98,7 @@ async fn forwards_and_streams_the_answer() {
     assert_eq!(resp.status(), StatusCode::OK);
     let (body, err) = read_all(resp.into_body()).await;
     assert!(err.is_none());
-    let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_else(|e| panic!("{e}"));
+    let v: serde_json::Value = serde_json::from_slice(&body).expect("valid JSON");
     assert_eq!(v["object"], "chat.completion");
     assert_eq!(sim.executions_for("k-plain"), 1);
 
@@ -131,8 +130,10 @@ async fn echo_upstream() -> String {
     }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        .expect("bind a loopback port");
+    let addr = listener
+        .local_addr()
+        .expect("a bound listener has an address");
     tokio::spawn(async move {
         let _ = axum::serve(listener, Router::new().fallback(any(echo))).await;
     });
@@ -158,11 +159,11 @@ async fn headers_are_rewritten_for_the_upstream() {
         .header("x-hop", "secret")
         .header("keep-alive", "timeout=5")
         .body(Body::from("{}"))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("a valid body");
     let resp = p.forward(req).await;
     assert_eq!(resp.status(), StatusCode::OK);
     let (body, _) = read_all(resp.into_body()).await;
-    let seen: serde_json::Value = serde_json::from_slice(&body).unwrap_or_else(|e| panic!("{e}"));
+    let seen: serde_json::Value = serde_json::from_slice(&body).expect("valid JSON");
     let host = up.trim_start_matches("http://").trim_end_matches("/base");
     assert_eq!(seen["host"], host, "Host is the upstream's");
     assert_eq!(seen["x-path"], "/base/v1/x?q=1");
@@ -184,8 +185,10 @@ async fn headers_are_rewritten_for_the_upstream() {
 async fn connection_refused_is_a_retryable_502() {
     let closed = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let addr = closed.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        .expect("bind a loopback port");
+    let addr = closed
+        .local_addr()
+        .expect("a bound listener has an address");
     drop(closed);
     let r = route(
         &format!("http://{addr}"),
@@ -203,7 +206,7 @@ async fn connection_refused_is_a_retryable_502() {
         Some(&b"application/problem+json"[..])
     );
     let (body, _) = read_all(resp.into_body()).await;
-    let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_else(|e| panic!("{e}"));
+    let v: serde_json::Value = serde_json::from_slice(&body).expect("valid JSON");
     assert_eq!(
         v["type"],
         "https://idemgate.dev/problems/upstream-unavailable"
@@ -215,7 +218,7 @@ async fn connection_refused_is_a_retryable_502() {
 async fn a_hanging_upstream_hits_the_first_byte_timeout() {
     let sim = idemgate_llm_sim::spawn(SimConfig::default())
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("spawn the process");
     let r = route(&sim.url(), timeouts("1s", "300ms", "5s", "10s"), |_| {});
     let resp = proxy(&r)
         .forward(chat(
@@ -229,7 +232,7 @@ async fn a_hanging_upstream_hits_the_first_byte_timeout() {
         Some("first_byte")
     );
     let (body, _) = read_all(resp.into_body()).await;
-    let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_else(|e| panic!("{e}"));
+    let v: serde_json::Value = serde_json::from_slice(&body).expect("valid JSON");
     assert_eq!(v["type"], "https://idemgate.dev/problems/upstream-timeout");
 }
 
@@ -237,7 +240,7 @@ async fn a_hanging_upstream_hits_the_first_byte_timeout() {
 async fn a_stalled_stream_hits_the_idle_timeout() {
     let sim = idemgate_llm_sim::spawn(SimConfig::default())
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("spawn the process");
     let r = route(&sim.url(), timeouts("1s", "5s", "300ms", "30s"), |_| {});
     let resp = proxy(&r)
         .forward(chat(
@@ -259,7 +262,7 @@ async fn a_stalled_stream_hits_the_idle_timeout() {
 async fn a_long_stream_hits_the_total_timeout() {
     let sim = idemgate_llm_sim::spawn(SimConfig::default())
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("spawn the process");
     // Each gap (20 ms) is well inside idle; the whole stream (~4 s) is not
     // inside total.
     let r = route(&sim.url(), timeouts("1s", "400ms", "2s", "500ms"), |_| {});
@@ -284,7 +287,7 @@ async fn a_long_stream_hits_the_total_timeout() {
 async fn a_reset_mid_stream_is_a_body_error() {
     let sim = idemgate_llm_sim::spawn(SimConfig::default())
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("spawn the process");
     let r = route(&sim.url(), timeouts("1s", "5s", "5s", "30s"), |_| {});
     let resp = proxy(&r)
         .forward(chat(true, &[("x-sim-fail", "reset-after:2")]))
@@ -302,7 +305,7 @@ async fn a_reset_mid_stream_is_a_body_error() {
 async fn queue_wait_does_not_eat_the_upstream_budget() {
     let sim = idemgate_llm_sim::spawn(SimConfig::default())
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("spawn the process");
     let r = route(&sim.url(), timeouts("1s", "300ms", "1s", "5s"), |r| {
         r.concurrency_limit = Some(1);
     });
@@ -332,7 +335,7 @@ async fn queue_wait_does_not_eat_the_upstream_budget() {
     assert_eq!(second.status(), StatusCode::OK, "queued request timed out");
     let (_, err) = read_all(second.into_body()).await;
     assert!(err.is_none());
-    let (_, err) = first_body.await.unwrap_or_else(|e| panic!("{e}"));
+    let (_, err) = first_body.await.expect("it succeeds");
     assert!(err.is_none());
     // Both ran, one after the other.
     assert_eq!(sim.executions_for("q-first"), 1);
@@ -343,7 +346,7 @@ async fn queue_wait_does_not_eat_the_upstream_budget() {
 async fn a_streaming_request_body_over_the_limit_is_not_forwarded_whole() {
     let sim = idemgate_llm_sim::spawn(SimConfig::default())
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("spawn the process");
     let r = route(&sim.url(), RawTimeouts::default(), |r| {
         r.body_limit = Some(idemgate_gateway::config::RawSize::Bytes(64));
     });

@@ -1,7 +1,7 @@
 //! Run with: cargo run -p idemgate-layer --example credits
 //!
 //! A credits service whose `POST /charge` deducts credits and writes a
-//! ledger row: the "layer 2" write the seed warns about, where a retried
+//! ledger row: the write after the model call (docs/design.md: "three layers"), where a retried
 //! request must not charge twice. The idempotency layer in front of it makes
 //! every charge happen once per `Idempotency-Key`, however often the client
 //! retries, times out or sends duplicates at once.

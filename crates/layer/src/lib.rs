@@ -16,6 +16,7 @@
 //! ```
 //!
 //! # Layout
+//! Public modules:
 //! - [`config`]: [`LayerConfig`] and its modes (key, in-flight, tenant,
 //!   store errors), with safe defaults.
 //! - [`key`]: tenant (a hash of the credential) and key extraction or
@@ -26,11 +27,22 @@
 //! - [`sse`]: event boundary scanner, id rewriting, `Last-Event-ID`.
 //! - [`live`]: streams in progress, for duplicates that attach: the
 //!   [`LiveEvents`] trait and its in-process default.
-//! - `service`: [`IdempotencyLayer`], the [`Idempotency`] service and the
-//!   detached execution.
 //! - [`operations`]: `Prefer: respond-async` and the operation resource.
 //! - [`telemetry`]: what the layer counts, through `idemgate-telemetry`
-//!   (one outcome per request, hits, tokens saved, conflicts).
+//!   (one outcome per request, hits, tokens saved, conflicts, releases).
+//!
+//! Private modules:
+//! - `shared`: the state every clone of the layer shares.
+//! - `refusal`: the one path of a refusal (count, log, problem).
+//! - `replay`: answering from a stored result, and [`IDEMPOTENT_REPLAYED`].
+//! - `service`: [`IdempotencyLayer`], the [`Idempotency`] service, shutdown,
+//!   and the request path in its children (admission, the detached owner,
+//!   duplicates that attach).
+//!
+//! Dependencies point one way: state, types and errors sit in leaves
+//! (`config`, `problem`, `sse`, `stored`, `shared`, …), `replay` and
+//! `refusal` build on them, `operations` on those, and `service` on top of
+//! everything; nothing uses `service`, so the module graph has no cycle.
 //!
 //! # The key decision
 //! The owner's work runs in a **detached task** that holds the lease, not in
@@ -48,7 +60,10 @@ pub mod key;
 pub mod live;
 pub mod operations;
 pub mod problem;
+mod refusal;
+mod replay;
 mod service;
+mod shared;
 pub mod sse;
 pub mod stored;
 pub mod telemetry;
@@ -58,8 +73,8 @@ pub use config::{
 };
 pub use live::{InProcessLive, LiveEvents};
 pub use problem::Problem;
+pub use replay::IDEMPOTENT_REPLAYED;
 pub use service::{
-    IDEMPOTENT_REPLAYED, Idempotency, IdempotencyContext, IdempotencyLayer, RetryableFailure,
-    ShutdownReport,
+    Idempotency, IdempotencyContext, IdempotencyLayer, RetryableFailure, ShutdownReport,
 };
 pub use stored::{StoredBody, StoredResponse, StreamUsage, Usage};

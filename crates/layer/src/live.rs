@@ -10,7 +10,7 @@
 //! [`InProcessLive`] (the default) keeps them in this process: a duplicate
 //! served by another replica finds nothing and waits for DONE, then
 //! replays. A backend that shares them between replicas (Redis Streams, in
-//! the `idemgate-fanout` crate) lets it follow the live stream instead.
+//! the `idemgate-redis-live` crate) lets it follow the live stream instead.
 //!
 //! A follower that cannot say more for now ([`Next::Unsure`]: a shared log
 //! went quiet or lost entries) is not trusted blindly: the layer then looks

@@ -12,10 +12,13 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 use idemgate_engine::{ClientKey, ScopedKey};
 
+use crate::config::LayerConfig;
 use crate::key::tenant_of;
 use crate::problem::Problem;
-use crate::service::{Shared, replay_stored};
-use crate::sse::parse_last_event_id;
+use crate::replay::replay_stored;
+use crate::shared::Shared;
+use crate::sse::events_to_skip;
+use crate::telemetry::Outcome;
 
 const ID_VERSION: u8 = 1;
 
@@ -48,12 +51,17 @@ pub fn parse_operation_id(id: &str) -> Option<(String, ClientKey)> {
 }
 
 /// The `Location` of an operation.
-pub(crate) fn location(operations_path: &str, namespace: &str, key: &ClientKey) -> String {
+fn location(operations_path: &str, namespace: &str, key: &ClientKey) -> String {
     format!("{operations_path}{}", operation_id(namespace, key))
 }
 
+/// 202 pointing at the operation of `key` on the route `config` protects.
+pub(crate) fn accepted_for(config: &LayerConfig, key: &ClientKey) -> Response {
+    accepted(&location(&config.operations_path, &config.namespace, key))
+}
+
 /// 202 pointing at the operation.
-pub(crate) fn accepted(location: &str) -> Response {
+fn accepted(location: &str) -> Response {
     let body = serde_json::json!({ "status": "pending", "operation": location }).to_string();
     let mut res = Response::new(Body::from(body));
     *res.status_mut() = StatusCode::ACCEPTED;
@@ -90,20 +98,14 @@ pub(crate) async fn get(shared: &Shared, path: &str, headers: &HeaderMap) -> Opt
     };
     Some(match record {
         None => Problem::operation_not_found().into_response(),
-        Some(r) if r.is_done() => {
-            let skip = headers
-                .get("last-event-id")
-                .and_then(parse_last_event_id)
-                .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX));
-            replay_stored(
-                shared,
-                &r,
-                &scoped,
-                skip,
-                crate::telemetry::Outcome::Replayed,
-            )
-        }
-        Some(_) => accepted(&location(&cfg.operations_path, &cfg.namespace, &scoped.key)),
+        Some(r) if r.is_done() => replay_stored(
+            shared,
+            &r,
+            &scoped,
+            events_to_skip(headers),
+            Outcome::Replayed,
+        ),
+        Some(_) => accepted_for(cfg, &scoped.key),
     })
 }
 

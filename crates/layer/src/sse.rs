@@ -14,7 +14,9 @@
 //! recording or from the live stream, whatever ids the upstream used.
 
 use bytes::{BufMut, Bytes, BytesMut};
-use http::HeaderValue;
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+const LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
 
 /// Splits a byte stream into SSE events.
 #[derive(Debug, Default)]
@@ -178,6 +180,15 @@ pub fn parse_last_event_id(value: &HeaderValue) -> Option<u64> {
         return None;
     }
     s.parse().ok()
+}
+
+/// How many events of a stream the client already has: the number in its
+/// `Last-Event-ID`, or 0 when it sent none of ours.
+pub(crate) fn events_to_skip(headers: &HeaderMap) -> usize {
+    headers
+        .get(LAST_EVENT_ID)
+        .and_then(parse_last_event_id)
+        .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX))
 }
 
 /// Whether a `content-type` value is an event stream.

@@ -1,11 +1,14 @@
-//! What the layer counts (SPEC §5), through [`idemgate_telemetry`].
+//! What the layer counts, through [`idemgate_telemetry`]: one outcome per
+//! request, hits and tokens saved, keys met in flight, keys released (and
+//! why), stream events lost.
 //!
 //! The names are [`idemgate_telemetry::names`]; the layer records through
 //! [`Telemetry::shared`](idemgate_telemetry::Telemetry::shared), which never
 //! installs a recorder: the application picks the exporter (the gateway
 //! installs Prometheus). Every series carries the route (namespace) and, for
 //! requests, a fixed [`Outcome`]; never a key or a tenant. Keys only feed the
-//! requests-per-key distribution, as a hash that is never exported.
+//! requests-per-key distribution, as a hash that is never exported. A
+//! released key carries its reason (`ReleaseReason`), a fixed label too.
 //!
 //! Each request is counted once, with its final outcome: an owner when its
 //! execution ends (`executed`, `failed`, `fenced`), before the client hears
@@ -18,6 +21,64 @@ pub use idemgate_telemetry::{Outcome, names};
 use idemgate_telemetry::{RouteTelemetry, Telemetry};
 
 use crate::stored::Usage;
+
+/// Why a detached execution gave its key back instead of storing a result.
+/// Each reason is the `reason` label of the released counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReleaseReason {
+    /// The work ran past the route's `completion_timeout`.
+    CompletionTimeout,
+    /// The layer shut down before the work finished.
+    Shutdown,
+    /// The inner service marked its response a retryable failure
+    /// (`RetryableFailure`: connect error, connect or first-byte timeout).
+    RetryableFailure,
+    /// The inner service answered a status configured as retryable.
+    RetryableStatus,
+    /// The response was too large to store; the client still got it whole.
+    TooLarge,
+    /// The response body failed before its end.
+    BodyError,
+    /// The event stream failed before its end.
+    StreamError,
+    /// The result could not be encoded for the store.
+    Encode,
+}
+
+impl ReleaseReason {
+    /// Every reason.
+    #[cfg(test)]
+    const ALL: [Self; 8] = [
+        Self::CompletionTimeout,
+        Self::Shutdown,
+        Self::RetryableFailure,
+        Self::RetryableStatus,
+        Self::TooLarge,
+        Self::BodyError,
+        Self::StreamError,
+        Self::Encode,
+    ];
+
+    /// The metric label (stable: dashboards and alerts match on it).
+    pub(crate) const fn as_str(self) -> &'static str {
+        match self {
+            Self::CompletionTimeout => "completion_timeout",
+            Self::Shutdown => "shutdown",
+            Self::RetryableFailure => "retryable_failure",
+            Self::RetryableStatus => "retryable_status",
+            Self::TooLarge => "too_large",
+            Self::BodyError => "body_error",
+            Self::StreamError => "stream_error",
+            Self::Encode => "encode",
+        }
+    }
+
+    /// Whether the client got the whole response despite the release (so
+    /// the request counts as executed and no stream events were lost).
+    pub(crate) const fn delivered(self) -> bool {
+        matches!(self, Self::TooLarge)
+    }
+}
 
 /// The route's metrics.
 #[derive(Debug, Clone)]
@@ -61,8 +122,8 @@ impl Metrics {
     }
 
     /// An execution whose key was released instead of stored.
-    pub(crate) fn released(&self, reason: &'static str) {
-        self.route.released(reason);
+    pub(crate) fn released(&self, reason: ReleaseReason) {
+        self.route.released(reason.as_str());
     }
 
     /// Events relayed on a stream that then broke: not stored.
@@ -80,12 +141,35 @@ mod tests {
     #[test]
     fn key_ids_separate_tenants_and_routes() {
         let k = |t: &str, n: &str, c: &str| {
-            let key = ClientKey::parse(c).unwrap_or_else(|e| panic!("{e}"));
+            let key = ClientKey::parse(c).expect("a valid literal");
             key_id(&ScopedKey::new(t, n, key))
         };
         assert_eq!(k("t", "r", "a"), k("t", "r", "a"));
         assert_ne!(k("t", "r", "a"), k("u", "r", "a"));
         assert_ne!(k("t", "r", "a"), k("t", "s", "a"));
         assert_ne!(k("t", "r", "a"), k("t", "r", "b"));
+    }
+
+    #[test]
+    fn release_reasons_keep_their_labels() {
+        let labels = ReleaseReason::ALL.map(ReleaseReason::as_str);
+        assert_eq!(
+            labels,
+            [
+                "completion_timeout",
+                "shutdown",
+                "retryable_failure",
+                "retryable_status",
+                "too_large",
+                "body_error",
+                "stream_error",
+                "encode",
+            ]
+        );
+        let delivered: Vec<_> = ReleaseReason::ALL
+            .into_iter()
+            .filter(|r| r.delivered())
+            .collect();
+        assert_eq!(delivered, [ReleaseReason::TooLarge]);
     }
 }

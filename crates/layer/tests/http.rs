@@ -1,14 +1,14 @@
 //! The layer over real HTTP: an axum app on 127.0.0.1:0 with handlers that
-//! count their executions, and a reqwest client. One test per row of the
-//! SPEC §3 table, plus the races (many concurrent duplicates) and the
-//! client-goes-away cases.
+//! count their executions, and a reqwest client. One test per outcome a
+//! keyed request can have (first run, replay, in flight, mismatch, failure),
+//! plus the races (many concurrent duplicates) and the client-goes-away
+//! cases.
 #![allow(clippy::unwrap_used)] // test helpers: failing loudly is their job
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
@@ -17,8 +17,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
 use idemgate_engine::{
-    Attempt, Claim, ClientKey, Engine, Fenced, Fingerprint, Lease, MemoryStore, Policy, Record,
-    ScopedKey, Store, StoreError, StoreErrorKind,
+    Attempt, BoxFuture, Claim, ClientKey, Engine, Fenced, Fingerprint, Lease, MemoryStore, Policy,
+    Record, ScopedKey, Store, StoreError, StoreErrorKind,
 };
 use idemgate_layer::key::tenant_id;
 use idemgate_layer::{
@@ -311,7 +311,7 @@ fn event_ids(b: &[u8]) -> Vec<u64> {
         .collect()
 }
 
-// ---------------------------------------------------------------- §3 rows
+// ------------------------------------------------ one outcome per test
 
 #[tokio::test]
 async fn first_request_runs_and_a_retry_replays_byte_for_byte() {
@@ -974,47 +974,55 @@ fn down() -> StoreError {
     StoreError::new(StoreErrorKind::Unavailable, "down", "connection refused")
 }
 
-#[async_trait]
 impl Store for DownStore {
     fn backend(&self) -> &'static str {
         "down"
     }
-    async fn claim(
-        &self,
-        _: &ScopedKey,
-        _: &Fingerprint,
+    fn claim<'a>(
+        &'a self,
+        _: &'a ScopedKey,
+        _: &'a Fingerprint,
         _: Duration,
-    ) -> Result<Claim, StoreError> {
-        Err(down())
+    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(async move { Err(down()) })
     }
-    async fn renew(&self, _: &mut Lease, _: Duration) -> Result<Fenced, StoreError> {
-        Err(down())
+    fn renew<'a>(
+        &'a self,
+        _: &'a mut Lease,
+        _: Duration,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(async move { Err(down()) })
     }
-    async fn complete(
-        &self,
-        _: &Lease,
+    fn complete<'a>(
+        &'a self,
+        _: &'a Lease,
         _: Bytes,
         _: Duration,
-        _: &Attempt,
-    ) -> Result<Fenced, StoreError> {
-        Err(down())
+        _: &'a Attempt,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(async move { Err(down()) })
     }
-    async fn release(&self, _: &Lease, _: &Attempt, _: Duration) -> Result<Fenced, StoreError> {
-        Err(down())
-    }
-    async fn get(&self, _: &ScopedKey) -> Result<Option<Record>, StoreError> {
-        Err(down())
-    }
-    async fn record_attempt(
-        &self,
-        _: &ScopedKey,
-        _: &Attempt,
+    fn release<'a>(
+        &'a self,
+        _: &'a Lease,
+        _: &'a Attempt,
         _: Duration,
-    ) -> Result<(), StoreError> {
-        Err(down())
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(async move { Err(down()) })
     }
-    async fn timeline(&self, _: &ScopedKey) -> Result<Vec<Attempt>, StoreError> {
-        Err(down())
+    fn get<'a>(&'a self, _: &'a ScopedKey) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+        Box::pin(async move { Err(down()) })
+    }
+    fn record_attempt<'a>(
+        &'a self,
+        _: &'a ScopedKey,
+        _: &'a Attempt,
+        _: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move { Err(down()) })
+    }
+    fn timeline<'a>(&'a self, _: &'a ScopedKey) -> BoxFuture<'a, Result<Vec<Attempt>, StoreError>> {
+        Box::pin(async move { Err(down()) })
     }
 }
 

@@ -1,4 +1,4 @@
-//! The metrics the layer records (SPEC §5), read back through a recorder
+//! The metrics the layer records (docs/design.md, "Metrics"), read back through a recorder
 //! installed for this test binary, over real HTTP.
 #![allow(clippy::unwrap_used)] // test helpers: failing loudly is their job
 

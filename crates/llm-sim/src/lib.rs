@@ -15,6 +15,7 @@
 //! - `content`: deterministic output text and token counting.
 //! - `dialect`: the provider-specific parts as one trait; `openai` and
 //!   `anthropic` implement it.
+//! - `sim`: the state every request shares (config, counters, shutdown).
 //! - `respond`: the shared life of a request (count, pace, bill, break).
 //! - `server`: routes ([`router`]), [`spawn`], [`SimHandle`].
 //!
@@ -96,6 +97,7 @@ mod dialect;
 mod openai;
 mod respond;
 mod server;
+mod sim;
 mod stats;
 
 pub use control::{

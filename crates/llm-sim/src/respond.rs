@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::control::{Control, Fault};
 use crate::dialect::{Dialect, ErrorKind, Generation, Meta};
-use crate::server::Sim;
+use crate::sim::Sim;
 use crate::stats::Stats;
 
 /// Response header carrying the execution number of a generated response.

@@ -1,4 +1,6 @@
-//! Routes, the running server and its handle.
+//! Routes, the running server and its handle: the top of the crate, which
+//! wires the request handlers (`respond`) to the shared state (`sim`) and
+//! owns the listening task.
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -13,59 +15,18 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::anthropic::Anthropic;
 use crate::dialect::ErrorKind;
 use crate::openai::OpenAi;
 use crate::respond::{error, generate};
+use crate::sim::Sim;
 use crate::{SimConfig, Stats, StatsSnapshot};
 
 /// How long [`SimHandle::shutdown`] waits for connections to close before
 /// it stops serving regardless.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
-
-/// State shared by every request of one simulator.
-#[derive(Debug)]
-pub(crate) struct Sim {
-    pub(crate) config: SimConfig,
-    pub(crate) stats: Arc<Stats>,
-    /// Flips to `true` once, at shutdown. Every wait inside a request also
-    /// watches it, so that stalled and hanging responses end and graceful
-    /// shutdown does not wait for them forever. Owned here, so it never
-    /// closes while a request can still look at it.
-    shutdown: watch::Sender<bool>,
-}
-
-impl Sim {
-    fn new(config: SimConfig, stats: Arc<Stats>) -> Self {
-        Self {
-            config,
-            stats,
-            shutdown: watch::Sender::new(false),
-        }
-    }
-
-    /// Completes once shutdown has begun.
-    pub(crate) async fn shutdown_signal(&self) {
-        let mut rx = self.shutdown.subscribe();
-        // The sender lives in `self`, so this only returns once it is true.
-        let _ = rx.wait_for(|down| *down).await;
-    }
-
-    /// Sleeps `delay`; false if shutdown began first.
-    pub(crate) async fn sleep(&self, delay: Duration) -> bool {
-        tokio::select! {
-            () = tokio::time::sleep(delay) => true,
-            () = self.shutdown_signal() => false,
-        }
-    }
-
-    fn begin_shutdown(&self) {
-        self.shutdown.send_replace(true);
-    }
-}
 
 /// The simulator's routes, for embedding in another server. Counters go to
 /// `stats`; requests that wait forever (`x-sim-fail: hang`, `stall-after`)

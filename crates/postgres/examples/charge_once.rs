@@ -5,7 +5,7 @@
 //! (run it twice: the second run replays; `DATABASE_URL` defaults to
 //! `postgres://postgres@127.0.0.1:5432/test`).
 //!
-//! The seed's two failures are both impossible here: a retry after a crash
+//! Both ways a charge goes wrong are impossible here: a retry after a crash
 //! cannot charge twice (the key is claimed first, and DONE commits with the
 //! charge), and a crash between the charge and the commit cannot leave a
 //! charge without its result (both roll back together; the lease then

@@ -1,18 +1,21 @@
 //! [`PostgresStore`]: the `Store` trait over PostgreSQL, plus
 //! [`PostgresStore::complete_in`] for committing DONE inside the caller's
 //! own transaction.
+//!
+//! Each `Store` call is one short step on a pooled connection (a claim is
+//! a single statement), so a claim stays atomic across replicas and no
+//! transaction stays open while the work itself runs.
 
 use std::str::FromStr;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use idemgate_engine::notify::KeyedNotify;
 use idemgate_engine::record::ms;
 use idemgate_engine::{
-    Attempt, Claim, Fenced, Fingerprint, Lease, Record, RecordState, ScopedKey, Store, StoreError,
-    StoreErrorKind,
+    Attempt, BoxFuture, Claim, Fenced, Fingerprint, Lease, Record, RecordState, ScopedKey, Store,
+    StoreError, StoreErrorKind,
 };
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, PgConnection, Row};
@@ -490,184 +493,207 @@ fn decode_record(row: &PgRow) -> Result<Record, StoreError> {
     Ok(Record { fingerprint, state })
 }
 
-#[async_trait]
 impl Store for PostgresStore {
     fn backend(&self) -> &'static str {
         BACKEND
     }
 
-    async fn claim(
-        &self,
-        key: &ScopedKey,
-        fingerprint: &Fingerprint,
+    fn claim<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        fingerprint: &'a Fingerprint,
         pending_ttl: Duration,
-    ) -> Result<Claim, StoreError> {
-        let token = Lease::new_token();
-        // Under READ COMMITTED the statement's read of the existing row uses
-        // the snapshot taken when it started: a row inserted by a claim that
-        // committed just after makes the insert conflict (so this claim
-        // cannot win) yet is invisible to the read. The statement then
-        // returns nothing; running it again, with a fresh snapshot, sees it.
-        for _ in 0..5 {
-            let Some(row) = self
-                .claim_once(key, fingerprint, token, pending_ttl)
-                .await?
-            else {
-                continue;
+    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(async move {
+            let token = Lease::new_token();
+            // Under READ COMMITTED the statement's read of the existing row uses
+            // the snapshot taken when it started: a row inserted by a claim that
+            // committed just after makes the insert conflict (so this claim
+            // cannot win) yet is invisible to the read. The statement then
+            // returns nothing; running it again, with a fresh snapshot, sees it.
+            for _ in 0..5 {
+                let Some(row) = self
+                    .claim_once(key, fingerprint, token, pending_ttl)
+                    .await?
+                else {
+                    continue;
+                };
+                let acquired: bool = row.try_get("acquired").map_err(map_error)?;
+                if acquired {
+                    return Ok(Claim::Acquired(Lease {
+                        key: key.clone(),
+                        token,
+                        fence: to_u64(row.try_get("fence").map_err(map_error)?, "fence")?,
+                        expires_at_ms: to_u64(row.try_get("exp_ms").map_err(map_error)?, "expiry")?,
+                    }));
+                }
+                return Ok(Claim::Existing(decode_record(&row)?));
+            }
+            Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                BACKEND,
+                "claim kept racing with concurrent changes to the key",
+            ))
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        lease: &'a mut Lease,
+        pending_ttl: Duration,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(async move {
+            let Some(fence) = fence_param(lease) else {
+                return Ok(Fenced::Stale);
             };
-            let acquired: bool = row.try_get("acquired").map_err(map_error)?;
-            if acquired {
-                return Ok(Claim::Acquired(Lease {
-                    key: key.clone(),
-                    token,
-                    fence: to_u64(row.try_get("fence").map_err(map_error)?, "fence")?,
-                    expires_at_ms: to_u64(row.try_get("exp_ms").map_err(map_error)?, "expiry")?,
-                }));
+            let row = self
+                .bounded("renew", async {
+                    sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.renew)))
+                        .bind(lease.key.storage_id())
+                        .bind(lease.token.to_be_bytes().to_vec())
+                        .bind(fence)
+                        .bind(ttl_param(pending_ttl))
+                        .fetch_optional(&self.inner.pool)
+                        .await
+                })
+                .await?;
+            match row {
+                Some(row) => {
+                    lease.expires_at_ms =
+                        to_u64(row.try_get("exp_ms").map_err(map_error)?, "expiry")?;
+                    Ok(Fenced::Applied)
+                }
+                None => Ok(Fenced::Stale),
             }
-            return Ok(Claim::Existing(decode_record(&row)?));
-        }
-        Err(StoreError::new(
-            StoreErrorKind::Unavailable,
-            BACKEND,
-            "claim kept racing with concurrent changes to the key",
-        ))
+        })
     }
 
-    async fn renew(&self, lease: &mut Lease, pending_ttl: Duration) -> Result<Fenced, StoreError> {
-        let Some(fence) = fence_param(lease) else {
-            return Ok(Fenced::Stale);
-        };
-        let row = self
-            .bounded("renew", async {
-                sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.renew)))
-                    .bind(lease.key.storage_id())
-                    .bind(lease.token.to_be_bytes().to_vec())
-                    .bind(fence)
-                    .bind(ttl_param(pending_ttl))
-                    .fetch_optional(&self.inner.pool)
-                    .await
-            })
-            .await?;
-        match row {
-            Some(row) => {
-                lease.expires_at_ms = to_u64(row.try_get("exp_ms").map_err(map_error)?, "expiry")?;
-                Ok(Fenced::Applied)
-            }
-            None => Ok(Fenced::Stale),
-        }
-    }
-
-    async fn complete(
-        &self,
-        lease: &Lease,
+    fn complete<'a>(
+        &'a self,
+        lease: &'a Lease,
         payload: Bytes,
         done_ttl: Duration,
-        attempt: &Attempt,
-    ) -> Result<Fenced, StoreError> {
-        let Some(fence) = fence_param(lease) else {
-            return Ok(Fenced::Stale);
-        };
-        let query = self.complete_query(lease, fence, payload, done_ttl, attempt)?;
-        let row = self
-            .bounded("complete", query.fetch_one(&self.inner.pool))
-            .await?;
-        let written = applied(&row)?;
-        if written == Fenced::Applied {
-            self.inner.notify.notify(&lease.key.storage_id());
-        }
-        Ok(written)
-    }
-
-    async fn release(
-        &self,
-        lease: &Lease,
-        attempt: &Attempt,
-        timeline_ttl: Duration,
-    ) -> Result<Fenced, StoreError> {
-        let Some(fence) = fence_param(lease) else {
-            return Ok(Fenced::Stale);
-        };
-        let entry = attempt_json(attempt)?;
-        let row = self
-            .bounded("release", async {
-                sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.release)))
-                    .bind(lease.key.storage_id())
-                    .bind(lease.token.to_be_bytes().to_vec())
-                    .bind(fence)
-                    .bind(entry)
-                    .bind(ttl_param(timeline_ttl))
-                    .fetch_one(&self.inner.pool)
-                    .await
-            })
-            .await?;
-        let written = applied(&row)?;
-        if written == Fenced::Applied {
-            self.inner.notify.notify(&lease.key.storage_id());
-        }
-        Ok(written)
-    }
-
-    async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError> {
-        let row = self
-            .bounded("get", async {
-                sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.get)))
-                    .bind(key.storage_id())
-                    .fetch_optional(&self.inner.pool)
-                    .await
-            })
-            .await?;
-        row.as_ref().map(decode_record).transpose()
-    }
-
-    async fn record_attempt(
-        &self,
-        key: &ScopedKey,
-        attempt: &Attempt,
-        ttl: Duration,
-    ) -> Result<(), StoreError> {
-        let entry = attempt_json(attempt)?;
-        if let Some(writer) = &self.inner.timeline {
-            writer.push(Entry {
-                id: key.storage_id(),
-                json: entry,
-                keep_ms: ttl_param(ttl),
-            });
-            return Ok(());
-        }
-        self.bounded("record_attempt", async {
-            sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.record_attempt)))
-                .bind(key.storage_id())
-                .bind(entry)
-                .bind(ttl_param(ttl))
-                .execute(&self.inner.pool)
-                .await
+        attempt: &'a Attempt,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(async move {
+            let Some(fence) = fence_param(lease) else {
+                return Ok(Fenced::Stale);
+            };
+            let query = self.complete_query(lease, fence, payload, done_ttl, attempt)?;
+            let row = self
+                .bounded("complete", query.fetch_one(&self.inner.pool))
+                .await?;
+            let written = applied(&row)?;
+            if written == Fenced::Applied {
+                self.inner.notify.notify(&lease.key.storage_id());
+            }
+            Ok(written)
         })
-        .await?;
-        Ok(())
     }
 
-    async fn timeline(&self, key: &ScopedKey) -> Result<Vec<Attempt>, StoreError> {
-        let rows = self
-            .bounded("timeline", async {
-                sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.timeline)))
+    fn release<'a>(
+        &'a self,
+        lease: &'a Lease,
+        attempt: &'a Attempt,
+        timeline_ttl: Duration,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(async move {
+            let Some(fence) = fence_param(lease) else {
+                return Ok(Fenced::Stale);
+            };
+            let entry = attempt_json(attempt)?;
+            let row = self
+                .bounded("release", async {
+                    sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.release)))
+                        .bind(lease.key.storage_id())
+                        .bind(lease.token.to_be_bytes().to_vec())
+                        .bind(fence)
+                        .bind(entry)
+                        .bind(ttl_param(timeline_ttl))
+                        .fetch_one(&self.inner.pool)
+                        .await
+                })
+                .await?;
+            let written = applied(&row)?;
+            if written == Fenced::Applied {
+                self.inner.notify.notify(&lease.key.storage_id());
+            }
+            Ok(written)
+        })
+    }
+
+    fn get<'a>(&'a self, key: &'a ScopedKey) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+        Box::pin(async move {
+            let row = self
+                .bounded("get", async {
+                    sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.get)))
+                        .bind(key.storage_id())
+                        .fetch_optional(&self.inner.pool)
+                        .await
+                })
+                .await?;
+            row.as_ref().map(decode_record).transpose()
+        })
+    }
+
+    fn record_attempt<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        attempt: &'a Attempt,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let entry = attempt_json(attempt)?;
+            if let Some(writer) = &self.inner.timeline {
+                writer.push(Entry {
+                    id: key.storage_id(),
+                    json: entry,
+                    keep_ms: ttl_param(ttl),
+                });
+                return Ok(());
+            }
+            self.bounded("record_attempt", async {
+                sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.record_attempt)))
                     .bind(key.storage_id())
-                    .fetch_all(&self.inner.pool)
+                    .bind(entry)
+                    .bind(ttl_param(ttl))
+                    .execute(&self.inner.pool)
                     .await
             })
             .await?;
-        rows.iter()
-            .map(|row| {
-                let entry: String = row.try_get("entry").map_err(map_error)?;
-                serde_json::from_str(&entry)
-                    .map_err(|e| corrupt("timeline entry is not an attempt").with_source(e))
-            })
-            .collect()
+            Ok(())
+        })
     }
 
-    async fn changed(&self, key: &ScopedKey, max: Duration) {
-        self.inner
-            .notify
-            .wait(&key.storage_id(), max.min(Duration::from_millis(50)))
-            .await;
+    fn timeline<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+    ) -> BoxFuture<'a, Result<Vec<Attempt>, StoreError>> {
+        Box::pin(async move {
+            let rows = self
+                .bounded("timeline", async {
+                    sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.timeline)))
+                        .bind(key.storage_id())
+                        .fetch_all(&self.inner.pool)
+                        .await
+                })
+                .await?;
+            rows.iter()
+                .map(|row| {
+                    let entry: String = row.try_get("entry").map_err(map_error)?;
+                    serde_json::from_str(&entry)
+                        .map_err(|e| corrupt("timeline entry is not an attempt").with_source(e))
+                })
+                .collect()
+        })
+    }
+
+    fn changed<'a>(&'a self, key: &'a ScopedKey, max: Duration) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            self.inner
+                .notify
+                .wait(&key.storage_id(), max.min(Duration::from_millis(50)))
+                .await;
+        })
     }
 }

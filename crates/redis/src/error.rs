@@ -1,10 +1,12 @@
-//! The one place Redis errors become [`StoreError`]s.
+//! The one place Redis errors become [`StoreError`]s, for the store and for
+//! every other component that talks to the same Redis (the live event
+//! streams), so that one outage reads the same everywhere.
 
 use idemgate_engine::{StoreError, StoreErrorKind};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 /// Backend name in errors and metrics.
-pub(crate) const BACKEND: &str = "redis";
+pub const BACKEND: &str = "redis";
 
 /// Maps a driver error to a store error kind:
 /// - I/O, timeouts, refused or dropped connections, cluster trouble (down,
@@ -13,7 +15,7 @@ pub(crate) const BACKEND: &str = "redis";
 /// - unexpected reply types and parse failures: `Corrupt`;
 /// - everything else the server refused (ACLs, OOM, script errors, bad
 ///   configuration): `Rejected`.
-pub(crate) fn map_error(e: RedisError) -> StoreError {
+pub fn map_error(e: RedisError) -> StoreError {
     let kind = match e.kind() {
         ErrorKind::Io | ErrorKind::ClusterConnectionNotFound => StoreErrorKind::Unavailable,
         ErrorKind::Server(

@@ -15,7 +15,14 @@
 //!   timeline appends.
 //! - `timeline`: the background writer of timeline entries that change no
 //!   record (replays, conflicts), batched off the request path.
-//! - `error`: the one mapping from driver errors to `StoreError` kinds.
+//! - `conn`: [`Conn`], the connection to a node or a cluster, how it is
+//!   opened, and how commands, pipelines and scripts run on it.
+//! - `error`: [`map_error`], the one mapping from driver errors to
+//!   `StoreError` kinds.
+//!
+//! [`Conn`], [`map_error`] and [`hash_tag`] are public because the live
+//! event streams (`idemgate-redis-live`) run on the same connection type,
+//! report errors the same way and keep their keys in the record's slot.
 //!
 //! # The key decision
 //! **Every operation is one round trip and one atomic step on the server.**
@@ -37,9 +44,12 @@
 //! key while the last one is remembered (a small per-key counter kept for
 //! [`RedisOptions::fence_memory`]), and still growing after it is forgotten.
 
+mod conn;
 mod error;
 mod scripts;
 pub mod store;
 mod timeline;
 
-pub use store::{RedisOptions, RedisStore, cluster_nodes, hash_tag};
+pub use conn::{Conn, cluster_nodes};
+pub use error::{BACKEND, map_error};
+pub use store::{RedisOptions, RedisStore, hash_tag};

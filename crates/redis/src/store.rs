@@ -1,22 +1,24 @@
 //! [`RedisStore`]: the `Store` trait over one Redis node or a Redis Cluster.
+//!
+//! It sits on top of the crate: it names the keys of a record, runs the Lua
+//! scripts (`scripts`) on the connection (`conn`), hands best-effort
+//! timeline entries to the background writer (`timeline`) and decodes the
+//! replies, so that each `Store` call is one round trip.
 
 use std::fmt;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use idemgate_engine::notify::KeyedNotify;
 use idemgate_engine::record::ms;
 use idemgate_engine::{
-    Attempt, Claim, Fenced, Fingerprint, Lease, MAX_TIMELINE, Record, RecordState, ScopedKey,
-    Store, StoreError, StoreErrorKind,
+    Attempt, BoxFuture, Claim, Fenced, Fingerprint, Lease, MAX_TIMELINE, Record, RecordState,
+    ScopedKey, Store, StoreError, StoreErrorKind,
 };
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, FromRedisValue, RedisError, ScriptInvocation, Value};
 use sha2::{Digest, Sha256};
 
+use crate::conn::Conn;
 use crate::error::{BACKEND, corrupt, map_error};
 use crate::scripts::Scripts;
 use crate::timeline::{Entry, TimelineWriter};
@@ -98,24 +100,6 @@ impl RedisOptions {
     }
 }
 
-/// One connection to a single node (reconnecting `ConnectionManager`) or to
-/// a cluster (the cluster client reconnects and follows slot moves itself).
-/// Both are cheap clones of a shared multiplexed connection.
-#[derive(Clone)]
-pub(crate) enum Conn {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-impl fmt::Debug for Conn {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Single(_) => "Single",
-            Self::Cluster(_) => "Cluster",
-        })
-    }
-}
-
 /// The Redis store. Cheap to clone: clones share the connection.
 ///
 /// Keys of one record share a hash slot through a hash tag holding a hex
@@ -180,37 +164,12 @@ impl RedisStore {
                 ),
             ));
         }
-        let connecting = async {
-            match cluster_nodes(url) {
-                Some(nodes) => {
-                    let client = ClusterClient::builder(nodes)
-                        .connection_timeout(opts.connection_timeout)
-                        .response_timeout(opts.response_timeout)
-                        .retries(2)
-                        .build()
-                        .map_err(map_error)?;
-                    let conn = client.get_async_connection().await.map_err(map_error)?;
-                    Ok(Conn::Cluster(conn))
-                }
-                None => {
-                    let client = redis::Client::open(url).map_err(map_error)?;
-                    let config = ConnectionManagerConfig::new()
-                        .set_connection_timeout(Some(opts.connection_timeout))
-                        .set_response_timeout(Some(opts.response_timeout))
-                        .set_number_of_retries(1)
-                        .set_min_delay(Duration::from_millis(50))
-                        .set_max_delay(Duration::from_millis(250));
-                    let conn = ConnectionManager::new_with_config(client, config)
-                        .await
-                        .map_err(map_error)?;
-                    Ok(Conn::Single(conn))
-                }
-            }
-        };
+        let connecting = Conn::open(url, opts.connection_timeout, opts.response_timeout);
         let conn =
             tokio::time::timeout(opts.connection_timeout + opts.operation_timeout, connecting)
                 .await
-                .map_err(|_| timed_out("connect"))??;
+                .map_err(|_| timed_out("connect"))?
+                .map_err(map_error)?;
         let scripts = std::sync::Arc::new(Scripts::new());
         let timeline = if opts.background_timeline {
             TimelineWriter::start(
@@ -239,7 +198,7 @@ impl RedisStore {
 
     /// Whether this store talks to a cluster.
     pub fn is_cluster(&self) -> bool {
-        matches!(self.conn, Conn::Cluster(_))
+        self.conn.is_cluster()
     }
 
     fn keys(&self, key: &ScopedKey) -> Keys {
@@ -251,13 +210,8 @@ impl RedisStore {
         what: &'static str,
         inv: &ScriptInvocation<'_>,
     ) -> Result<T, StoreError> {
-        let run = async {
-            match self.conn.clone() {
-                Conn::Single(mut c) => inv.invoke_async(&mut c).await,
-                Conn::Cluster(mut c) => inv.invoke_async(&mut c).await,
-            }
-        };
-        self.bounded(what, run).await
+        let mut conn = self.conn.clone();
+        self.bounded(what, conn.invoke(inv)).await
     }
 
     async fn query<T: FromRedisValue>(
@@ -265,13 +219,8 @@ impl RedisStore {
         what: &'static str,
         cmd: &Cmd,
     ) -> Result<T, StoreError> {
-        let run = async {
-            match self.conn.clone() {
-                Conn::Single(mut c) => cmd.query_async(&mut c).await,
-                Conn::Cluster(mut c) => cmd.query_async(&mut c).await,
-            }
-        };
-        self.bounded(what, run).await
+        let mut conn = self.conn.clone();
+        self.bounded(what, conn.query(cmd)).await
     }
 
     async fn bounded<T>(
@@ -311,27 +260,6 @@ fn timed_out(what: &str) -> StoreError {
         StoreErrorKind::Unavailable,
         BACKEND,
         format!("{what} did not finish in time"),
-    )
-}
-
-/// Splits `redis+cluster://[auth@]h1:p1,h2:p2[/…]` into one `redis://` URL per
-/// node; `None` for any other scheme.
-pub fn cluster_nodes(url: &str) -> Option<Vec<String>> {
-    let rest = url.strip_prefix("redis+cluster://")?;
-    let (auth, hosts) = match rest.rsplit_once('@') {
-        Some((auth, hosts)) => (format!("{auth}@"), hosts),
-        None => (String::new(), rest),
-    };
-    let (hosts, tail) = match hosts.find(['/', '?']) {
-        Some(i) => hosts.split_at(i),
-        None => (hosts, ""),
-    };
-    Some(
-        hosts
-            .split(',')
-            .filter(|h| !h.is_empty())
-            .map(|h| format!("redis://{auth}{h}{tail}"))
-            .collect(),
     )
 }
 
@@ -395,212 +323,218 @@ fn decode_record(fields: &[Value]) -> Result<Option<Record>, StoreError> {
     Ok(Some(Record { fingerprint, state }))
 }
 
-#[async_trait]
 impl Store for RedisStore {
     fn backend(&self) -> &'static str {
         BACKEND
     }
 
-    async fn claim(
-        &self,
-        key: &ScopedKey,
-        fingerprint: &Fingerprint,
+    fn claim<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        fingerprint: &'a Fingerprint,
         pending_ttl: Duration,
-    ) -> Result<Claim, StoreError> {
-        let k = self.keys(key);
-        let token = idemgate_engine::Lease::new_token();
-        let reply: Vec<Value> = self
-            .invoke(
-                "claim",
-                self.scripts
-                    .claim
-                    .key(&k.rec)
-                    .key(&k.fence)
-                    .arg(&fingerprint.0[..])
-                    .arg(token_hex(token))
-                    .arg(ttl_ms(pending_ttl))
-                    .arg(ttl_ms(self.opts.fence_memory)),
-            )
-            .await?;
-        match reply.split_first() {
-            Some((Value::Int(1), [fence, exp])) => Ok(Claim::Acquired(Lease {
-                key: key.clone(),
-                token,
-                fence: as_u64(fence).ok_or_else(|| corrupt("claim fence is not a number"))?,
-                expires_at_ms: as_u64(exp)
-                    .ok_or_else(|| corrupt("claim expiry is not a number"))?,
-            })),
-            Some((Value::Int(0), fields)) => match decode_record(fields)? {
-                Some(record) => Ok(Claim::Existing(record)),
-                None => Err(corrupt("claim found a record without a state")),
-            },
-            _ => Err(corrupt("claim reply has the wrong shape")),
-        }
-    }
-
-    async fn renew(&self, lease: &mut Lease, pending_ttl: Duration) -> Result<Fenced, StoreError> {
-        let k = self.keys(&lease.key);
-        let reply: Option<u64> = self
-            .invoke(
-                "renew",
-                self.scripts
-                    .renew
-                    .key(&k.rec)
-                    .arg(token_hex(lease.token))
-                    .arg(lease.fence)
-                    .arg(ttl_ms(pending_ttl)),
-            )
-            .await?;
-        Ok(match reply {
-            Some(expires) => {
-                lease.expires_at_ms = expires;
-                Fenced::Applied
+    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(async move {
+            let k = self.keys(key);
+            let token = idemgate_engine::Lease::new_token();
+            let reply: Vec<Value> = self
+                .invoke(
+                    "claim",
+                    self.scripts
+                        .claim
+                        .key(&k.rec)
+                        .key(&k.fence)
+                        .arg(&fingerprint.0[..])
+                        .arg(token_hex(token))
+                        .arg(ttl_ms(pending_ttl))
+                        .arg(ttl_ms(self.opts.fence_memory)),
+                )
+                .await?;
+            match reply.split_first() {
+                Some((Value::Int(1), [fence, exp])) => Ok(Claim::Acquired(Lease {
+                    key: key.clone(),
+                    token,
+                    fence: as_u64(fence).ok_or_else(|| corrupt("claim fence is not a number"))?,
+                    expires_at_ms: as_u64(exp)
+                        .ok_or_else(|| corrupt("claim expiry is not a number"))?,
+                })),
+                Some((Value::Int(0), fields)) => match decode_record(fields)? {
+                    Some(record) => Ok(Claim::Existing(record)),
+                    None => Err(corrupt("claim found a record without a state")),
+                },
+                _ => Err(corrupt("claim reply has the wrong shape")),
             }
-            None => Fenced::Stale,
         })
     }
 
-    async fn complete(
-        &self,
-        lease: &Lease,
+    fn renew<'a>(
+        &'a self,
+        lease: &'a mut Lease,
+        pending_ttl: Duration,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(async move {
+            let k = self.keys(&lease.key);
+            let reply: Option<u64> = self
+                .invoke(
+                    "renew",
+                    self.scripts
+                        .renew
+                        .key(&k.rec)
+                        .arg(token_hex(lease.token))
+                        .arg(lease.fence)
+                        .arg(ttl_ms(pending_ttl)),
+                )
+                .await?;
+            Ok(match reply {
+                Some(expires) => {
+                    lease.expires_at_ms = expires;
+                    Fenced::Applied
+                }
+                None => Fenced::Stale,
+            })
+        })
+    }
+
+    fn complete<'a>(
+        &'a self,
+        lease: &'a Lease,
         payload: Bytes,
         done_ttl: Duration,
-        attempt: &Attempt,
-    ) -> Result<Fenced, StoreError> {
-        let k = self.keys(&lease.key);
-        let applied: i64 = self
-            .invoke(
-                "complete",
-                self.scripts
-                    .complete
-                    .key(&k.rec)
-                    .key(&k.tl)
-                    .arg(token_hex(lease.token))
-                    .arg(lease.fence)
-                    .arg(&payload[..])
-                    .arg(ttl_ms(done_ttl))
-                    .arg(attempt_json(attempt)?)
-                    .arg(MAX_TIMELINE),
-            )
-            .await?;
-        if applied == 1 {
-            self.notify.notify(&lease.key.storage_id());
-            Ok(Fenced::Applied)
-        } else {
-            Ok(Fenced::Stale)
-        }
+        attempt: &'a Attempt,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(async move {
+            let k = self.keys(&lease.key);
+            let applied: i64 = self
+                .invoke(
+                    "complete",
+                    self.scripts
+                        .complete
+                        .key(&k.rec)
+                        .key(&k.tl)
+                        .arg(token_hex(lease.token))
+                        .arg(lease.fence)
+                        .arg(&payload[..])
+                        .arg(ttl_ms(done_ttl))
+                        .arg(attempt_json(attempt)?)
+                        .arg(MAX_TIMELINE),
+                )
+                .await?;
+            if applied == 1 {
+                self.notify.notify(&lease.key.storage_id());
+                Ok(Fenced::Applied)
+            } else {
+                Ok(Fenced::Stale)
+            }
+        })
     }
 
-    async fn release(
-        &self,
-        lease: &Lease,
-        attempt: &Attempt,
+    fn release<'a>(
+        &'a self,
+        lease: &'a Lease,
+        attempt: &'a Attempt,
         timeline_ttl: Duration,
-    ) -> Result<Fenced, StoreError> {
-        let k = self.keys(&lease.key);
-        let applied: i64 = self
-            .invoke(
-                "release",
-                self.scripts
-                    .release
-                    .key(&k.rec)
-                    .key(&k.tl)
-                    .arg(token_hex(lease.token))
-                    .arg(lease.fence)
-                    .arg(attempt_json(attempt)?)
-                    .arg(MAX_TIMELINE)
-                    .arg(ttl_ms(timeline_ttl)),
-            )
-            .await?;
-        if applied == 1 {
-            self.notify.notify(&lease.key.storage_id());
-            Ok(Fenced::Applied)
-        } else {
-            Ok(Fenced::Stale)
-        }
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(async move {
+            let k = self.keys(&lease.key);
+            let applied: i64 = self
+                .invoke(
+                    "release",
+                    self.scripts
+                        .release
+                        .key(&k.rec)
+                        .key(&k.tl)
+                        .arg(token_hex(lease.token))
+                        .arg(lease.fence)
+                        .arg(attempt_json(attempt)?)
+                        .arg(MAX_TIMELINE)
+                        .arg(ttl_ms(timeline_ttl)),
+                )
+                .await?;
+            if applied == 1 {
+                self.notify.notify(&lease.key.storage_id());
+                Ok(Fenced::Applied)
+            } else {
+                Ok(Fenced::Stale)
+            }
+        })
     }
 
-    async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError> {
-        let k = self.keys(key);
-        let mut cmd = redis::cmd("HMGET");
-        cmd.arg(&k.rec).arg(&["st", "fp", "fence", "exp", "body"]);
-        let fields: Vec<Value> = self.query("get", &cmd).await?;
-        decode_record(&fields)
+    fn get<'a>(&'a self, key: &'a ScopedKey) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+        Box::pin(async move {
+            let k = self.keys(key);
+            let mut cmd = redis::cmd("HMGET");
+            cmd.arg(&k.rec).arg(&["st", "fp", "fence", "exp", "body"]);
+            let fields: Vec<Value> = self.query("get", &cmd).await?;
+            decode_record(&fields)
+        })
     }
 
-    async fn record_attempt(
-        &self,
-        key: &ScopedKey,
-        attempt: &Attempt,
+    fn record_attempt<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        attempt: &'a Attempt,
         ttl: Duration,
-    ) -> Result<(), StoreError> {
-        let k = self.keys(key);
-        if let Some(writer) = &self.timeline {
-            writer.push(Entry {
-                key: k.tl,
-                json: attempt_json(attempt)?,
-                ttl_ms: ttl_ms(ttl),
-            });
-            return Ok(());
-        }
-        let _: i64 = self
-            .invoke(
-                "record_attempt",
-                self.scripts
-                    .record
-                    .key(&k.tl)
-                    .arg(attempt_json(attempt)?)
-                    .arg(MAX_TIMELINE)
-                    .arg(ttl_ms(ttl)),
-            )
-            .await?;
-        Ok(())
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let k = self.keys(key);
+            if let Some(writer) = &self.timeline {
+                writer.push(Entry {
+                    key: k.tl,
+                    json: attempt_json(attempt)?,
+                    ttl_ms: ttl_ms(ttl),
+                });
+                return Ok(());
+            }
+            let _: i64 = self
+                .invoke(
+                    "record_attempt",
+                    self.scripts
+                        .record
+                        .key(&k.tl)
+                        .arg(attempt_json(attempt)?)
+                        .arg(MAX_TIMELINE)
+                        .arg(ttl_ms(ttl)),
+                )
+                .await?;
+            Ok(())
+        })
     }
 
-    async fn timeline(&self, key: &ScopedKey) -> Result<Vec<Attempt>, StoreError> {
-        let k = self.keys(key);
-        let mut cmd = redis::cmd("LRANGE");
-        cmd.arg(&k.tl).arg(0).arg(-1);
-        let entries: Vec<Vec<u8>> = self.query("timeline", &cmd).await?;
-        let mut attempts = entries
-            .iter()
-            .map(|e| {
-                serde_json::from_slice(e)
-                    .map_err(|err| corrupt("timeline entry is not an attempt").with_source(err))
-            })
-            .collect::<Result<Vec<Attempt>, StoreError>>()?;
-        // Entries written in the background may land after a later
-        // completion's: order by time (stable, so ties keep list order).
-        attempts.sort_by_key(|a| a.at_ms);
-        Ok(attempts)
+    fn timeline<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+    ) -> BoxFuture<'a, Result<Vec<Attempt>, StoreError>> {
+        Box::pin(async move {
+            let k = self.keys(key);
+            let mut cmd = redis::cmd("LRANGE");
+            cmd.arg(&k.tl).arg(0).arg(-1);
+            let entries: Vec<Vec<u8>> = self.query("timeline", &cmd).await?;
+            let mut attempts = entries
+                .iter()
+                .map(|e| {
+                    serde_json::from_slice(e)
+                        .map_err(|err| corrupt("timeline entry is not an attempt").with_source(err))
+                })
+                .collect::<Result<Vec<Attempt>, StoreError>>()?;
+            // Entries written in the background may land after a later
+            // completion's: order by time (stable, so ties keep list order).
+            attempts.sort_by_key(|a| a.at_ms);
+            Ok(attempts)
+        })
     }
 
-    async fn changed(&self, key: &ScopedKey, max: Duration) {
-        self.notify
-            .wait(&key.storage_id(), max.min(Duration::from_millis(50)))
-            .await;
+    fn changed<'a>(&'a self, key: &'a ScopedKey, max: Duration) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            self.notify
+                .wait(&key.storage_id(), max.min(Duration::from_millis(50)))
+                .await;
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cluster_urls_split_per_node() {
-        assert_eq!(
-            cluster_nodes("redis+cluster://a:1,b:2"),
-            Some(vec!["redis://a:1".to_owned(), "redis://b:2".to_owned()])
-        );
-        assert_eq!(
-            cluster_nodes("redis+cluster://u:p@a:1,b:2/0"),
-            Some(vec![
-                "redis://u:p@a:1/0".to_owned(),
-                "redis://u:p@b:2/0".to_owned()
-            ])
-        );
-        assert_eq!(cluster_nodes("redis://a:1"), None);
-    }
 
     #[test]
     fn a_records_keys_share_one_tag_free_of_user_text() {

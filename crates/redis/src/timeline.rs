@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+use crate::conn::Conn;
 use crate::scripts::Scripts;
-use crate::store::Conn;
 
 /// Entries waiting in the channel before new ones are dropped.
 const CAPACITY: usize = 65_536;
@@ -105,7 +105,7 @@ async fn run(
         }
         let mut calls = tokio::task::JoinSet::new();
         for (key, entries, ttl) in groups {
-            let (conn, scripts) = (conn.clone(), Arc::clone(&scripts));
+            let (mut conn, scripts) = (conn.clone(), Arc::clone(&scripts));
             calls.spawn(async move {
                 let mut inv = scripts.record_many.prepare_invoke();
                 inv.key(&key).arg(max).arg(ttl.max(1));
@@ -113,13 +113,7 @@ async fn run(
                     inv.arg(e.as_slice());
                 }
                 let n = entries.len();
-                let call = async {
-                    match conn {
-                        Conn::Single(mut c) => inv.invoke_async::<i64>(&mut c).await,
-                        Conn::Cluster(mut c) => inv.invoke_async::<i64>(&mut c).await,
-                    }
-                };
-                match tokio::time::timeout(timeout, call).await {
+                match tokio::time::timeout(timeout, conn.invoke::<i64>(&inv)).await {
                     Ok(Ok(_)) => {}
                     Ok(Err(e)) => {
                         tracing::warn!(error = %e, entries = n, "timeline entries not written");

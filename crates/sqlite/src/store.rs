@@ -1,5 +1,9 @@
 //! [`SqliteStore`]: the [`Store`] implementation, its options, and the
 //! reader pool.
+//!
+//! The crate's public face: each `Store` call becomes either a read on the
+//! pool or a message to the writer thread (`writer`), which is how reads
+//! stay off the single write connection and writes share one fsync.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -8,12 +12,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use idemgate_engine::notify::KeyedNotify;
 use idemgate_engine::record::{ms, now_ms};
 use idemgate_engine::{
-    Attempt, Claim, Fenced, Fingerprint, Lease, Record, ScopedKey, Store, StoreError,
+    Attempt, BoxFuture, Claim, Fenced, Fingerprint, Lease, Record, ScopedKey, Store, StoreError,
 };
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::oneshot;
@@ -298,154 +301,174 @@ fn fenced(applied: bool) -> Fenced {
     }
 }
 
-#[async_trait]
 impl Store for SqliteStore {
     fn backend(&self) -> &'static str {
         BACKEND
     }
 
-    async fn claim(
-        &self,
-        key: &ScopedKey,
-        fingerprint: &Fingerprint,
+    fn claim<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        fingerprint: &'a Fingerprint,
         pending_ttl: Duration,
-    ) -> Result<Claim, StoreError> {
-        let id = key.storage_id();
-        // Fast path: a live record seen by a reader is a valid answer (the
-        // claim linearizes at the read). Only absent or expired keys go to
-        // the writer, which decides again inside its transaction.
-        if let Some(record) = self.inner.live_record(&id)? {
-            return Ok(Claim::Existing(record));
-        }
-        let token = Lease::new_token();
-        let claimed = self
-            .inner
-            .write(|reply| Op::Claim {
-                id,
-                fingerprint: fingerprint.0,
-                token,
-                ttl_ms: ms(pending_ttl),
-                reply,
-            })
-            .await?;
-        Ok(match claimed {
-            Claimed::Acquired {
-                fence,
-                expires_at_ms,
-            } => Claim::Acquired(Lease {
-                key: key.clone(),
-                token,
-                fence,
-                expires_at_ms,
-            }),
-            Claimed::Existing(record) => Claim::Existing(record),
-        })
-    }
-
-    async fn renew(&self, lease: &mut Lease, pending_ttl: Duration) -> Result<Fenced, StoreError> {
-        let owner = owner(lease);
-        let renewed = self
-            .inner
-            .write(|reply| Op::Renew {
-                owner,
-                ttl_ms: ms(pending_ttl),
-                reply,
-            })
-            .await?;
-        Ok(match renewed {
-            Some(expires) => {
-                lease.expires_at_ms = expires;
-                Fenced::Applied
+    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(async move {
+            let id = key.storage_id();
+            // Fast path: a live record seen by a reader is a valid answer (the
+            // claim linearizes at the read). Only absent or expired keys go to
+            // the writer, which decides again inside its transaction.
+            if let Some(record) = self.inner.live_record(&id)? {
+                return Ok(Claim::Existing(record));
             }
-            None => Fenced::Stale,
+            let token = Lease::new_token();
+            let claimed = self
+                .inner
+                .write(|reply| Op::Claim {
+                    id,
+                    fingerprint: fingerprint.0,
+                    token,
+                    ttl_ms: ms(pending_ttl),
+                    reply,
+                })
+                .await?;
+            Ok(match claimed {
+                Claimed::Acquired {
+                    fence,
+                    expires_at_ms,
+                } => Claim::Acquired(Lease {
+                    key: key.clone(),
+                    token,
+                    fence,
+                    expires_at_ms,
+                }),
+                Claimed::Existing(record) => Claim::Existing(record),
+            })
         })
     }
 
-    async fn complete(
-        &self,
-        lease: &Lease,
+    fn renew<'a>(
+        &'a self,
+        lease: &'a mut Lease,
+        pending_ttl: Duration,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(async move {
+            let owner = owner(lease);
+            let renewed = self
+                .inner
+                .write(|reply| Op::Renew {
+                    owner,
+                    ttl_ms: ms(pending_ttl),
+                    reply,
+                })
+                .await?;
+            Ok(match renewed {
+                Some(expires) => {
+                    lease.expires_at_ms = expires;
+                    Fenced::Applied
+                }
+                None => Fenced::Stale,
+            })
+        })
+    }
+
+    fn complete<'a>(
+        &'a self,
+        lease: &'a Lease,
         payload: Bytes,
         done_ttl: Duration,
-        attempt: &Attempt,
-    ) -> Result<Fenced, StoreError> {
-        let owner = owner(lease);
-        let applied = self
-            .inner
-            .write(|reply| Op::Complete {
-                owner,
-                payload,
-                ttl_ms: ms(done_ttl),
-                attempt: attempt.clone(),
-                reply,
-            })
-            .await?;
-        Ok(fenced(applied))
+        attempt: &'a Attempt,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(async move {
+            let owner = owner(lease);
+            let applied = self
+                .inner
+                .write(|reply| Op::Complete {
+                    owner,
+                    payload,
+                    ttl_ms: ms(done_ttl),
+                    attempt: attempt.clone(),
+                    reply,
+                })
+                .await?;
+            Ok(fenced(applied))
+        })
     }
 
-    async fn release(
-        &self,
-        lease: &Lease,
-        attempt: &Attempt,
+    fn release<'a>(
+        &'a self,
+        lease: &'a Lease,
+        attempt: &'a Attempt,
         timeline_ttl: Duration,
-    ) -> Result<Fenced, StoreError> {
-        let owner = owner(lease);
-        let applied = self
-            .inner
-            .write(|reply| Op::Release {
-                owner,
-                attempt: attempt.clone(),
-                ttl_ms: ms(timeline_ttl),
-                reply,
-            })
-            .await?;
-        Ok(fenced(applied))
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(async move {
+            let owner = owner(lease);
+            let applied = self
+                .inner
+                .write(|reply| Op::Release {
+                    owner,
+                    attempt: attempt.clone(),
+                    ttl_ms: ms(timeline_ttl),
+                    reply,
+                })
+                .await?;
+            Ok(fenced(applied))
+        })
     }
 
-    async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError> {
-        self.inner.live_record(&key.storage_id())
+    fn get<'a>(&'a self, key: &'a ScopedKey) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+        Box::pin(async move { self.inner.live_record(&key.storage_id()) })
     }
 
-    async fn record_attempt(
-        &self,
-        key: &ScopedKey,
-        attempt: &Attempt,
+    fn record_attempt<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        attempt: &'a Attempt,
         ttl: Duration,
-    ) -> Result<(), StoreError> {
-        self.inner.check_open()?;
-        let op = Op::Attempt {
-            id: key.storage_id(),
-            attempt: attempt.clone(),
-            ttl_ms: ms(ttl),
-        };
-        self.inner.tx.send(Msg::Op(op)).map_err(|_| closed())
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            self.inner.check_open()?;
+            let op = Op::Attempt {
+                id: key.storage_id(),
+                attempt: attempt.clone(),
+                ttl_ms: ms(ttl),
+            };
+            self.inner.tx.send(Msg::Op(op)).map_err(|_| closed())
+        })
     }
 
-    async fn timeline(&self, key: &ScopedKey) -> Result<Vec<Attempt>, StoreError> {
-        let id = key.storage_id();
-        let now = int(now_ms());
-        self.inner.read(|conn| {
-            let raws = conn
-                .prepare_cached(&format!(
-                    "SELECT {ATTEMPT_COLUMNS} FROM attempts
+    fn timeline<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+    ) -> BoxFuture<'a, Result<Vec<Attempt>, StoreError>> {
+        Box::pin(async move {
+            let id = key.storage_id();
+            let now = int(now_ms());
+            self.inner.read(|conn| {
+                let raws = conn
+                    .prepare_cached(&format!(
+                        "SELECT {ATTEMPT_COLUMNS} FROM attempts
                      WHERE id = ?1
                        AND EXISTS (SELECT 1 FROM timelines WHERE id = ?1 AND keep_until > ?2)
                      ORDER BY seq"
-                ))
-                .and_then(|mut stmt| {
-                    stmt.query_map(params![id, now], raw_attempt)?
-                        .collect::<Result<Vec<_>, _>>()
-                })
-                .map_err(store_error)?;
-            raws.into_iter().map(|r| r.decode()).collect()
+                    ))
+                    .and_then(|mut stmt| {
+                        stmt.query_map(params![id, now], raw_attempt)?
+                            .collect::<Result<Vec<_>, _>>()
+                    })
+                    .map_err(store_error)?;
+                raws.into_iter().map(|r| r.decode()).collect()
+            })
         })
     }
 
-    async fn changed(&self, key: &ScopedKey, max: Duration) {
-        // Commits by this process wake waiters at once; changes made by other
-        // processes are seen by the caller's next read, at most 50 ms later.
-        self.inner
-            .notify
-            .wait(&key.storage_id(), max.min(Duration::from_millis(50)))
-            .await;
+    fn changed<'a>(&'a self, key: &'a ScopedKey, max: Duration) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            // Commits by this process wake waiters at once; changes made by other
+            // processes are seen by the caller's next read, at most 50 ms later.
+            self.inner
+                .notify
+                .wait(&key.storage_id(), max.min(Duration::from_millis(50)))
+                .await;
+        })
     }
 }

@@ -4,10 +4,9 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use idemgate_engine::{
-    Attempt, Claim, Fenced, Fingerprint, Lease, Record, ScopedKey, Store, StoreError,
+    Attempt, BoxFuture, Claim, Fenced, Fingerprint, Lease, Record, ScopedKey, Store, StoreError,
 };
 use idemgate_sqlite::SqliteStore;
 use tempfile::TempDir;
@@ -19,55 +18,63 @@ struct OnTempFile {
     _dir: TempDir,
 }
 
-#[async_trait]
 impl Store for OnTempFile {
     fn backend(&self) -> &'static str {
         self.store.backend()
     }
-    async fn claim(
-        &self,
-        key: &ScopedKey,
-        fingerprint: &Fingerprint,
+    fn claim<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        fingerprint: &'a Fingerprint,
         pending_ttl: Duration,
-    ) -> Result<Claim, StoreError> {
-        self.store.claim(key, fingerprint, pending_ttl).await
+    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(async move { self.store.claim(key, fingerprint, pending_ttl).await })
     }
-    async fn renew(&self, lease: &mut Lease, pending_ttl: Duration) -> Result<Fenced, StoreError> {
-        self.store.renew(lease, pending_ttl).await
+    fn renew<'a>(
+        &'a self,
+        lease: &'a mut Lease,
+        pending_ttl: Duration,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(async move { self.store.renew(lease, pending_ttl).await })
     }
-    async fn complete(
-        &self,
-        lease: &Lease,
+    fn complete<'a>(
+        &'a self,
+        lease: &'a Lease,
         payload: Bytes,
         done_ttl: Duration,
-        attempt: &Attempt,
-    ) -> Result<Fenced, StoreError> {
-        self.store.complete(lease, payload, done_ttl, attempt).await
+        attempt: &'a Attempt,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(async move { self.store.complete(lease, payload, done_ttl, attempt).await })
     }
-    async fn release(
-        &self,
-        lease: &Lease,
-        attempt: &Attempt,
+    fn release<'a>(
+        &'a self,
+        lease: &'a Lease,
+        attempt: &'a Attempt,
         timeline_ttl: Duration,
-    ) -> Result<Fenced, StoreError> {
-        self.store.release(lease, attempt, timeline_ttl).await
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(async move { self.store.release(lease, attempt, timeline_ttl).await })
     }
-    async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError> {
-        self.store.get(key).await
+    fn get<'a>(&'a self, key: &'a ScopedKey) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+        Box::pin(async move { self.store.get(key).await })
     }
-    async fn record_attempt(
-        &self,
-        key: &ScopedKey,
-        attempt: &Attempt,
+    fn record_attempt<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        attempt: &'a Attempt,
         ttl: Duration,
-    ) -> Result<(), StoreError> {
-        self.store.record_attempt(key, attempt, ttl).await
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move { self.store.record_attempt(key, attempt, ttl).await })
     }
-    async fn timeline(&self, key: &ScopedKey) -> Result<Vec<Attempt>, StoreError> {
-        self.store.timeline(key).await
+    fn timeline<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+    ) -> BoxFuture<'a, Result<Vec<Attempt>, StoreError>> {
+        Box::pin(async move { self.store.timeline(key).await })
     }
-    async fn changed(&self, key: &ScopedKey, max: Duration) {
-        self.store.changed(key, max).await;
+    fn changed<'a>(&'a self, key: &'a ScopedKey, max: Duration) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            self.store.changed(key, max).await;
+        })
     }
 }
 

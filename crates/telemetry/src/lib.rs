@@ -1,9 +1,10 @@
-//! Metrics and logs for idemgate, named after the seed.
+//! Metrics and logs for idemgate.
 //!
-//! The seed's point is that the idempotency hit ratio is the earliest failure
+//! The idempotency hit ratio is the earliest failure
 //! signal: when an upstream slows, clients time out and retry, their retries
 //! are answered from stored results and the ratio climbs, minutes before the
-//! error rate moves. So the names below are the seed's, kept exactly
+//! error rate moves (docs/design.md, "Metrics"). The names below are
+//! stable: dashboards and alert rules depend on them
 //! (`idempotency_hit_total`, `idempotency_inflight_conflict_total`,
 //! `idempotency_hit_ratio`, …), and labels stay low-cardinality: a route at
 //! most, never a key, never a tenant.
@@ -113,7 +114,7 @@ impl Outcome {
     }
 
     /// Whether the response came from a stored or live result without an
-    /// upstream call of its own (the seed's "hit").
+    /// upstream call of its own (a "hit").
     pub fn is_hit(self) -> bool {
         matches!(self, Self::Replayed | Self::Attached)
     }

@@ -1,4 +1,5 @@
-//! Every metric name idemgate exports. The first five are the seed's own.
+//! Every metric name idemgate exports. The first five are
+//! the core idempotency signals (docs/design.md, "Metrics").
 
 /// Requests answered from a stored (or live) result without their own
 /// upstream call.

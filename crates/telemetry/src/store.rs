@@ -1,12 +1,15 @@
 //! A `Store` decorator that times every operation by backend and op.
+//!
+//! A decorator rather than code in each backend, so that every store
+//! (including one written outside this workspace) reports the same
+//! metrics, and a backend stays free of metrics code.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use idemgate_engine::{
-    Attempt, Claim, Fenced, Fingerprint, Lease, Record, ScopedKey, Store, StoreError,
+    Attempt, BoxFuture, Claim, Fenced, Fingerprint, Lease, Record, ScopedKey, Store, StoreError,
 };
 
 use crate::names;
@@ -50,83 +53,105 @@ impl InstrumentedStore {
     }
 }
 
-#[async_trait]
 impl Store for InstrumentedStore {
     fn backend(&self) -> &'static str {
         self.inner.backend()
     }
 
-    async fn claim(
-        &self,
-        key: &ScopedKey,
-        fingerprint: &Fingerprint,
+    fn claim<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        fingerprint: &'a Fingerprint,
         pending_ttl: Duration,
-    ) -> Result<Claim, StoreError> {
-        let t = Instant::now();
-        let r = self.inner.claim(key, fingerprint, pending_ttl).await;
-        self.observe("claim", t, &r);
-        r
+    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(async move {
+            let t = Instant::now();
+            let r = self.inner.claim(key, fingerprint, pending_ttl).await;
+            self.observe("claim", t, &r);
+            r
+        })
     }
 
-    async fn renew(&self, lease: &mut Lease, pending_ttl: Duration) -> Result<Fenced, StoreError> {
-        let t = Instant::now();
-        let r = self.inner.renew(lease, pending_ttl).await;
-        self.observe("renew", t, &r);
-        r
+    fn renew<'a>(
+        &'a self,
+        lease: &'a mut Lease,
+        pending_ttl: Duration,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(async move {
+            let t = Instant::now();
+            let r = self.inner.renew(lease, pending_ttl).await;
+            self.observe("renew", t, &r);
+            r
+        })
     }
 
-    async fn complete(
-        &self,
-        lease: &Lease,
+    fn complete<'a>(
+        &'a self,
+        lease: &'a Lease,
         payload: Bytes,
         done_ttl: Duration,
-        attempt: &Attempt,
-    ) -> Result<Fenced, StoreError> {
-        let t = Instant::now();
-        let r = self.inner.complete(lease, payload, done_ttl, attempt).await;
-        self.observe("complete", t, &r);
-        r
+        attempt: &'a Attempt,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(async move {
+            let t = Instant::now();
+            let r = self.inner.complete(lease, payload, done_ttl, attempt).await;
+            self.observe("complete", t, &r);
+            r
+        })
     }
 
-    async fn release(
-        &self,
-        lease: &Lease,
-        attempt: &Attempt,
+    fn release<'a>(
+        &'a self,
+        lease: &'a Lease,
+        attempt: &'a Attempt,
         timeline_ttl: Duration,
-    ) -> Result<Fenced, StoreError> {
-        let t = Instant::now();
-        let r = self.inner.release(lease, attempt, timeline_ttl).await;
-        self.observe("release", t, &r);
-        r
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(async move {
+            let t = Instant::now();
+            let r = self.inner.release(lease, attempt, timeline_ttl).await;
+            self.observe("release", t, &r);
+            r
+        })
     }
 
-    async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError> {
-        let t = Instant::now();
-        let r = self.inner.get(key).await;
-        self.observe("get", t, &r);
-        r
+    fn get<'a>(&'a self, key: &'a ScopedKey) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+        Box::pin(async move {
+            let t = Instant::now();
+            let r = self.inner.get(key).await;
+            self.observe("get", t, &r);
+            r
+        })
     }
 
-    async fn record_attempt(
-        &self,
-        key: &ScopedKey,
-        attempt: &Attempt,
+    fn record_attempt<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        attempt: &'a Attempt,
         ttl: Duration,
-    ) -> Result<(), StoreError> {
-        let t = Instant::now();
-        let r = self.inner.record_attempt(key, attempt, ttl).await;
-        self.observe("record_attempt", t, &r);
-        r
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let t = Instant::now();
+            let r = self.inner.record_attempt(key, attempt, ttl).await;
+            self.observe("record_attempt", t, &r);
+            r
+        })
     }
 
-    async fn timeline(&self, key: &ScopedKey) -> Result<Vec<Attempt>, StoreError> {
-        let t = Instant::now();
-        let r = self.inner.timeline(key).await;
-        self.observe("timeline", t, &r);
-        r
+    fn timeline<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+    ) -> BoxFuture<'a, Result<Vec<Attempt>, StoreError>> {
+        Box::pin(async move {
+            let t = Instant::now();
+            let r = self.inner.timeline(key).await;
+            self.observe("timeline", t, &r);
+            r
+        })
     }
 
-    async fn changed(&self, key: &ScopedKey, max: Duration) {
-        self.inner.changed(key, max).await;
+    fn changed<'a>(&'a self, key: &'a ScopedKey, max: Duration) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            self.inner.changed(key, max).await;
+        })
     }
 }

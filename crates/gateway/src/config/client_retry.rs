@@ -1,12 +1,12 @@
 //! `[client_retry]`: how the clients in front of the gateway retry, as an
-//! engine [`RetryPolicy`].
+//! [`RetryPolicy`].
 //!
 //! The gateway does not retry; the policy describes its callers so
 //! `idemgate check` can compare `done_ttl` with their longest retry window.
 //! A route's `[routes.client_retry]` overrides the top level field by field,
 //! so both are read by one function over a base policy.
 
-use idemgate_engine::{Jitter, RetryPolicy};
+use idemgate_check::{Jitter, RetryPolicy};
 
 use super::error::ConfigError;
 use super::parse::{duration, duration_or_zero};

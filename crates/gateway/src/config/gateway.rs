@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use figment::Figment;
-use idemgate_engine::RetryPolicy;
+use idemgate_check::RetryPolicy;
 
 use super::client_retry::client_retry;
 use super::error::ConfigError;

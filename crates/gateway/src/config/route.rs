@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use http::{HeaderName, Method};
-use idemgate_engine::RetryPolicy;
+use idemgate_check::RetryPolicy;
 use idemgate_layer::config::default_retryable_statuses;
 use idemgate_layer::{
     DerivePart, DeriveTemplate, InflightMode, KeyMode, LayerConfig, StoreErrorMode, TenantSource,

@@ -23,17 +23,19 @@ pub(crate) struct Spawned {
 pub(crate) async fn spawn(config: GatewayConfig) -> Spawned {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("bind a loopback port");
     let admin = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("bind a loopback port");
     let base = format!(
         "http://{}",
-        listener.local_addr().unwrap_or_else(|e| panic!("{e}"))
+        listener
+            .local_addr()
+            .expect("a bound listener has an address")
     );
     let admin_url = format!(
         "http://{}",
-        admin.local_addr().unwrap_or_else(|e| panic!("{e}"))
+        admin.local_addr().expect("a bound listener has an address")
     );
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(idemgate_gateway::serve(

@@ -8,11 +8,11 @@ use bytes::BytesMut;
 use futures_util::future::BoxFuture;
 use http::{HeaderMap, StatusCode};
 use idemgate_layer::live::{LiveFollower, Next};
+use idemgate_redis::Conn;
 use redis::Value;
 
-use crate::Inner;
-use crate::conn::Conn;
 use crate::entry::{self, Entry, Kind, MAX_SEQ, id};
+use crate::state::Inner;
 
 /// The head of the stream of the owner with `fence`, if it has published one.
 pub(crate) async fn head(inner: &Inner, key: &str, fence: u64) -> Option<(StatusCode, HeaderMap)> {

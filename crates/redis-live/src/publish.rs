@@ -10,8 +10,8 @@ use idemgate_engine::record::ms;
 use idemgate_layer::live::{LivePublisher, LiveStream};
 use tokio::sync::mpsc;
 
-use crate::Inner;
 use crate::entry::{encode_head, id};
+use crate::state::Inner;
 
 /// What the owner hands the writer.
 #[derive(Debug)]

@@ -17,9 +17,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use idemgate_engine::{ClientKey, ScopedKey};
-use idemgate_fanout::{FanoutOptions, RedisLiveEvents};
 use idemgate_layer::LiveEvents;
 use idemgate_layer::live::{Joined, LiveFollower, LiveStream, Next};
+use idemgate_redis_live::{FanoutOptions, RedisLiveEvents};
 use tokio::time::Instant;
 
 const REDIS: &str = "redis://127.0.0.1:6379";

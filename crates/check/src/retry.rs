@@ -1,10 +1,14 @@
 //! Retry-window arithmetic: how long must a DONE record live?
 //!
-//! The seed's TTL rule: a record must outlive the longest retry path of the
+//! The TTL rule: a record must outlive the longest retry path of the
 //! system — every attempt's timeout, every backoff sleep, any asynchronous
 //! compensation that replays the operation later — and then that again as
 //! margin. A record that expires before the last retry arrives lets that
 //! retry through: the duplicate the whole mechanism exists to stop.
+//!
+//! Only configuration checks need this (`idemgate check`, and the gateway
+//! when it loads its configuration), so it lives in this crate rather than
+//! in the engine, which runs with whatever TTL it is given.
 
 use std::time::Duration;
 
@@ -92,7 +96,7 @@ impl RetryPolicy {
         total.saturating_add(self.compensation_delay)
     }
 
-    /// The shortest `done_ttl` the seed's rule allows: twice the window.
+    /// The shortest `done_ttl` the TTL rule allows: twice the window.
     pub fn min_done_ttl(&self) -> Duration {
         self.longest_window().saturating_mul(2)
     }
@@ -112,7 +116,7 @@ pub struct TtlTooShort {
     pub needed: Duration,
 }
 
-/// Checks the seed's rule `done_ttl ≥ 2 × longest retry window`.
+/// Checks the TTL rule `done_ttl ≥ 2 × longest retry window`.
 ///
 /// # Errors
 /// [`TtlTooShort`] with the figures when the rule is broken.

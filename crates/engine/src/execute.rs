@@ -1,7 +1,9 @@
-//! Running work at most once per key.
+//! Running work at most once per key: the [`Engine`], its [`Policy`], and
+//! what a run returns. This is the module the rest of the crate serves; the
+//! records, keys and stores below it know nothing of it.
 //!
-//! [`Engine::execute`] is the seed's `execute_once`, made safe for slow work,
-//! crashes and cancellation:
+//! [`Engine::execute`] is the classic "look the key up, run the work, store
+//! the result" loop, made safe for slow work, crashes and cancellation:
 //!
 //! - the claim is one atomic store step (no check-then-set race);
 //! - while the work runs, a heartbeat renews the lease every
@@ -53,7 +55,7 @@ pub struct Policy {
     /// heartbeat keeps a live owner's claim.
     pub pending_ttl: Duration,
     /// How long a DONE record (and the key's timeline) is kept. Must cover
-    /// the longest retry window twice ([`crate::check_done_ttl`]).
+    /// the longest retry window twice (`idemgate check` verifies it).
     pub done_ttl: Duration,
     /// Interval of lease renewal while work runs; `None` disables it (then
     /// `pending_ttl` must exceed the longest run).
@@ -95,8 +97,9 @@ impl Policy {
     }
 }
 
-/// Where a returned value came from: the seed's "hit" flag, plus the case
-/// where the work ran but its result could not be kept.
+/// Where a returned value came from: whether the store already had it (a
+/// "hit"), plus the case where the work ran but its result could not be
+/// kept.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Origin {

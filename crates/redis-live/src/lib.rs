@@ -1,4 +1,5 @@
-//! Live SSE fan-out across idemgate replicas through Redis Streams.
+//! Live SSE events across idemgate replicas through Redis Streams: the
+//! `LiveEvents` backend for deployments whose records are in Redis.
 //!
 //! A duplicate of a streaming request that is still being generated joins
 //! the live stream ("attach"). Inside one process the layer's in-process
@@ -8,10 +9,12 @@
 //! that shares the Redis holding the records.
 //!
 //! # Layout
-//! - this file: [`RedisLiveEvents`] (the `LiveEvents` backend) and
-//!   [`FanoutOptions`].
-//! - `conn`: the shared connection, dedicated connections for blocking
-//!   reads, error mapping.
+//! - this file: [`RedisLiveEvents`], the `LiveEvents` backend, on top of
+//!   the modules below.
+//! - `options`: [`FanoutOptions`].
+//! - `state`: what the backend shares with its publishers and followers.
+//! - `conn`: the shared connection and dedicated connections for blocking
+//!   reads, on the Redis store's connection type and error mapping.
 //! - `entry`: stream entry ids and the decoding of replies.
 //! - `publish`: the owner's side — a background writer per stream.
 //! - `follow`: a follower's side — `XRANGE` from the cursor, then
@@ -46,10 +49,11 @@
 mod conn;
 mod entry;
 mod follow;
+mod options;
 mod publish;
+mod state;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use idemgate_engine::{ScopedKey, StoreError};
@@ -57,83 +61,15 @@ use idemgate_layer::live::{Joined, LivePublisher, LiveStream};
 use idemgate_layer::{InProcessLive, LiveEvents};
 use tokio::time::Instant;
 
-use crate::conn::{Clients, Conn};
 use crate::follow::RemoteFollow;
+pub use crate::options::FanoutOptions;
 use crate::publish::RedisPublisher;
-
-/// Settings of [`RedisLiveEvents`]. `Default` gives the documented defaults.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FanoutOptions {
-    /// Key prefix (default `idemgate`), the same as the store's so that a
-    /// record and its stream share a hash slot.
-    pub prefix: String,
-    /// Approximate bound on entries kept per stream (`XADD MAXLEN ~`,
-    /// default 10 000). A follower that falls behind a trimmed stream
-    /// finishes from the stored result.
-    pub max_len: u64,
-    /// How long one blocking read waits before the follower reports that
-    /// it has no news (default 1 s); the layer then looks at the store.
-    pub block: Duration,
-    /// How long a stream is kept after its end marker (default 60 s), for
-    /// followers still reading; later duplicates replay the stored result.
-    pub end_grace: Duration,
-    /// Response timeout of the shared connection (default 500 ms).
-    pub response_timeout: Duration,
-    /// Connection timeout (default 1 s).
-    pub connection_timeout: Duration,
-    /// Entries read per round trip (default 512).
-    pub read_count: u64,
-}
-
-impl Default for FanoutOptions {
-    fn default() -> Self {
-        Self {
-            prefix: "idemgate".to_owned(),
-            max_len: 10_000,
-            block: Duration::from_secs(1),
-            end_grace: Duration::from_secs(60),
-            response_timeout: Duration::from_millis(500),
-            connection_timeout: Duration::from_secs(1),
-            read_count: 512,
-        }
-    }
-}
-
-impl FanoutOptions {
-    /// Sets the key prefix.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
-
-    /// Sets how long one blocking read waits.
-    pub fn block(mut self, block: Duration) -> Self {
-        self.block = block;
-        self
-    }
-
-    /// Sets the approximate bound on entries per stream.
-    pub fn max_len(mut self, max_len: u64) -> Self {
-        self.max_len = max_len;
-        self
-    }
-}
+use crate::state::Inner;
 
 /// The Redis Streams live-event backend. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct RedisLiveEvents {
     inner: Arc<Inner>,
-}
-
-#[derive(Debug)]
-pub(crate) struct Inner {
-    /// Streams of this process, for duplicates served here.
-    local: InProcessLive,
-    /// Writes and non-blocking reads.
-    shared: Conn,
-    /// Makes dedicated connections for blocking reads.
-    clients: Clients,
-    pub(crate) opts: FanoutOptions,
 }
 
 impl RedisLiveEvents {
@@ -212,15 +148,5 @@ impl LiveEvents for RedisLiveEvents {
 
     fn local_streams(&self) -> usize {
         self.inner.local.local_streams()
-    }
-}
-
-impl Inner {
-    pub(crate) fn shared(&self) -> Conn {
-        self.shared.clone()
-    }
-
-    pub(crate) async fn dedicated(&self) -> Result<Conn, StoreError> {
-        self.clients.dedicated(&self.opts).await
     }
 }

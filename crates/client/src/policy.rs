@@ -1,0 +1,351 @@
+//! When to retry, and how long to wait first.
+//!
+//! The field names and the backoff arithmetic are those of the gateway's
+//! `[client_retry]` table (and of `idemgate_engine::RetryPolicy`, which
+//! `idemgate check` uses to size `done_ttl`): the policy this client really
+//! runs can be written into the gateway's configuration as it is
+//! ([`RetryPolicy::client_retry_toml`]).
+
+use std::time::{Duration, SystemTime};
+
+use reqwest::StatusCode;
+use reqwest::header::{HeaderMap, RETRY_AFTER};
+
+/// `retry-after-ms`: a server's delay in milliseconds (OpenAI sends it).
+pub const RETRY_AFTER_MS: &str = "retry-after-ms";
+/// `x-should-retry`: a server's explicit `true`/`false` on retrying
+/// (OpenAI, Anthropic and idemgate send it).
+pub const SHOULD_RETRY: &str = "x-should-retry";
+
+/// How a backoff sleep is randomized (as `[client_retry] jitter`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Jitter {
+    /// Sleep exactly the computed backoff.
+    None,
+    /// Sleep uniformly in `[0, backoff]` ("full jitter").
+    #[default]
+    Full,
+    /// Sleep uniformly in `[backoff/2, backoff]` ("equal jitter").
+    Equal,
+}
+
+impl Jitter {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Full => "full",
+            Self::Equal => "equal",
+        }
+    }
+}
+
+/// How one logical operation is retried.
+///
+/// The defaults are those of the official OpenAI and Anthropic clients, and
+/// of the gateway's `[client_retry]`: 3 attempts, a 600 s attempt timeout,
+/// backoff from 0.5 s doubling up to 8 s with full jitter. Start from
+/// [`RetryPolicy::default`] and set fields.
+///
+/// Whatever is retried, it is retried with the same idempotency key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RetryPolicy {
+    /// Most attempts of one operation, the first included (1 = no retry).
+    /// For a stream, an attempt that delivers new events starts the count
+    /// again: only attempts in a row that make no progress count.
+    pub attempts: u32,
+    /// Longest time one attempt may take: to the whole response for
+    /// [`RequestBuilder::send`], to the response head for
+    /// [`RequestBuilder::send_stream`]. `None`: no limit.
+    ///
+    /// [`RequestBuilder::send`]: crate::RequestBuilder::send
+    /// [`RequestBuilder::send_stream`]: crate::RequestBuilder::send_stream
+    pub attempt_timeout: Option<Duration>,
+    /// Backoff before the first retry; doubles for each later retry.
+    pub backoff_base: Duration,
+    /// Longest backoff sleep. A delay the server asks for is not capped.
+    pub backoff_cap: Duration,
+    /// Randomization of each backoff sleep (never of a server's delay).
+    pub jitter: Jitter,
+    /// Longest time spent on one operation, retries and sleeps included:
+    /// no retry is scheduled to start after it, a server's delay that would
+    /// end after it ends the retries at once, and each attempt's timeout is
+    /// shortened to the time left. For a stream it restarts whenever an
+    /// attempt delivers new events. `None` (default): the attempts bound
+    /// the operation.
+    pub deadline: Option<Duration>,
+    /// Longest silence on an event stream before the client drops the
+    /// connection and resumes with `Last-Event-ID`. Set it above the
+    /// gateway's `idle` timeout, so a slow but healthy stream is not cut.
+    /// `None`: wait as long as the connection lives.
+    pub stream_idle_timeout: Option<Duration>,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            attempts: 3,
+            attempt_timeout: Some(Duration::from_secs(600)),
+            backoff_base: Duration::from_millis(500),
+            backoff_cap: Duration::from_secs(8),
+            jitter: Jitter::Full,
+            deadline: None,
+            stream_idle_timeout: Some(Duration::from_secs(90)),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The longest backoff sleep before retry number `retry` (0-based):
+    /// `min(backoff_cap, backoff_base × 2^retry)`.
+    pub fn max_backoff(&self, retry: u32) -> Duration {
+        let factor = 2u32.saturating_pow(retry);
+        self.backoff_base
+            .checked_mul(factor)
+            .unwrap_or(Duration::MAX)
+            .min(self.backoff_cap)
+    }
+
+    /// A backoff sleep before retry number `retry` (0-based), jitter
+    /// applied.
+    pub fn backoff(&self, retry: u32) -> Duration {
+        let max = self.max_backoff(retry);
+        match self.jitter {
+            Jitter::None => max,
+            Jitter::Full => max.mul_f64(rand::random::<f64>()),
+            Jitter::Equal => max / 2 + (max / 2).mul_f64(rand::random::<f64>()),
+        }
+    }
+
+    /// This policy as the gateway's `[client_retry]` table, for
+    /// `idemgate check` to size `done_ttl` against what this client really
+    /// does. An attempt timeout of `None` is written as 10 years.
+    pub fn client_retry_toml(&self) -> String {
+        let timeout = self
+            .attempt_timeout
+            .unwrap_or(Duration::from_secs(10 * 365 * 24 * 3600));
+        format!(
+            "[client_retry]\nattempts = {}\nattempt_timeout = \"{}ms\"\nbackoff_base = \"{}ms\"\nbackoff_cap = \"{}ms\"\njitter = \"{}\"\n",
+            self.attempts,
+            timeout.as_millis(),
+            self.backoff_base.as_millis(),
+            self.backoff_cap.as_millis(),
+            self.jitter.as_str(),
+        )
+    }
+}
+
+/// Where a wait before a retry came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DelaySource {
+    /// The server's `retry-after-ms` header.
+    RetryAfterMs,
+    /// The server's `Retry-After` header, in seconds.
+    RetryAfterSeconds,
+    /// The server's `Retry-After` header, as an HTTP date.
+    RetryAfterDate,
+    /// The event stream's own `retry` field (its reconnection time), for
+    /// resuming that stream.
+    StreamRetry,
+    /// The policy's jittered exponential backoff.
+    Backoff,
+}
+
+/// A wait before a retry, and why it is this long.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Delay {
+    /// How long the client waits.
+    pub duration: Duration,
+    /// Where the duration came from.
+    pub source: DelaySource,
+}
+
+impl Delay {
+    /// A wait of `duration`, from `source` (to compare with
+    /// [`Attempt::delay`](crate::Attempt::delay)).
+    pub const fn new(duration: Duration, source: DelaySource) -> Self {
+        Self { duration, source }
+    }
+}
+
+/// The delay a response asks for: `retry-after-ms` first, then
+/// `Retry-After` (seconds, or an HTTP date measured from `now`). A value
+/// that cannot be read is ignored; a date in the past means no wait.
+pub(crate) fn server_delay(headers: &HeaderMap, now: SystemTime) -> Option<Delay> {
+    let text = |name| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    };
+    if let Some(ms) = text(RETRY_AFTER_MS).and_then(|v| v.parse::<f64>().ok()) {
+        if ms.is_finite() && ms >= 0.0 {
+            if let Ok(d) = Duration::try_from_secs_f64(ms / 1000.0) {
+                return Some(Delay::new(d, DelaySource::RetryAfterMs));
+            }
+        }
+    }
+    let value = text(RETRY_AFTER.as_str())?;
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Delay::new(
+            Duration::from_secs(secs),
+            DelaySource::RetryAfterSeconds,
+        ));
+    }
+    let when = httpdate::parse_http_date(value).ok()?;
+    Some(Delay::new(
+        when.duration_since(now).unwrap_or(Duration::ZERO),
+        DelaySource::RetryAfterDate,
+    ))
+}
+
+/// What the server said with `x-should-retry`, if it said `true` or
+/// `false`.
+pub(crate) fn should_retry(headers: &HeaderMap) -> Option<bool> {
+    let v = headers.get(SHOULD_RETRY)?.to_str().ok()?.trim();
+    if v.eq_ignore_ascii_case("true") {
+        Some(true)
+    } else if v.eq_ignore_ascii_case("false") {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// Whether a non-success response is worth another attempt with the same
+/// key: the server's `x-should-retry` decides when present; otherwise 408,
+/// 409, 429 and 5xx are retried and everything else is final.
+pub(crate) fn retryable_status(status: StatusCode, headers: &HeaderMap) -> bool {
+    if let Some(said) = should_retry(headers) {
+        return said;
+    }
+    matches!(status.as_u16(), 408 | 409 | 429) || status.is_server_error()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::header::HeaderValue;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn retry_after_ms_wins_over_retry_after() {
+        let now = SystemTime::now();
+        let h = headers(&[("retry-after-ms", "1500"), ("retry-after", "30")]);
+        assert_eq!(
+            server_delay(&h, now),
+            Some(Delay::new(
+                Duration::from_millis(1500),
+                DelaySource::RetryAfterMs
+            ))
+        );
+        // Fractional milliseconds, as OpenAI may send.
+        let h = headers(&[("retry-after-ms", "12.5")]);
+        assert_eq!(
+            server_delay(&h, now).map(|d| d.duration),
+            Some(Duration::from_micros(12_500))
+        );
+        // Unreadable retry-after-ms: Retry-After is used.
+        let h = headers(&[("retry-after-ms", "soon"), ("retry-after", "3")]);
+        assert_eq!(
+            server_delay(&h, now),
+            Some(Delay::new(
+                Duration::from_secs(3),
+                DelaySource::RetryAfterSeconds
+            ))
+        );
+        let h = headers(&[("retry-after-ms", "-5")]);
+        assert_eq!(server_delay(&h, now), None);
+    }
+
+    #[test]
+    fn retry_after_as_an_http_date() {
+        let now = httpdate::parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT").unwrap();
+        let h = headers(&[("retry-after", "Sun, 06 Nov 1994 08:49:47 GMT")]);
+        assert_eq!(
+            server_delay(&h, now),
+            Some(Delay::new(
+                Duration::from_secs(10),
+                DelaySource::RetryAfterDate
+            ))
+        );
+        // A date in the past: retry now.
+        let h = headers(&[("retry-after", "Sun, 06 Nov 1994 08:49:00 GMT")]);
+        assert_eq!(
+            server_delay(&h, now).map(|d| d.duration),
+            Some(Duration::ZERO)
+        );
+        let h = headers(&[("retry-after", "tomorrow")]);
+        assert_eq!(server_delay(&h, now), None);
+        assert_eq!(server_delay(&HeaderMap::new(), now), None);
+    }
+
+    #[test]
+    fn which_statuses_are_retried() {
+        let none = HeaderMap::new();
+        for s in [408, 409, 429, 500, 502, 503, 504] {
+            assert!(
+                retryable_status(StatusCode::from_u16(s).unwrap(), &none),
+                "{s}"
+            );
+        }
+        for s in [400, 401, 403, 404, 413, 422] {
+            assert!(
+                !retryable_status(StatusCode::from_u16(s).unwrap(), &none),
+                "{s}"
+            );
+        }
+        let no = headers(&[("x-should-retry", "false")]);
+        assert!(!retryable_status(StatusCode::SERVICE_UNAVAILABLE, &no));
+        let yes = headers(&[("x-should-retry", "TRUE")]);
+        assert!(retryable_status(StatusCode::BAD_REQUEST, &yes));
+        let junk = headers(&[("x-should-retry", "maybe")]);
+        assert!(retryable_status(StatusCode::CONFLICT, &junk));
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap_and_jitter_stays_within_it() {
+        let mut p = RetryPolicy {
+            backoff_base: Duration::from_millis(100),
+            backoff_cap: Duration::from_millis(700),
+            ..RetryPolicy::default()
+        };
+        let maxes: Vec<u128> = (0..5).map(|r| p.max_backoff(r).as_millis()).collect();
+        assert_eq!(maxes, [100, 200, 400, 700, 700]);
+        assert_eq!(p.max_backoff(u32::MAX), Duration::from_millis(700));
+        for jitter in [Jitter::None, Jitter::Full, Jitter::Equal] {
+            p.jitter = jitter;
+            for retry in 0..6 {
+                for _ in 0..50 {
+                    let d = p.backoff(retry);
+                    let max = p.max_backoff(retry);
+                    assert!(d <= max, "{jitter:?}");
+                    match jitter {
+                        Jitter::None => assert_eq!(d, max),
+                        Jitter::Equal => assert!(d >= max / 2),
+                        Jitter::Full => {}
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_policy_renders_as_the_gateways_client_retry_table() {
+        let toml = RetryPolicy::default().client_retry_toml();
+        assert_eq!(
+            toml,
+            "[client_retry]\nattempts = 3\nattempt_timeout = \"600000ms\"\nbackoff_base = \"500ms\"\nbackoff_cap = \"8000ms\"\njitter = \"full\"\n"
+        );
+    }
+}

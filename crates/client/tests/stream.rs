@@ -1,0 +1,256 @@
+//! Event streams through a real gateway: a stream interrupted on the way
+//! to the client is resumed with `Last-Event-ID`, and the caller receives
+//! every event exactly once, in order, from one upstream execution.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use idemgate_client::{AttemptOutcome, Client, Error, Event, RestartReason};
+use support::{Gateway, chat, config, cutting_relay, drain, ids, sim};
+
+fn addr(base: &str) -> SocketAddr {
+    base.trim_start_matches("http://")
+        .parse()
+        .unwrap_or_else(|e| panic!("{base}: {e}"))
+}
+
+/// The whole stored stream of `key`, as a fresh caller replays it.
+async fn replay(gw: &Gateway, key: &idemgate_client::IdempotencyKey, text: &str) -> Vec<Event> {
+    let client = Client::new(&gw.base).expect("build the client");
+    let mut stream = client
+        .post("/v1/chat/completions")
+        .idempotency_key(key.clone())
+        .json(&chat(true, text))
+        .send_stream()
+        .await
+        .expect("send stream");
+    assert!(stream.replayed());
+    drain(&mut stream).await
+}
+
+fn assert_whole(events: &[Event]) {
+    let got = ids(events);
+    let want: Vec<u64> = (1..=got.len() as u64).collect();
+    assert_eq!(got, want, "every event once, in order");
+    assert_eq!(events.last().map(|e| e.data.as_str()), Some("[DONE]"));
+}
+
+/// (c) The connection between the client and the gateway is cut in the
+/// middle of the stream (mid-event, by a relay that closes the socket).
+/// The client resumes after the last whole event; the gateway's execution
+/// was never interrupted.
+#[tokio::test]
+async fn a_stream_cut_mid_way_resumes_after_the_last_whole_event() {
+    let sim = sim().await;
+    let gw = Gateway::start(config(&sim.url(), "attach", |_| {})).await;
+    // The head plus a few events, then the cut.
+    let (relay, connections) = cutting_relay(addr(&gw.base), 1500).await;
+    let client = Client::builder(&relay)
+        .backoff(Duration::from_millis(10), Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let text = "a stream cut on its way to the client";
+    let mut stream = client
+        .post("/v1/chat/completions")
+        .header("x-sim-tokens", "16")
+        .header("x-sim-token-interval-ms", "20")
+        .json(&chat(true, text))
+        .send_stream()
+        .await
+        .unwrap();
+    assert!(!stream.replayed(), "this call started the execution");
+    let events = drain(&mut stream).await;
+
+    assert_whole(&events);
+    assert_eq!(stream.resumes(), 1);
+    assert_eq!(connections.load(Ordering::SeqCst), 2);
+    let AttemptOutcome::StreamBroken { events: before } = stream.attempts()[0].outcome else {
+        panic!("{:?}", stream.attempts());
+    };
+    assert!(
+        before >= 1 && before < events.len() as u64,
+        "cut in the middle: {before} of {} events before it",
+        events.len()
+    );
+    assert_eq!(
+        stream.last_event_id(),
+        Some(events.len().to_string().as_str())
+    );
+    // What the caller got is the stored stream, event for event.
+    assert_eq!(events, replay(&gw, stream.key(), text).await);
+    assert_eq!(sim.executions_for(stream.key().as_str()), 1);
+    assert_eq!(sim.stats().executions, 1);
+    gw.stop().await;
+}
+
+/// (c) The caller drops the stream after a few events (the process ends)
+/// and a later call resumes it from the saved key and last event id.
+#[tokio::test]
+async fn a_stream_dropped_by_the_caller_resumes_from_the_saved_id() {
+    let sim = sim().await;
+    let gw = Gateway::start(config(&sim.url(), "attach", |_| {})).await;
+    let text = "a stream its reader abandons";
+    let (key, saved, first) = {
+        let client = Client::new(&gw.base).unwrap();
+        let mut stream = client
+            .post("/v1/chat/completions")
+            .header("x-sim-tokens", "12")
+            .header("x-sim-token-interval-ms", "30")
+            .json(&chat(true, text))
+            .send_stream()
+            .await
+            .unwrap();
+        let mut first = Vec::new();
+        for _ in 0..3 {
+            first.push(stream.next().await.unwrap().unwrap());
+        }
+        let saved = stream.last_event_id().unwrap().to_owned();
+        (stream.key().clone(), saved, first)
+        // Dropped here, mid-stream.
+    };
+    assert_eq!(saved, "3");
+
+    let client = Client::new(&gw.base).unwrap();
+    let mut stream = client
+        .post("/v1/chat/completions")
+        .idempotency_key(key.clone())
+        .last_event_id(saved)
+        .header("x-sim-tokens", "12")
+        .header("x-sim-token-interval-ms", "30")
+        .json(&chat(true, text))
+        .send_stream()
+        .await
+        .unwrap();
+    assert!(stream.replayed(), "joined or replayed, never run again");
+    let rest = drain(&mut stream).await;
+    assert_eq!(ids(&rest).first(), Some(&4));
+
+    let mut all = first;
+    all.extend(rest);
+    assert_whole(&all);
+    let whole = replay(&gw, &key, text).await;
+    assert_eq!(all, whole);
+
+    // Again, now from the stored stream: its replay comes in one burst, so
+    // the client has read ahead of the caller. The saved id is the last
+    // event the caller received, not the last one read.
+    let (saved, first) = {
+        let client = Client::new(&gw.base).unwrap();
+        let mut stream = client
+            .post("/v1/chat/completions")
+            .idempotency_key(key.clone())
+            .json(&chat(true, text))
+            .send_stream()
+            .await
+            .unwrap();
+        let mut first = Vec::new();
+        for _ in 0..5 {
+            first.push(stream.next().await.unwrap().unwrap());
+        }
+        (stream.last_event_id().unwrap().to_owned(), first)
+    };
+    assert_eq!(saved, "5");
+    let client = Client::new(&gw.base).unwrap();
+    let mut stream = client
+        .post("/v1/chat/completions")
+        .idempotency_key(key.clone())
+        .last_event_id(saved)
+        .json(&chat(true, text))
+        .send_stream()
+        .await
+        .unwrap();
+    let mut all = first;
+    all.extend(drain(&mut stream).await);
+    assert_eq!(all, whole);
+    assert_eq!(sim.executions_for(key.as_str()), 1);
+    gw.stop().await;
+}
+
+/// (c) The client drops a stream that goes silent (its idle timeout is
+/// shorter than the gap between tokens) and resumes it, as often as it
+/// takes: each resumption that brings new events restarts the attempt
+/// count.
+#[tokio::test]
+async fn a_silent_stream_is_dropped_and_resumed_until_its_end() {
+    let sim = sim().await;
+    let gw = Gateway::start(config(&sim.url(), "attach", |_| {})).await;
+    let client = Client::builder(&gw.base)
+        .stream_idle_timeout(Duration::from_millis(60))
+        .attempts(8)
+        .backoff(Duration::from_millis(5), Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let text = "a slow stream";
+    let mut stream = client
+        .post("/v1/chat/completions")
+        .header("x-sim-tokens", "6")
+        .header("x-sim-token-interval-ms", "250")
+        .json(&chat(true, text))
+        .send_stream()
+        .await
+        .unwrap();
+    let events = drain(&mut stream).await;
+
+    assert_whole(&events);
+    assert!(stream.resumes() >= 2, "{:?}", stream.attempts());
+    assert!(
+        stream
+            .attempts()
+            .iter()
+            .any(|a| matches!(a.outcome, AttemptOutcome::StreamIdle { .. })),
+        "{:?}",
+        stream.attempts()
+    );
+    assert_eq!(events, replay(&gw, stream.key(), text).await);
+    assert_eq!(sim.executions_for(stream.key().as_str()), 1);
+    gw.stop().await;
+}
+
+/// A stream that breaks *upstream* cannot be resumed: the gateway released
+/// the key, so the resumption starts a new execution
+/// (`Idempotent-Replayed: false`) whose events are not the sequel of those
+/// delivered. The client says so instead of stitching two generations, and
+/// does not go on retrying: two executions, not more.
+#[tokio::test]
+async fn a_stream_broken_upstream_is_reported_not_stitched() {
+    let sim = sim().await;
+    let gw = Gateway::start(config(&sim.url(), "attach", |_| {})).await;
+    let client = Client::builder(&gw.base)
+        .attempts(5)
+        .backoff(Duration::from_millis(10), Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let mut stream = client
+        .post("/v1/chat/completions")
+        .header("x-sim-fail", "reset-after:3")
+        .header("x-sim-token-interval-ms", "10")
+        .json(&chat(true, "a stream the upstream breaks"))
+        .send_stream()
+        .await
+        .unwrap();
+    let mut events = Vec::new();
+    let err = loop {
+        match stream.next().await {
+            Some(Ok(e)) => events.push(e),
+            Some(Err(e)) => break e,
+            None => panic!("the stream cannot end cleanly"),
+        }
+    };
+    assert!(!events.is_empty());
+    assert_eq!(ids(&events), (1..=events.len() as u64).collect::<Vec<_>>());
+    let Error::StreamRestarted {
+        delivered, reason, ..
+    } = &err
+    else {
+        panic!("{err:?}");
+    };
+    assert_eq!(*delivered, events.len() as u64);
+    assert_eq!(*reason, RestartReason::NewExecution);
+    assert!(err.to_string().contains("same key"), "{err}");
+    assert!(stream.next().await.is_none(), "the stream is over");
+    assert_eq!(sim.executions_for(stream.key().as_str()), 2);
+    gw.stop().await;
+}

@@ -1,0 +1,341 @@
+//! Real servers on 127.0.0.1:0, in this process: the simulated LLM, the
+//! gateway (started as `crates/gateway/tests/support` starts it), a
+//! scripted upstream for headers the simulator does not send, and a TCP
+//! relay that cuts a connection mid-stream.
+
+#![allow(dead_code)]
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use idemgate_client::Event;
+use idemgate_gateway::config::{RawConfig, RawRoute, RawTimeouts};
+use idemgate_gateway::{GatewayConfig, GatewayError};
+use idemgate_llm_sim::{SimConfig, SimHandle};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// The simulated LLM with its default pacing.
+pub(crate) async fn sim() -> SimHandle {
+    idemgate_llm_sim::spawn(SimConfig::default())
+        .await
+        .expect("spawn the process")
+}
+
+/// A running gateway.
+pub(crate) struct Gateway {
+    /// `http://ADDR` of the proxy listener.
+    pub(crate) base: String,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<(), GatewayError>>,
+}
+
+impl Gateway {
+    /// Binds both listeners on free loopback ports and runs `serve`.
+    pub(crate) async fn start(config: GatewayConfig) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port");
+        let admin = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port");
+        let base = format!(
+            "http://{}",
+            listener
+                .local_addr()
+                .expect("a bound listener has an address")
+        );
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(idemgate_gateway::serve(
+            listener,
+            admin,
+            config,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        Self {
+            base,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// Graceful shutdown; panics if it fails.
+    pub(crate) async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(30), self.task)
+            .await
+            .unwrap_or_else(|_| panic!("gateway did not stop"))
+            .expect("the task did not panic")
+            .expect("it ended without error");
+    }
+}
+
+/// A gateway configuration: memory store, one `/v1` route to `upstream`,
+/// keys optional, `on_inflight` as given, generous upstream timeouts.
+pub(crate) fn config(
+    upstream: &str,
+    on_inflight: &str,
+    tweak: impl FnOnce(&mut RawRoute),
+) -> GatewayConfig {
+    let mut r = RawRoute {
+        prefix: Some("/v1".into()),
+        upstream: Some(upstream.into()),
+        key: Some("optional".into()),
+        on_inflight: Some(on_inflight.into()),
+        timeouts: Some(RawTimeouts {
+            connect: Some("1s".into()),
+            first_byte: Some("10s".into()),
+            idle: Some("5s".into()),
+            total: Some("20s".into()),
+        }),
+        ..RawRoute::default()
+    };
+    tweak(&mut r);
+    GatewayConfig::from_raw(RawConfig {
+        store: Some("memory:".into()),
+        shutdown_grace: Some("5s".into()),
+        routes: vec![r],
+        ..RawConfig::default()
+    })
+    .unwrap_or_else(|e| panic!("config: {e}"))
+}
+
+/// An OpenAI chat request body.
+pub(crate) fn chat(stream: bool, text: &str) -> serde_json::Value {
+    serde_json::json!({
+        "model": "sim-gpt-small",
+        "stream": stream,
+        "messages": [{"role": "user", "content": text}],
+    })
+}
+
+/// The numeric ids of `events`, in order (panics on an event without one).
+pub(crate) fn ids(events: &[Event]) -> Vec<u64> {
+    events
+        .iter()
+        .map(|e| {
+            e.id.as_deref()
+                .and_then(|id| id.parse().ok())
+                .unwrap_or_else(|| panic!("event without a numeric id: {e:?}"))
+        })
+        .collect()
+}
+
+/// Reads a stream to its end; panics on an error.
+pub(crate) async fn drain(stream: &mut idemgate_client::EventStream) -> Vec<Event> {
+    let mut out = Vec::new();
+    while let Some(event) = stream.next().await {
+        out.push(event.unwrap_or_else(|e| panic!("stream failed: {e}")));
+    }
+    out
+}
+
+// --------------------------------------------------------------------------
+// A scripted upstream.
+
+/// One canned answer.
+#[derive(Clone, Debug)]
+pub(crate) struct Canned {
+    /// Status.
+    pub(crate) status: u16,
+    /// Headers.
+    pub(crate) headers: Vec<(&'static str, String)>,
+    /// JSON body.
+    pub(crate) body: String,
+}
+
+impl Canned {
+    /// `status` with `headers` and a small JSON error body.
+    pub(crate) fn error(status: u16, headers: &[(&'static str, &str)]) -> Self {
+        Self {
+            status,
+            headers: headers.iter().map(|(k, v)| (*k, (*v).to_owned())).collect(),
+            body: format!(r#"{{"error":{{"message":"scripted {status}"}}}}"#),
+        }
+    }
+
+    /// A 200 chat completion.
+    pub(crate) fn ok() -> Self {
+        Self {
+            status: 200,
+            headers: Vec::new(),
+            body: r#"{"id":"chatcmpl-scripted","object":"chat.completion","choices":[]}"#
+                .to_owned(),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Script {
+    answers: Mutex<VecDeque<Canned>>,
+    /// The `Idempotency-Key` of every request received ("" if none).
+    keys: Mutex<Vec<String>>,
+}
+
+/// A real HTTP server that answers from a script, in order (the last
+/// answer repeats), and records the key of each request.
+pub(crate) struct Scripted {
+    /// `http://ADDR`.
+    pub(crate) url: String,
+    script: Arc<Script>,
+    task: JoinHandle<()>,
+}
+
+impl Scripted {
+    /// Starts it on a free loopback port.
+    pub(crate) async fn start(answers: Vec<Canned>) -> Self {
+        let script = Arc::new(Script {
+            answers: Mutex::new(answers.into()),
+            keys: Mutex::default(),
+        });
+        let app = axum::Router::new()
+            .fallback(answer)
+            .with_state(Arc::clone(&script));
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port");
+        let url = format!(
+            "http://{}",
+            listener
+                .local_addr()
+                .expect("a bound listener has an address")
+        );
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Self { url, script, task }
+    }
+
+    /// The key of every request received so far.
+    pub(crate) fn keys(&self) -> Vec<String> {
+        self.script
+            .keys
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl Drop for Scripted {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn answer(State(script): State<Arc<Script>>, headers: HeaderMap, _body: Bytes) -> Response {
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    script
+        .keys
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(key);
+    let canned = {
+        let mut answers = script
+            .answers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if answers.len() > 1 {
+            answers.pop_front()
+        } else {
+            answers.front().cloned()
+        }
+    };
+    let Some(canned) = canned else {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    };
+    let mut out = HeaderMap::new();
+    out.insert("content-type", HeaderValue::from_static("application/json"));
+    for (k, v) in &canned.headers {
+        out.insert(
+            HeaderName::from_static(k),
+            HeaderValue::from_str(v).expect("valid JSON"),
+        );
+    }
+    let status = StatusCode::from_u16(canned.status).expect("a valid status");
+    (status, out, canned.body).into_response()
+}
+
+// --------------------------------------------------------------------------
+// A relay that cuts.
+
+/// A TCP relay to `target`. The first connection is cut (both sides
+/// closed) once `cut_after` bytes have gone back to the client; later
+/// connections pass untouched. Returns `http://ADDR` and the number of
+/// connections accepted.
+pub(crate) async fn cutting_relay(
+    target: SocketAddr,
+    cut_after: usize,
+) -> (String, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let url = format!(
+        "http://{}",
+        listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    );
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let n = count.fetch_add(1, Ordering::SeqCst);
+            let limit = (n == 0).then_some(cut_after);
+            tokio::spawn(relay(client, target, limit));
+        }
+    });
+    (url, accepted)
+}
+
+async fn relay(client: TcpStream, target: SocketAddr, limit: Option<usize>) {
+    let Ok(server) = TcpStream::connect(target).await else {
+        return;
+    };
+    let (mut client_rx, mut client_tx) = client.into_split();
+    let (mut server_rx, mut server_tx) = server.into_split();
+    let up = tokio::io::copy(&mut client_rx, &mut server_tx);
+    let down = async {
+        let mut sent = 0usize;
+        let mut buf = vec![0u8; 4096];
+        loop {
+            let n = match server_rx.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            let n = match limit {
+                Some(limit) if sent + n >= limit => {
+                    let _ = client_tx.write_all(&buf[..limit - sent]).await;
+                    return;
+                }
+                _ => n,
+            };
+            if client_tx.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+            sent += n;
+        }
+    };
+    // Whichever direction ends first ends the connection: both sockets
+    // are dropped here, which is the cut.
+    tokio::select! {
+        _ = up => {}
+        () = down => {}
+    }
+}

@@ -1,0 +1,68 @@
+//! Answers from stored results, and the header that tells a client whether
+//! its response was replayed or executed now.
+//!
+//! Both the request path (a retry of a settled key, a duplicate that waited)
+//! and the operation resource (`GET` of a finished operation) replay, so
+//! replaying lives here, below both.
+
+use axum::body::Body;
+use axum::response::Response;
+use http::{HeaderName, HeaderValue};
+use idemgate_engine::{Record, ScopedKey};
+
+use crate::problem::Problem;
+use crate::refusal::{Log, refuse};
+use crate::shared::Shared;
+use crate::stored::{DecodeError, StoredResponse};
+use crate::telemetry::Outcome;
+
+/// Response header saying whether the response was replayed.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// Marks `res` as replayed (`true`) or executed now (`false`).
+pub(crate) fn mark(mut res: Response, replayed: bool) -> Response {
+    let value = if replayed { "true" } else { "false" };
+    res.headers_mut()
+        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static(value));
+    res
+}
+
+/// Answers `key` from a DONE record, counting a hit and the tokens saved;
+/// `skip` events of a stored stream are left out (the client has them).
+pub(crate) fn replay_stored(
+    shared: &Shared,
+    record: &Record,
+    key: &ScopedKey,
+    skip: usize,
+    outcome: Outcome,
+) -> Response {
+    let decoded = record
+        .payload()
+        .ok_or(DecodeError::Truncated)
+        .and_then(StoredResponse::decode);
+    match decoded {
+        Ok(stored) => {
+            tracing::info!(
+                outcome = outcome.as_str(),
+                status = stored.status.as_u16(),
+                "answered from the stored result"
+            );
+            shared.metrics.replayed(outcome, key, stored.usage);
+            replay_response(&stored, skip)
+        }
+        Err(e) => refuse(
+            &shared.metrics,
+            Outcome::StoreError,
+            Some(key),
+            Log::Error("stored result cannot be decoded", &e),
+            Problem::stored_result_unreadable(),
+        ),
+    }
+}
+
+fn replay_response(stored: &StoredResponse, skip: usize) -> Response {
+    let mut res = Response::new(Body::from(stored.body_bytes(skip)));
+    *res.status_mut() = stored.status;
+    *res.headers_mut() = stored.headers.clone();
+    mark(res, true)
+}

@@ -1,0 +1,315 @@
+//! The owner's work, detached from its client: the task that holds the
+//! key's lease, calls the inner service, reads (or relays) its response,
+//! stores the result or releases the key, and only then tells the client
+//! and any attached duplicate how it ended.
+//!
+//! It runs in a spawned task rather than in the client's request future so
+//! that a client that times out or disconnects does not cancel the work:
+//! the work finishes (bounded by `completion_timeout`), is stored DONE, and
+//! the client's retry is a replay instead of a second execution (and a
+//! second bill). A non-streaming result is stored *before* the client is
+//! answered, and a stream's end is sent only after it is stored, so a retry
+//! sent right after an answer always replays.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use bytes::BytesMut;
+use futures_util::StreamExt;
+use http::{Request, header};
+use idemgate_engine::{Fenced, LeaseGuard, ScopedKey};
+use tokio::sync::oneshot;
+use tracing::Instrument;
+
+use super::admit::Keyed;
+use super::body::Chunk;
+use super::inner::{self, Inner, RetryableFailure};
+use super::listeners::{Attachers, Client};
+use super::record::{Recorded, Recording, kept_headers};
+use crate::config::InflightMode;
+use crate::live::LiveStream;
+use crate::operations;
+use crate::problem::Problem;
+use crate::replay::mark;
+use crate::shared::Shared;
+use crate::sse::{EventScanner, is_event_stream, rewrite_id};
+use crate::stored::{StoredBody, StoredResponse, usage_of_json};
+use crate::telemetry::{Outcome, ReleaseReason};
+
+/// Runs the work as the key's owner, detached from the client, and answers
+/// the client (or, with `Prefer: respond-async`, points it at the
+/// operation).
+pub(super) async fn own<S: Inner>(
+    shared: Arc<Shared>,
+    inner: S,
+    keyed: Keyed,
+    guard: LeaseGuard,
+) -> Response {
+    let cfg = &shared.config;
+    let publisher = matches!(cfg.on_inflight, InflightMode::Attach(_)).then(|| {
+        shared.live.publish(LiveStream {
+            key: keyed.scoped.clone(),
+            fence: guard.lease().fence,
+            horizon: cfg.completion_timeout,
+        })
+    });
+    let (reply, replied) = oneshot::channel();
+    let task = Detached {
+        shared: Arc::clone(&shared),
+        key: keyed.scoped.clone(),
+        client: Client::new(reply),
+        attachers: Attachers::new(publisher),
+        events: 0,
+    };
+    shared
+        .tracker
+        .spawn(task.run(inner, keyed.request(), guard).in_current_span());
+    if keyed.prefer_async {
+        // Counted when the execution ends, like any owner's.
+        return operations::accepted_for(cfg, &keyed.scoped.key);
+    }
+    match replied.await {
+        Ok(res) => res,
+        Err(_) => Problem::internal().into_response(),
+    }
+}
+
+/// How a detached execution ends for the store.
+enum Decision {
+    /// Store this response (PENDING → DONE).
+    Store(StoredResponse),
+    /// Give the key back, for this reason.
+    Release(ReleaseReason),
+}
+
+/// One detached execution.
+struct Detached {
+    shared: Arc<Shared>,
+    /// The key this execution owns (for the requests-per-key count).
+    key: ScopedKey,
+    /// Where the owner's client stands.
+    client: Client,
+    /// Duplicates following the execution live.
+    attachers: Attachers,
+    /// Events relayed so far (0 unless the response is a stream).
+    events: usize,
+}
+
+impl Detached {
+    async fn run<S: Inner>(mut self, inner: S, request: Request<Body>, guard: LeaseGuard) {
+        let shared = Arc::clone(&self.shared);
+        let decision = {
+            let work = self.execute(inner, request);
+            tokio::select! {
+                d = work => d,
+                () = tokio::time::sleep(shared.config.completion_timeout) => {
+                    Decision::Release(ReleaseReason::CompletionTimeout)
+                }
+                () = shared.cancel.cancelled() => Decision::Release(ReleaseReason::Shutdown),
+            }
+        };
+        self.finish(decision, guard).await;
+    }
+
+    /// Calls the inner service and reads its response; returns what to do
+    /// with the key. Relays stream events to the client as they arrive.
+    async fn execute<S: Inner>(&mut self, inner: S, request: Request<Body>) -> Decision {
+        let res = inner::call(inner, request).await;
+        let status = res.status();
+        self.client.answered(status.as_u16());
+        let shared = Arc::clone(&self.shared);
+        let cfg = &shared.config;
+        if let Some(failure) = res.extensions().get::<RetryableFailure>() {
+            tracing::info!(phase = failure.phase, "upstream failed; key released");
+            self.attachers.not_streaming();
+            self.client.hold(mark(res, false));
+            return Decision::Release(ReleaseReason::RetryableFailure);
+        }
+        if cfg.is_retryable(status.as_u16()) {
+            tracing::info!(status = status.as_u16(), "retryable status; key released");
+            self.attachers.not_streaming();
+            self.client.hold(mark(res, false));
+            return Decision::Release(ReleaseReason::RetryableStatus);
+        }
+        let (mut parts, body) = res.into_parts();
+        parts.headers.remove(header::CONTENT_LENGTH);
+        parts.headers.remove(header::TRANSFER_ENCODING);
+        if is_event_stream(parts.headers.get(header::CONTENT_TYPE)) {
+            return self.stream(parts, body).await;
+        }
+        self.attachers.not_streaming();
+        let max = cfg.max_stored_body;
+        let mut data = body.into_data_stream();
+        let mut buf = BytesMut::new();
+        while let Some(chunk) = data.next().await {
+            match chunk {
+                Ok(chunk) if buf.len().saturating_add(chunk.len()) > max => {
+                    // Too large to store: give the client the response as it
+                    // comes (after the key is released), not stored.
+                    buf.extend_from_slice(&chunk);
+                    let head =
+                        futures_util::stream::once(
+                            async move { Ok::<_, axum::Error>(buf.freeze()) },
+                        );
+                    let body = Body::from_stream(head.chain(data));
+                    self.client
+                        .hold(mark(Response::from_parts(parts, body), false));
+                    tracing::warn!(max, "response body too large to store; key released");
+                    return Decision::Release(ReleaseReason::TooLarge);
+                }
+                Ok(chunk) => buf.extend_from_slice(&chunk),
+                Err(e) => {
+                    tracing::warn!(error = %e, "response body failed; key released");
+                    self.client.hold(
+                        Problem::upstream_unavailable("the response body broke before its end")
+                            .into_response(),
+                    );
+                    return Decision::Release(ReleaseReason::BodyError);
+                }
+            }
+        }
+        let body = buf.freeze();
+        let stored = StoredResponse {
+            status,
+            headers: kept_headers(&parts.headers, cfg),
+            usage: usage_of_json(&body),
+            body: StoredBody::Bytes(body.clone()),
+        };
+        self.client
+            .hold(mark(Response::from_parts(parts, Body::from(body)), false));
+        Decision::Store(stored)
+    }
+
+    /// Relays an event stream: each event gets a sequential id, is sent to
+    /// the client, published for attachers and recorded.
+    async fn stream(&mut self, parts: http::response::Parts, body: Body) -> Decision {
+        let shared = Arc::clone(&self.shared);
+        let cfg = &shared.config;
+        let status = parts.status;
+        let stored_headers = kept_headers(&parts.headers, cfg);
+        self.attachers.streaming(status, &parts.headers);
+        self.client.send_head(parts);
+        let max = cfg.max_stored_body;
+        let mut recording = Recording::new(max);
+        let mut scanner = EventScanner::new();
+        let mut data = body.into_data_stream();
+        let mut blocks = Vec::new();
+        loop {
+            let end = match data.next().await {
+                Some(Ok(chunk)) => {
+                    scanner.push(&chunk, &mut blocks);
+                    false
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, events = self.events, "response stream broke; key released");
+                    return Decision::Release(ReleaseReason::StreamError);
+                }
+                None => {
+                    blocks.extend(scanner.finish());
+                    true
+                }
+            };
+            for block in blocks.drain(..) {
+                self.events += 1;
+                let event = rewrite_id(&block, u64::try_from(self.events).unwrap_or(u64::MAX));
+                match recording.push(&event) {
+                    Recorded::Kept => self.attachers.event(event.clone()),
+                    Recorded::Overflowed => {
+                        tracing::warn!(
+                            max,
+                            "event stream too large to store; it will not be replayable"
+                        );
+                        self.attachers.fail();
+                    }
+                    Recorded::Dropped => {}
+                }
+                self.client.send(Chunk::Data(event));
+            }
+            if end {
+                break;
+            }
+        }
+        match recording.finish(status, stored_headers) {
+            Some(stored) => Decision::Store(stored),
+            None => Decision::Release(ReleaseReason::TooLarge),
+        }
+    }
+
+    /// Writes the outcome to the store, then tells the client (and
+    /// attachers): a retry arriving after the answer finds the key settled.
+    async fn finish(mut self, decision: Decision, guard: LeaseGuard) {
+        let shared = Arc::clone(&self.shared);
+        let metrics = &shared.metrics;
+        let status = self.client.status();
+        match decision {
+            Decision::Store(stored) => {
+                let outcome = match stored.encode() {
+                    Ok(payload) => match guard.complete(payload, status).await {
+                        Ok(Fenced::Applied) => {
+                            tracing::info!(status, "executed; result stored");
+                            Outcome::Executed
+                        }
+                        Ok(Fenced::Stale) => {
+                            tracing::warn!("lease lost before completion; result not stored");
+                            Outcome::Fenced
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "result not stored; key released");
+                            Outcome::StoreError
+                        }
+                    },
+                    Err(e) => {
+                        tracing::warn!(error = %e, "result cannot be encoded; key released");
+                        release(guard, status).await;
+                        metrics.released(ReleaseReason::Encode);
+                        Outcome::Failed
+                    }
+                };
+                // Counted before the client hears the end.
+                metrics.request(outcome, Some(&self.key));
+                self.attachers.complete();
+                self.client.send(Chunk::End);
+                self.client.answer(Problem::internal);
+            }
+            Decision::Release(reason) => {
+                release(guard, status).await;
+                metrics.released(reason);
+                if self.events > 0 && !reason.delivered() {
+                    metrics.events_lost(self.events);
+                }
+                // A response too large to store was still delivered whole.
+                let outcome = if reason.delivered() {
+                    Outcome::Executed
+                } else {
+                    Outcome::Failed
+                };
+                metrics.request(outcome, Some(&self.key));
+                self.attachers.fail();
+                self.client.send(Chunk::Abort);
+                self.client.answer(|| fallback(reason));
+            }
+        }
+    }
+}
+
+/// What a client still waiting for its response is told when the key is
+/// released before anything was held for it.
+fn fallback(reason: ReleaseReason) -> Problem {
+    match reason {
+        ReleaseReason::CompletionTimeout => Problem::upstream_timeout("total"),
+        ReleaseReason::Shutdown => Problem::shutting_down(),
+        ReleaseReason::RetryableFailure
+        | ReleaseReason::RetryableStatus
+        | ReleaseReason::TooLarge
+        | ReleaseReason::BodyError
+        | ReleaseReason::StreamError
+        | ReleaseReason::Encode => Problem::upstream_unavailable("the upstream response failed"),
+    }
+}
+
+async fn release(guard: LeaseGuard, status: Option<u16>) {
+    if let Err(e) = guard.release(status).await {
+        tracing::warn!(error = %e, "release failed; the key frees itself when its lease expires");
+    }
+}

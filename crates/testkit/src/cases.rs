@@ -1,0 +1,531 @@
+//! The conformance cases: one `pub async fn NAME(store: Arc<dyn Store>)`
+//! per behaviour every store must have.
+//!
+//! The build script reads this file and generates the list of cases that
+//! [`conformance_suite!`](crate::conformance_suite) turns into tests, so a case
+//! written here runs on every store without being listed anywhere else. Keep
+//! the signature exactly `pub async fn NAME(store: Arc<dyn Store>)`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use idemgate_engine::{
+    AttemptOutcome, Begin, Claim, Engine, ExecuteError, Fenced, Lease, OnInflight, Policy,
+    RecordState, ScopedKey, Settled, Store,
+};
+
+use crate::{
+    LONG, PAST_SHORT_TTL, SHORT_TTL, acquired, attempt, eventually, existing, fp, fresh_key,
+    payload,
+};
+
+/// Claim on an absent key acquires a lease and leaves a PENDING record.
+pub async fn claim_on_absent(store: Arc<dyn Store>) {
+    let key = fresh_key();
+    assert_eq!(store.get(&key).await.unwrap(), None);
+    let before = idemgate_engine::record::now_ms();
+    let lease = acquired(store.claim(&key, &fp("a"), LONG).await.unwrap());
+    assert_eq!(lease.key, key);
+    assert!(lease.fence >= 1);
+    assert!(
+        lease.expires_at_ms >= before + 299_000,
+        "lease expiry {lease:?}"
+    );
+    let rec = store.get(&key).await.unwrap().expect("record after claim");
+    assert_eq!(rec.fingerprint, fp("a"));
+    assert!(matches!(rec.state, RecordState::Pending { fence, .. } if fence == lease.fence));
+}
+
+/// A second claim returns the existing record, PENDING then DONE, unchanged.
+pub async fn existing_record_returned(store: Arc<dyn Store>) {
+    let key = fresh_key();
+    let lease = acquired(store.claim(&key, &fp("a"), LONG).await.unwrap());
+    let rec = existing(store.claim(&key, &fp("a"), LONG).await.unwrap());
+    assert!(matches!(rec.state, RecordState::Pending { .. }));
+    let body = b"{\"answer\":42}\n\x00binary-safe\xff";
+    let w = store
+        .complete(
+            &lease,
+            payload(body),
+            LONG,
+            &attempt(AttemptOutcome::Executed),
+        )
+        .await
+        .unwrap();
+    assert_eq!(w, Fenced::Applied);
+    let rec = existing(store.claim(&key, &fp("a"), LONG).await.unwrap());
+    assert_eq!(rec.fingerprint, fp("a"));
+    assert_eq!(rec.payload().map(|p| p.to_vec()), Some(body.to_vec()));
+    assert_eq!(store.get(&key).await.unwrap(), Some(rec));
+}
+
+/// After the lease expires another claimer takes over with a higher fence,
+/// and the old owner is fenced.
+pub async fn takeover_after_lease_expiry(store: Arc<dyn Store>) {
+    let key = fresh_key();
+    let old = acquired(store.claim(&key, &fp("a"), SHORT_TTL).await.unwrap());
+    existing(store.claim(&key, &fp("a"), SHORT_TTL).await.unwrap());
+    tokio::time::sleep(PAST_SHORT_TTL).await;
+    let new = acquired(store.claim(&key, &fp("a"), LONG).await.unwrap());
+    assert!(
+        new.fence > old.fence,
+        "fence must grow: {} -> {}",
+        old.fence,
+        new.fence
+    );
+    let ok = attempt(AttemptOutcome::Executed);
+    assert_eq!(
+        store
+            .complete(&old, payload(b"old"), LONG, &ok)
+            .await
+            .unwrap(),
+        Fenced::Stale
+    );
+    assert_eq!(
+        store
+            .complete(&new, payload(b"new"), LONG, &ok)
+            .await
+            .unwrap(),
+        Fenced::Applied
+    );
+    let rec = store.get(&key).await.unwrap().expect("done");
+    assert_eq!(rec.payload().map(|p| p.to_vec()), Some(b"new".to_vec()));
+}
+
+/// Renewing the lease keeps the claim past the original expiry.
+pub async fn renewal_keeps_the_claim(store: Arc<dyn Store>) {
+    let key = fresh_key();
+    let mut lease = acquired(store.claim(&key, &fp("a"), SHORT_TTL).await.unwrap());
+    let first_expiry = lease.expires_at_ms;
+    let until = Instant::now() + SHORT_TTL * 3;
+    while Instant::now() < until {
+        tokio::time::sleep(SHORT_TTL / 4).await;
+        assert_eq!(
+            store.renew(&mut lease, SHORT_TTL).await.unwrap(),
+            Fenced::Applied
+        );
+        existing(store.claim(&key, &fp("a"), SHORT_TTL).await.unwrap());
+    }
+    assert!(lease.expires_at_ms > first_expiry);
+    tokio::time::sleep(PAST_SHORT_TTL).await;
+    let taken = acquired(store.claim(&key, &fp("a"), LONG).await.unwrap());
+    assert_eq!(
+        store.renew(&mut lease, SHORT_TTL).await.unwrap(),
+        Fenced::Stale
+    );
+    assert!(taken.fence > lease.fence);
+}
+
+/// complete, release and renew act only for the current owner.
+pub async fn fenced_complete_and_release(store: Arc<dyn Store>) {
+    let key = fresh_key();
+    let ok = attempt(AttemptOutcome::Executed);
+    let failed = attempt(AttemptOutcome::Failed);
+    let mut a = acquired(store.claim(&key, &fp("a"), LONG).await.unwrap());
+    assert_eq!(
+        store.release(&a, &failed, LONG).await.unwrap(),
+        Fenced::Applied
+    );
+    assert_eq!(store.get(&key).await.unwrap(), None);
+    assert_eq!(
+        store.release(&a, &failed, LONG).await.unwrap(),
+        Fenced::Stale
+    );
+    assert_eq!(
+        store.complete(&a, payload(b"a"), LONG, &ok).await.unwrap(),
+        Fenced::Stale
+    );
+    assert_eq!(
+        store.get(&key).await.unwrap(),
+        None,
+        "stale complete wrote a record"
+    );
+
+    let b = acquired(store.claim(&key, &fp("a"), LONG).await.unwrap());
+    assert_ne!(a.token, b.token);
+    assert_eq!(
+        store.complete(&a, payload(b"a"), LONG, &ok).await.unwrap(),
+        Fenced::Stale
+    );
+    assert_eq!(
+        store.release(&a, &failed, LONG).await.unwrap(),
+        Fenced::Stale
+    );
+    assert_eq!(store.renew(&mut a, LONG).await.unwrap(), Fenced::Stale);
+    // A forged lease with the right fence but another token is refused too.
+    let forged = Lease {
+        token: b.token ^ 1,
+        ..b.clone()
+    };
+    assert_eq!(
+        store
+            .complete(&forged, payload(b"x"), LONG, &ok)
+            .await
+            .unwrap(),
+        Fenced::Stale
+    );
+    assert!(matches!(
+        store.get(&key).await.unwrap().map(|r| r.state),
+        Some(RecordState::Pending { .. })
+    ));
+    assert_eq!(
+        store.complete(&b, payload(b"b"), LONG, &ok).await.unwrap(),
+        Fenced::Applied
+    );
+    // Once DONE, the owner's own lease no longer releases or rewrites it.
+    assert_eq!(
+        store.release(&b, &failed, LONG).await.unwrap(),
+        Fenced::Stale
+    );
+    assert_eq!(
+        store.complete(&b, payload(b"c"), LONG, &ok).await.unwrap(),
+        Fenced::Stale
+    );
+    let rec = store.get(&key).await.unwrap().expect("done");
+    assert_eq!(rec.payload().map(|p| p.to_vec()), Some(b"b".to_vec()));
+}
+
+/// DONE expires after `done_ttl`; the key is then claimable.
+pub async fn done_expiry(store: Arc<dyn Store>) {
+    let key = fresh_key();
+    let lease = acquired(store.claim(&key, &fp("a"), LONG).await.unwrap());
+    let w = store
+        .complete(
+            &lease,
+            payload(b"r"),
+            SHORT_TTL,
+            &attempt(AttemptOutcome::Executed),
+        )
+        .await
+        .unwrap();
+    assert_eq!(w, Fenced::Applied);
+    assert!(store.get(&key).await.unwrap().is_some_and(|r| r.is_done()));
+    tokio::time::sleep(PAST_SHORT_TTL).await;
+    assert_eq!(store.get(&key).await.unwrap(), None);
+    acquired(store.claim(&key, &fp("a"), LONG).await.unwrap());
+}
+
+/// PENDING expires after `pending_ttl` when not renewed.
+pub async fn pending_expiry(store: Arc<dyn Store>) {
+    let key = fresh_key();
+    acquired(store.claim(&key, &fp("a"), SHORT_TTL).await.unwrap());
+    assert!(store.get(&key).await.unwrap().is_some());
+    tokio::time::sleep(PAST_SHORT_TTL).await;
+    assert_eq!(store.get(&key).await.unwrap(), None);
+}
+
+/// A different fingerprint gets the existing record (store) and a mismatch
+/// error without running the work (engine), PENDING and DONE alike.
+pub async fn mismatch(store: Arc<dyn Store>) {
+    let key = fresh_key();
+    let lease = acquired(store.claim(&key, &fp("a"), LONG).await.unwrap());
+    let rec = existing(store.claim(&key, &fp("b"), LONG).await.unwrap());
+    assert_eq!(rec.fingerprint, fp("a"));
+    let engine = Engine::new(Arc::clone(&store));
+    let runs = AtomicUsize::new(0);
+    let r = engine
+        .execute(&key, &fp("b"), || async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, std::io::Error>(1)
+        })
+        .await;
+    assert!(matches!(r, Err(ExecuteError::Mismatch)), "{r:?}");
+    let w = store
+        .complete(
+            &lease,
+            payload(b"1"),
+            LONG,
+            &attempt(AttemptOutcome::Executed),
+        )
+        .await
+        .unwrap();
+    assert_eq!(w, Fenced::Applied);
+    let r = engine
+        .execute(&key, &fp("b"), || async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, std::io::Error>(1)
+        })
+        .await;
+    assert!(matches!(r, Err(ExecuteError::Mismatch)), "{r:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+/// Every attempt lands in the timeline, in order, with its replica.
+pub async fn timeline_entries(store: Arc<dyn Store>) {
+    let key = fresh_key();
+    let engine = Engine::new(Arc::clone(&store)).with_replica("replica-a");
+    let fail = engine
+        .execute(&key, &fp("a"), || async {
+            Err::<u32, _>(std::io::Error::other("boom"))
+        })
+        .await;
+    assert!(matches!(fail, Err(ExecuteError::Work(_))));
+    assert_eq!(store.get(&key).await.unwrap(), None, "failure must release");
+    let first = engine
+        .execute(&key, &fp("a"), || async { Ok::<_, std::io::Error>(7u32) })
+        .await
+        .unwrap();
+    assert!(!first.replayed());
+    let second = engine
+        .execute(&key, &fp("a"), || async { Ok::<_, std::io::Error>(8u32) })
+        .await
+        .unwrap();
+    assert!(second.replayed());
+    assert_eq!(second.value, 7);
+    let mismatch = engine
+        .execute(&key, &fp("other"), || async {
+            Ok::<_, std::io::Error>(9u32)
+        })
+        .await;
+    assert!(matches!(mismatch, Err(ExecuteError::Mismatch)));
+
+    let expected = [
+        AttemptOutcome::Failed,
+        AttemptOutcome::Executed,
+        AttemptOutcome::Replayed,
+        AttemptOutcome::Mismatch,
+    ];
+    let got = eventually(|| {
+        let store = Arc::clone(&store);
+        let key = key.clone();
+        async move { store.timeline(&key).await.unwrap().len() >= expected.len() }
+    })
+    .await;
+    assert!(got, "timeline never reached {} entries", expected.len());
+    let timeline = store.timeline(&key).await.unwrap();
+    let outcomes: Vec<_> = timeline.iter().map(|a| a.outcome).collect();
+    assert_eq!(outcomes, expected);
+    assert!(timeline.iter().all(|a| a.replica == "replica-a"));
+    assert!(timeline.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
+    // Another tenant's key with the same client key has its own (empty) timeline.
+    let other = ScopedKey::new("someone-else", key.namespace.clone(), key.key.clone());
+    assert!(store.timeline(&other).await.unwrap().is_empty());
+}
+
+/// Two tenants with the same client key never share a record.
+pub async fn tenant_isolation(store: Arc<dyn Store>) {
+    let a = fresh_key();
+    let b = ScopedKey::new(
+        format!("{}-b", a.tenant),
+        a.namespace.clone(),
+        a.key.clone(),
+    );
+    let la = acquired(store.claim(&a, &fp("x"), LONG).await.unwrap());
+    let lb = acquired(store.claim(&b, &fp("x"), LONG).await.unwrap());
+    let ok = attempt(AttemptOutcome::Executed);
+    assert_eq!(
+        store.complete(&la, payload(b"A"), LONG, &ok).await.unwrap(),
+        Fenced::Applied
+    );
+    assert_eq!(
+        store
+            .get(&b)
+            .await
+            .unwrap()
+            .and_then(|r| r.payload().cloned()),
+        None
+    );
+    assert_eq!(
+        store.complete(&lb, payload(b"B"), LONG, &ok).await.unwrap(),
+        Fenced::Applied
+    );
+    let ra = store.get(&a).await.unwrap().expect("a");
+    let rb = store.get(&b).await.unwrap().expect("b");
+    assert_eq!(ra.payload().map(|p| p.to_vec()), Some(b"A".to_vec()));
+    assert_eq!(rb.payload().map(|p| p.to_vec()), Some(b"B".to_vec()));
+}
+
+/// 64 concurrent claimers on one key: exactly one wins, every time.
+pub async fn race_one_winner(store: Arc<dyn Store>) {
+    const CLAIMERS: usize = 64;
+    const ROUNDS: usize = 30;
+    for round in 0..ROUNDS {
+        let key = fresh_key();
+        let barrier = Arc::new(tokio::sync::Barrier::new(CLAIMERS));
+        let mut tasks = Vec::with_capacity(CLAIMERS);
+        for _ in 0..CLAIMERS {
+            let (store, key, barrier) = (Arc::clone(&store), key.clone(), Arc::clone(&barrier));
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                store.claim(&key, &fp("race"), LONG).await
+            }));
+        }
+        let mut winners = 0;
+        for t in tasks {
+            match t.await.unwrap().unwrap() {
+                Claim::Acquired(_) => winners += 1,
+                Claim::Existing(r) => assert_eq!(r.fingerprint, fp("race")),
+            }
+        }
+        assert_eq!(winners, 1, "round {round}: {winners} claimers won one key");
+    }
+}
+
+/// 64 concurrent `execute` calls that wait: the work runs once, every caller
+/// gets its value.
+pub async fn race_execute_once(store: Arc<dyn Store>) {
+    const CALLERS: usize = 64;
+    const ROUNDS: usize = 10;
+    let engine = Engine::new(Arc::clone(&store))
+        .with_policy(Policy::default().on_inflight(OnInflight::Wait(Duration::from_secs(20))));
+    for _ in 0..ROUNDS {
+        let key = fresh_key();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let barrier = Arc::new(tokio::sync::Barrier::new(CALLERS));
+        let mut tasks = Vec::new();
+        for i in 0..CALLERS {
+            let (engine, key, runs, barrier) = (
+                engine.clone(),
+                key.clone(),
+                Arc::clone(&runs),
+                Arc::clone(&barrier),
+            );
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                engine
+                    .execute(&key, &fp("same"), || async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(30)).await;
+                        Ok::<_, std::io::Error>(format!("value-from-{i}"))
+                    })
+                    .await
+            }));
+        }
+        let mut values = Vec::new();
+        for t in tasks {
+            values.push(t.await.unwrap().unwrap().value);
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert!(
+            values.windows(2).all(|w| w[0] == w[1]),
+            "callers saw different values"
+        );
+    }
+}
+
+/// An error inside the work releases the key at once.
+pub async fn error_releases_key(store: Arc<dyn Store>) {
+    let key = fresh_key();
+    let engine = Engine::new(Arc::clone(&store));
+    let r = engine
+        .execute(&key, &fp("a"), || async {
+            Err::<u8, _>(std::io::Error::other("upstream 503"))
+        })
+        .await;
+    assert!(matches!(r, Err(ExecuteError::Work(_))));
+    let again = engine
+        .execute(&key, &fp("a"), || async { Ok::<_, std::io::Error>(1u8) })
+        .await
+        .unwrap();
+    assert!(!again.replayed(), "retry after a failure must run the work");
+}
+
+/// A panic inside the work releases the key (and the panic goes on).
+pub async fn panic_releases_key(store: Arc<dyn Store>) {
+    let key = fresh_key();
+    let engine = Engine::new(Arc::clone(&store));
+    let (e2, k2) = (engine.clone(), key.clone());
+    let joined = tokio::spawn(async move {
+        e2.execute(&k2, &fp("a"), || async { Ok::<u8, std::io::Error>(boom()) })
+            .await
+    })
+    .await;
+    assert!(joined.expect_err("panic must propagate").is_panic());
+    assert_eq!(
+        store.get(&key).await.unwrap(),
+        None,
+        "panic must release before unwinding on"
+    );
+}
+
+fn boom() -> u8 {
+    panic!("work panicked")
+}
+
+/// Dropping the `execute` future (cancellation) releases the key.
+pub async fn cancel_releases_key(store: Arc<dyn Store>) {
+    let key = fresh_key();
+    let engine = Engine::new(Arc::clone(&store));
+    let (e2, k2) = (engine.clone(), key.clone());
+    let task = tokio::spawn(async move {
+        e2.execute(&k2, &fp("a"), || async {
+            tokio::time::sleep(LONG).await;
+            Ok::<u8, std::io::Error>(0)
+        })
+        .await
+    });
+    let claimed = eventually(|| {
+        let store = Arc::clone(&store);
+        let key = key.clone();
+        async move { store.get(&key).await.unwrap().is_some() }
+    })
+    .await;
+    assert!(claimed, "work never claimed the key");
+    task.abort();
+    let released = eventually(|| {
+        let store = Arc::clone(&store);
+        let key = key.clone();
+        async move { store.get(&key).await.unwrap().is_none() }
+    })
+    .await;
+    assert!(released, "cancelled work left the key PENDING");
+}
+
+/// `Notify`: a caller meeting a PENDING key gets a handle that resolves when
+/// the owner finishes; `Reject` refuses with a Retry-After hint.
+pub async fn inflight_reject_and_notify(store: Arc<dyn Store>) {
+    let key = fresh_key();
+    let engine = Engine::new(Arc::clone(&store));
+    let Begin::Owner(guard) = engine.begin(&key, &fp("a")).await.unwrap() else {
+        panic!("first begin must own the key");
+    };
+    let rejected = engine
+        .execute(&key, &fp("a"), || async { Ok::<_, std::io::Error>(0u8) })
+        .await;
+    let Err(ExecuteError::InFlight(inflight)) = rejected else {
+        panic!("expected InFlight, got {rejected:?}");
+    };
+    assert!(inflight.retry_after() >= Duration::from_secs(1));
+    let notify = Engine::new(Arc::clone(&store))
+        .with_policy(Policy::default().on_inflight(OnInflight::Notify));
+    let Err(ExecuteError::InFlight(handle)) = notify
+        .execute(&key, &fp("a"), || async { Ok::<_, std::io::Error>(0u8) })
+        .await
+    else {
+        panic!("expected a notify handle");
+    };
+    let waiter = tokio::spawn(async move { handle.settled(Duration::from_secs(10)).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let w = guard.complete(payload(b"5"), Some(200)).await.unwrap();
+    assert_eq!(w, Fenced::Applied);
+    match waiter.await.unwrap().unwrap() {
+        Settled::Done(r) => assert_eq!(r.payload().map(|p| p.to_vec()), Some(b"5".to_vec())),
+        other => panic!("expected Done, got {other:?}"),
+    }
+}
+
+/// A long run keeps its key through the engine's heartbeat even though
+/// `pending_ttl` is shorter than the run.
+pub async fn heartbeat_outlives_pending_ttl(store: Arc<dyn Store>) {
+    let key = fresh_key();
+    let engine =
+        Engine::new(Arc::clone(&store)).with_policy(Policy::default().pending_ttl(SHORT_TTL));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (e2, k2, r2) = (engine.clone(), key.clone(), Arc::clone(&runs));
+    let long = tokio::spawn(async move {
+        e2.execute(&k2, &fp("a"), || async move {
+            r2.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(SHORT_TTL * 3).await;
+            Ok::<_, std::io::Error>(1u8)
+        })
+        .await
+    });
+    tokio::time::sleep(SHORT_TTL * 2).await;
+    let dup = engine
+        .execute(&key, &fp("a"), || async { Ok::<_, std::io::Error>(2u8) })
+        .await;
+    assert!(matches!(dup, Err(ExecuteError::InFlight(_))), "{dup:?}");
+    assert_eq!(long.await.unwrap().unwrap().value, 1);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
