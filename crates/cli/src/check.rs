@@ -1,4 +1,7 @@
-//! `idemgate check`: the pre-launch checklist (docs/design.md) over a configuration.
+//! `idemgate check`: the pre-launch checklist (docs/design.md) over a
+//! configuration, so a mistake that would cause duplicates or lost results
+//! (a short `done_ttl`, a merging key, a memory store on a charging route)
+//! is found before launch.
 //!
 //! Exit status: 0 when no finding is an error, 1 when one is, 2 when the
 //! configuration cannot be read or is invalid.

@@ -4,7 +4,8 @@
 //!   different operations; logs the other checklist findings).
 //! - `check`: the pre-launch checklist as findings, exit 1 on errors
 //!   (module `check`).
-//! - `demo`: the timeout-and-retry story run locally, without and with idemgate.
+//! - `demo`: a client whose timeout is shorter than a slow generation
+//!   retries and is charged twice; then the same run behind idemgate.
 //! - `keys show`: one key's record and timeline from the store (module
 //!   `keys`).
 
@@ -235,49 +236,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
 async fn serve_logged(args: ServeArgs) -> anyhow::Result<()> {
     let config = args.config.load()?;
-    let findings = idemgate_gateway::plan::findings(&config);
-    for f in &findings {
-        let route = f.route.as_deref().unwrap_or("-");
-        match f.severity {
-            idemgate_check::Severity::Error => {
-                tracing::warn!(rule = f.rule, route, fix = %f.fix, "check: {}", f.message);
-            }
-            idemgate_check::Severity::Warning => {
-                tracing::info!(rule = f.rule, route, fix = %f.fix, "check: {}", f.message);
-            }
-            idemgate_check::Severity::Info => {
-                tracing::debug!(rule = f.rule, route, fix = %f.fix, "check: {}", f.message);
-            }
-        }
-    }
-    let refused = idemgate_gateway::plan::start_refusals(&findings);
-    if !refused.is_empty() {
-        let why: Vec<String> = refused
-            .iter()
-            .map(|f| {
-                format!(
-                    "route {}: {} (fix: {})",
-                    f.route.as_deref().unwrap_or("-"),
-                    f.message,
-                    f.fix
-                )
-            })
-            .collect();
-        anyhow::bail!(
-            "refusing to start: {}; `idemgate check` lists every finding",
-            why.join("; ")
-        );
-    }
     if let Err(e) = idemgate_gateway::telemetry::install_prometheus() {
         tracing::warn!(error = %e, "metrics disabled");
     }
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", config.listen))?;
-    let admin = tokio::net::TcpListener::bind(config.admin_listen)
-        .await
-        .with_context(|| format!("cannot listen on {} (admin)", config.admin_listen))?;
-    idemgate_gateway::serve(listener, admin, config, signal()).await?;
+    // The gateway runs the checklist first (logging the findings, refusing
+    // a key that merges operations), then binds the configured addresses.
+    idemgate_gateway::bind_and_serve(config, signal()).await?;
     Ok(())
 }
 

@@ -2,19 +2,24 @@
 //! HTTP service) that runs each keyed request at most once.
 //!
 //! # Layout
-//! - [`config`]: configuration in two phases (raw TOML/env/flags, then typed
-//!   and validated [`GatewayConfig`]).
-//! - [`proxy`]: the upstream proxy service with layered timeouts.
+//! Leaves first; each module uses only the ones above it in this list.
+//! - [`GatewayError`] (module `error`): why the gateway could not start or
+//!   stopped.
 //! - [`problem`]: the gateway's own RFC 9457 problem responses.
+//! - [`config`]: configuration in two phases (raw TOML/env/flags, then typed
+//!   and validated [`GatewayConfig`]); a route's modes are the idempotency
+//!   layer's own types.
 //! - [`plan`]: the configuration as the pre-launch checklist's plan
 //!   (`idemgate check`), and which findings refuse a start.
-//! - [`serve`](mod@serve): [`serve()`]: store, per-route engine + idempotency
-//!   layer + proxy, the router, the admin listener and graceful shutdown.
+//! - [`proxy`]: the upstream proxy service with layered timeouts.
 //! - [`telemetry`]: the metrics pipeline (idemgate-telemetry's Prometheus
 //!   recorder) behind the admin `/metrics`.
 //! - `admin`: the admin listener's endpoints.
 //! - `stores`: opening the configured store (memory, SQLite, Redis,
 //!   Redis Cluster, PostgreSQL) and the live-event fan-out that goes with it.
+//! - [`serve`](mod@serve): [`serve()`] and [`bind_and_serve()`]: the start
+//!   checks, store, per-route engine + idempotency layer + proxy, the
+//!   router, the admin listener and graceful shutdown.
 //!
 //! # The key decision
 //! The upstream proxy is a plain inner service of the idempotency layer,
@@ -29,11 +34,15 @@
 //!
 //! Configuration is validated once, up front, into typed values: a bad file
 //! is a startup error naming the field, never a surprise on the first request.
+//! A well-formed configuration whose derived key would merge different
+//! operations is refused by [`serve()`] itself, so an embedder gets the same
+//! guarantee as `idemgate serve`.
 //!
 //! [`GatewayConfig`]: config::GatewayConfig
 
 mod admin;
 pub mod config;
+mod error;
 pub mod plan;
 pub mod problem;
 pub mod proxy;
@@ -42,7 +51,8 @@ mod stores;
 pub mod telemetry;
 
 pub use config::{ConfigError, GatewayConfig, Overrides, RouteConfig, StoreUrl};
+pub use error::GatewayError;
 pub use idemgate_layer::RetryableFailure;
 pub use proxy::{Proxy, UpstreamBodyError};
-pub use serve::{GatewayError, serve};
+pub use serve::{bind_and_serve, serve};
 pub use stores::open_records;

@@ -1,5 +1,6 @@
 //! The gateway's configuration as an [`idemgate_check::Plan`]: what
-//! `idemgate check` judges, and what `idemgate serve` refuses to start with.
+//! `idemgate check` judges, and what [`serve()`](crate::serve()) (and so
+//! `idemgate serve`) refuses to start with.
 //!
 //! The mapping states what the gateway will really do with each route: the
 //! lease and its heartbeat (`pending_ttl / 3`, as the engine renews), the
@@ -10,9 +11,12 @@ use std::path::Path;
 
 use idemgate_check::{AlertRules, Finding, KeyPart, KeyPlan, Plan, RoutePlan, StoreKind};
 
-use crate::config::{self, GatewayConfig, KeyMode, RouteConfig, StoreErrorMode, StoreUrl};
+use idemgate_layer::{DerivePart, KeyMode, StoreErrorMode};
 
-/// Rules whose error findings make `idemgate serve` refuse to start.
+use crate::config::{GatewayConfig, RouteConfig, StoreUrl};
+
+/// Rules whose error findings make [`serve()`](crate::serve()) refuse to
+/// start.
 ///
 /// A key that merges different operations (a content hash without a user
 /// or session, or neither user nor request) makes the gateway answer one
@@ -36,7 +40,7 @@ pub fn findings(config: &GatewayConfig) -> Vec<Finding> {
     idemgate_check::check(&plan(config))
 }
 
-/// The findings that stop `idemgate serve` ([`REFUSED_AT_START`]).
+/// The findings that stop [`serve()`](crate::serve()) ([`REFUSED_AT_START`]).
 pub fn start_refusals(findings: &[Finding]) -> Vec<&Finding> {
     findings
         .iter()
@@ -88,13 +92,16 @@ fn route_plan(route: &RouteConfig) -> RoutePlan {
             KeyMode::Require => KeyPlan::Require,
             KeyMode::Optional => KeyPlan::Optional,
             KeyMode::Derive(t) => {
+                // A part the plan does not know counts for nothing: the
+                // checklist then judges the key coarser, never finer.
                 let mut parts: Vec<KeyPart> = t
                     .parts
                     .iter()
-                    .map(|p| match p {
-                        config::KeyPart::Tenant => KeyPart::Tenant,
-                        config::KeyPart::Header(h) => KeyPart::Header(h.as_str().to_owned()),
-                        config::KeyPart::Body => KeyPart::BodyHash,
+                    .filter_map(|p| match p {
+                        DerivePart::Tenant => Some(KeyPart::Tenant),
+                        DerivePart::Header(h) => Some(KeyPart::Header(h.as_str().to_owned())),
+                        DerivePart::BodyHash => Some(KeyPart::BodyHash),
+                        _ => None,
                     })
                     .collect();
                 if let Some(w) = t.window {
@@ -102,6 +109,8 @@ fn route_plan(route: &RouteConfig) -> RoutePlan {
                 }
                 KeyPlan::Derive(parts)
             }
+            // A mode the configuration cannot name: no derived key to judge.
+            _ => KeyPlan::Optional,
         },
         charges: route.charges,
         fail_open: route.on_store_error == StoreErrorMode::FailOpen,

@@ -13,7 +13,7 @@
 //! | total | one deadline for the whole body (`timeout_at` on each chunk) | body error |
 //!
 //! A refused connection is a 502 problem, retryable. Synthetic 502/504
-//! responses carry a [`RetryableFailure`](idemgate_layer::RetryableFailure) marker so the layer releases the
+//! responses carry a [`RetryableFailure`] marker so the layer releases the
 //! key whatever the route's retryable statuses say.
 
 use std::convert::Infallible;
@@ -38,16 +38,8 @@ use idemgate_layer::{IdempotencyContext, RetryableFailure};
 use idemgate_telemetry::names;
 
 use crate::config::{RouteConfig, Timeouts};
+pub use crate::error::ProxyBuildError;
 use crate::problem::problem;
-
-/// Why a proxy could not be built.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot build the upstream client for route `{route}`")]
-pub struct ProxyBuildError {
-    route: String,
-    #[source]
-    source: reqwest::Error,
-}
 
 /// A body error from the upstream response stream: the response was cut.
 #[derive(Debug, thiserror::Error)]
@@ -449,7 +441,7 @@ mod tests {
     use super::*;
 
     fn route(prefix: &str, upstream: &str, strip: bool) -> Proxy {
-        let mut cfg = crate::GatewayConfig::for_upstream(upstream)
+        let mut cfg = crate::config::GatewayConfig::for_upstream(upstream)
             .map(|c| c.routes[0].clone())
             .unwrap_or_else(|e| panic!("{e}"));
         cfg.prefix = prefix.into();

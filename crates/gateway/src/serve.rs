@@ -1,5 +1,11 @@
-//! [`serve`]: the store, one engine and layer per route, the router, the
-//! admin listener, and graceful shutdown.
+//! [`serve`]: the start checks, the store, one engine and layer per route,
+//! the router, the admin listener, and graceful shutdown.
+//!
+//! The orchestrating module: it sits on top of the others (configuration,
+//! plan, stores, proxy, admin) and nothing below depends on it. The
+//! pre-launch checklist runs here, inside [`serve()`], so every way of
+//! starting the gateway (the CLI, a test, a program embedding the library)
+//! refuses the same configurations.
 //!
 //! The service stack of a route, outermost first:
 //! 1. the dispatcher: longest matching prefix, else a 404 problem;
@@ -17,106 +23,20 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use http::{HeaderName, Request, Response};
+use http::{Request, Response};
+use idemgate_check::{Finding, Severity};
 use idemgate_engine::{Engine, OnInflight, Policy, Store};
-use idemgate_layer::LayerConfig;
 use idemgate_telemetry::{InstrumentedStore, Telemetry};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
 
-use crate::config::{GatewayConfig, Inflight, KeyMode, KeyPart, RouteConfig, StoreErrorMode};
+use crate::config::{GatewayConfig, RouteConfig};
+use crate::error::GatewayError;
+use crate::plan;
 use crate::problem::no_route;
-use crate::proxy::{Proxy, ProxyBuildError};
-
-/// Why the gateway could not start or stopped with an error.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum GatewayError {
-    /// The store could not be opened.
-    #[error("cannot open the {backend} store at {url}")]
-    StoreOpen {
-        /// The backend.
-        backend: &'static str,
-        /// The store URL (password hidden).
-        url: String,
-        /// Why.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
-    /// A route's upstream client could not be built.
-    #[error(transparent)]
-    Proxy(#[from] ProxyBuildError),
-    /// A listener failed.
-    #[error("listener failed")]
-    Io(#[from] std::io::Error),
-}
-
-/// Response headers kept with a stored result for replay, besides
-/// `content-type` (the layer always keeps it).
-const STORED_HEADERS: [&str; 4] = [
-    "x-request-id",
-    "request-id",
-    "openai-model",
-    "anthropic-ratelimit-requests-remaining",
-];
-
-/// The layer configuration of a route.
-pub fn layer_config(route: &RouteConfig) -> LayerConfig {
-    let key_mode = match &route.key_mode {
-        KeyMode::Require => idemgate_layer::KeyMode::Require,
-        KeyMode::Optional => idemgate_layer::KeyMode::Optional,
-        KeyMode::Derive(t) => idemgate_layer::KeyMode::Derive(idemgate_layer::DeriveTemplate {
-            parts: t
-                .parts
-                .iter()
-                .map(|p| match p {
-                    KeyPart::Tenant => idemgate_layer::DerivePart::Tenant,
-                    KeyPart::Header(h) => idemgate_layer::DerivePart::Header(h.clone()),
-                    KeyPart::Body => idemgate_layer::DerivePart::BodyHash,
-                })
-                .collect(),
-            window: t.window,
-        }),
-    };
-    let on_inflight = match route.on_inflight {
-        Inflight::Reject => idemgate_layer::InflightMode::Reject,
-        Inflight::Wait(d) => idemgate_layer::InflightMode::Wait(d),
-        Inflight::Attach(d) => idemgate_layer::InflightMode::Attach(d),
-    };
-    let operations_path = if route.prefix == "/" {
-        "/idemgate/operations/".to_owned()
-    } else {
-        format!("{}/idemgate/operations/", route.prefix)
-    };
-    LayerConfig {
-        namespace: route.id.clone(),
-        key_mode,
-        on_inflight,
-        methods: route.methods.clone(),
-        body_limit: route.body_limit,
-        tenant: match &route.tenant_header {
-            Some(h) => idemgate_layer::TenantSource::Header(h.clone()),
-            None => idemgate_layer::TenantSource::Authorization,
-        },
-        fingerprint_ignore: route.fingerprint_ignore.clone(),
-        retryable_statuses: route.retryable_statuses.clone(),
-        stored_headers: STORED_HEADERS
-            .iter()
-            .map(|h| HeaderName::from_static(h))
-            .collect(),
-        on_store_error: match route.on_store_error {
-            StoreErrorMode::FailClosed => idemgate_layer::StoreErrorMode::FailClosed,
-            StoreErrorMode::FailOpen => idemgate_layer::StoreErrorMode::FailOpen,
-        },
-        // A detached execution ends with the upstream's total timeout; a
-        // little slack lets the body error arrive first.
-        completion_timeout: route.timeouts.total + Duration::from_secs(1),
-        operations_path,
-        ..LayerConfig::default()
-    }
-}
+use crate::proxy::Proxy;
 
 /// The engine of a route: the shared store with the route's TTLs. The
 /// layer decides what a duplicate gets, so the engine never waits itself.
@@ -170,15 +90,87 @@ impl tower::Service<Request<Body>> for Dispatch {
 /// Runs the gateway on `listener` (proxy) and `admin` (health endpoints)
 /// until `shutdown` resolves, then shuts down gracefully.
 ///
+/// Before anything is opened, the pre-launch checklist runs on `config`:
+/// every finding is logged, and a key template that would merge different
+/// operations ([`plan::REFUSED_AT_START`]) refuses the start. A program that
+/// embeds the gateway gets the same guarantee as `idemgate serve`.
+///
 /// Shutdown stops accepting connections, waits up to
 /// `config.shutdown_grace` for requests and detached upstream calls to
 /// finish (and be stored), then cancels what remains; every cancelled
 /// call releases its key, so no PENDING record is left to expire.
 ///
 /// # Errors
-/// The store cannot be opened or is not part of this build, an upstream
-/// client cannot be built, or a listener fails.
+/// [`GatewayError::Refused`] for a refused configuration; the store cannot
+/// be opened or is not part of this build, an upstream client cannot be
+/// built, or a listener fails.
 pub async fn serve(
+    listener: TcpListener,
+    admin: TcpListener,
+    config: GatewayConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), GatewayError> {
+    preflight(&config)?;
+    run(listener, admin, config, shutdown).await
+}
+
+/// [`serve()`] on the configured addresses (`config.listen` and
+/// `config.admin_listen`), bound after the checklist passed, so a refused
+/// configuration never holds a port.
+///
+/// # Errors
+/// As [`serve()`], and [`GatewayError::Bind`] when an address cannot be
+/// bound.
+pub async fn bind_and_serve(
+    config: GatewayConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), GatewayError> {
+    preflight(&config)?;
+    let bind = |addr, admin| async move {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|source| GatewayError::Bind {
+                addr,
+                admin,
+                source,
+            })
+    };
+    let listener = bind(config.listen, false).await?;
+    let admin = bind(config.admin_listen, true).await?;
+    run(listener, admin, config, shutdown).await
+}
+
+/// The checklist at start: logs every finding (errors as warnings: only
+/// the refused rules stop the start), and refuses [`plan::REFUSED_AT_START`].
+fn preflight(config: &GatewayConfig) -> Result<(), GatewayError> {
+    let findings = plan::findings(config);
+    for f in &findings {
+        let route = f.route.as_deref().unwrap_or("-");
+        match f.severity {
+            Severity::Error => {
+                tracing::warn!(rule = f.rule, route, fix = %f.fix, "check: {}", f.message);
+            }
+            Severity::Warning => {
+                tracing::info!(rule = f.rule, route, fix = %f.fix, "check: {}", f.message);
+            }
+            Severity::Info => {
+                tracing::debug!(rule = f.rule, route, fix = %f.fix, "check: {}", f.message);
+            }
+        }
+    }
+    let refused: Vec<Finding> = plan::start_refusals(&findings)
+        .into_iter()
+        .cloned()
+        .collect();
+    if refused.is_empty() {
+        Ok(())
+    } else {
+        Err(GatewayError::Refused(refused))
+    }
+}
+
+/// The gateway itself, once the checklist passed.
+async fn run(
     listener: TcpListener,
     admin: TcpListener,
     config: GatewayConfig,
@@ -194,7 +186,7 @@ pub async fn serve(
     let mut layers = Vec::with_capacity(config.routes.len());
     let mut routes = Vec::with_capacity(config.routes.len());
     for route in &config.routes {
-        let layer = opened.layer(engine(Arc::clone(&store), route), layer_config(route));
+        let layer = opened.layer(engine(Arc::clone(&store), route), route.layer_config());
         let svc = layer.layer(Proxy::new(route)?);
         routes.push((route.prefix.clone(), svc));
         layers.push(layer);

@@ -28,7 +28,7 @@ use idemgate_redis_live::{FanoutOptions, RedisLiveEvents};
 use url::Url;
 
 use crate::config::StoreUrl;
-use crate::serve::GatewayError;
+use crate::error::GatewayError;
 
 /// An open store, what publishes live events next to it, and how to close it.
 pub(crate) struct OpenStore {

@@ -2,7 +2,7 @@
 //! Prometheus recorder, with bucketed histograms for every `_seconds` metric
 //! (buckets, not summaries, so replicas aggregate).
 //!
-//! [`crate::serve`] installs it (through [`Telemetry::global`]) before it
+//! [`crate::serve()`] installs it (through [`Telemetry::global`]) before it
 //! builds its routes, and answers `GET /metrics` on the admin listener with
 //! [`Telemetry::render`]. A program that installed another recorder first
 //! keeps it; `/metrics` then says so.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use figment::Jail;
 use idemgate_check::{Jitter, RetryPolicy};
-use idemgate_gateway::config::{Inflight, KeyMode, KeyPart, StoreErrorMode, Timeouts};
+use idemgate_gateway::config::{DerivePart, InflightMode, KeyMode, StoreErrorMode, Timeouts};
 use idemgate_gateway::{ConfigError, GatewayConfig, Overrides, StoreUrl};
 
 fn load(file: Option<&str>, overrides: &Overrides) -> Result<GatewayConfig, ConfigError> {
@@ -37,7 +37,7 @@ fn only_an_upstream_gives_the_documented_defaults() {
         assert_eq!(r.prefix, "/");
         assert_eq!(r.methods, vec![http::Method::POST]);
         assert_eq!(r.key_mode, KeyMode::Optional);
-        assert!(matches!(r.on_inflight, Inflight::Attach(_)));
+        assert!(matches!(r.on_inflight, InflightMode::Attach(_)));
         assert_eq!(r.upstream.as_str(), "http://127.0.0.1:9/");
         assert_eq!(r.upstream_key_header.as_str(), "idempotency-key");
         assert_eq!(r.timeouts, Timeouts::default());
@@ -114,7 +114,10 @@ fn toml_file_is_read_whole() {
         assert_eq!(chat.prefix, "/v1/chat");
         assert_eq!(chat.methods, vec![http::Method::POST, http::Method::PUT]);
         assert_eq!(chat.key_mode, KeyMode::Require);
-        assert_eq!(chat.on_inflight, Inflight::Wait(Duration::from_secs(45)));
+        assert_eq!(
+            chat.on_inflight,
+            InflightMode::Wait(Duration::from_secs(45))
+        );
         assert_eq!(
             chat.pending_ttl,
             Duration::from_secs(5),
@@ -143,16 +146,16 @@ fn toml_file_is_read_whole() {
         );
         let root = &c.routes[1];
         assert_eq!(root.prefix, "/");
-        assert_eq!(root.on_inflight, Inflight::Reject);
+        assert_eq!(root.on_inflight, InflightMode::Reject);
         match &root.key_mode {
             KeyMode::Derive(t) => {
                 assert_eq!(t.parts.len(), 4);
-                assert_eq!(t.parts[0], KeyPart::Tenant);
+                assert_eq!(t.parts[0], DerivePart::Tenant);
                 assert_eq!(
                     t.parts[1],
-                    KeyPart::Header(http::HeaderName::from_static("x-user-id"))
+                    DerivePart::Header(http::HeaderName::from_static("x-user-id"))
                 );
-                assert_eq!(t.parts[3], KeyPart::Body);
+                assert_eq!(t.parts[3], DerivePart::BodyHash);
                 assert_eq!(t.window, Some(Duration::from_secs(600)));
             }
             other => panic!("expected derive, got {other:?}"),
@@ -528,7 +531,7 @@ fn a_content_hash_only_template_loads_for_the_checklist_to_report() {
         )?;
         let c = load(Some("gw.toml"), &Overrides::default()).map_err(jail_err)?;
         assert!(
-            matches!(&c.routes[0].key_mode, KeyMode::Derive(t) if t.parts == vec![KeyPart::Body])
+            matches!(&c.routes[0].key_mode, KeyMode::Derive(t) if t.parts == vec![DerivePart::BodyHash])
         );
         let rules: Vec<&str> = idemgate_gateway::plan::findings(&c)
             .iter()
@@ -537,4 +540,82 @@ fn a_content_hash_only_template_loads_for_the_checklist_to_report() {
         assert!(rules.contains(&"content-hash-only-key"), "{rules:?}");
         Ok(())
     });
+}
+
+/// The library's `serve()` runs the start checks itself: a program that
+/// embeds the gateway cannot start it with a key that merges operations.
+#[tokio::test]
+async fn serve_refuses_a_merging_key_template_before_opening_anything() {
+    use idemgate_gateway::GatewayError;
+    use idemgate_gateway::config::{RawConfig, RawRoute};
+
+    let config = GatewayConfig::from_raw(RawConfig {
+        upstream: Some("http://127.0.0.1:1".into()),
+        // A store that cannot be opened: the refusal must come first.
+        store: Some("redis://127.0.0.1:1".into()),
+        routes: vec![RawRoute {
+            prefix: Some("/v1".into()),
+            key: Some("derive".into()),
+            key_template: Some(vec!["body".into()]),
+            key_window: Some("10m".into()),
+            ..RawRoute::default()
+        }],
+        ..RawConfig::default()
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let bind = || tokio::net::TcpListener::bind("127.0.0.1:0");
+    let listener = bind().await.unwrap_or_else(|e| panic!("{e}"));
+    let admin = bind().await.unwrap_or_else(|e| panic!("{e}"));
+    let served = tokio::time::timeout(
+        Duration::from_secs(10),
+        idemgate_gateway::serve(listener, admin, config, std::future::pending()),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("serve started with a merging key"));
+    let err = served.expect_err("a merging key template was served");
+    let msg = err.to_string();
+    match err {
+        GatewayError::Refused(findings) => {
+            let rules: Vec<&str> = findings.iter().map(|f| f.rule).collect();
+            assert_eq!(rules, vec!["content-hash-only-key"]);
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert!(msg.contains("refusing to start"), "{msg}");
+    assert!(msg.contains("route /v1"), "{msg}");
+}
+
+/// A concept has one spelling, the documented one: the former aliases are
+/// refused with an error naming their field, not taken silently.
+#[test]
+fn undocumented_aliases_are_refused() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\nkey = \"required\"",
+            "routes[0].key",
+        ),
+        ("upstream = \"http://h\"\nstore = \"memory\"", "store"),
+        (
+            "upstream = \"http://h\"\nstore = \"sqlite://x.db\"",
+            "store",
+        ),
+        (
+            "upstream = \"http://h\"\nstore = \"postgresql://h/db\"",
+            "store",
+        ),
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\nbody_limit = \"1m\"",
+            "routes[0].body_limit",
+        ),
+    ];
+    for (toml, field) in cases {
+        Jail::expect_with(|jail| {
+            jail.create_file("alias.toml", toml)?;
+            match load(Some("alias.toml"), &Overrides::default()) {
+                Ok(c) => panic!("accepted alias {toml:?}: {c:?}"),
+                Err(e) => assert_eq!(e.field(), Some(*field), "{toml:?}: {e}"),
+            }
+            Ok(())
+        });
+    }
 }

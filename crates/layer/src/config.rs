@@ -4,13 +4,25 @@
 //! One [`LayerConfig`] per route (namespace). The defaults are the safe ones
 //! for a handler with side effects: a key is required, POST is protected,
 //! a store outage refuses the request rather than running it unprotected.
+//!
+//! The modes are the one vocabulary of route behaviour: the gateway's
+//! configuration holds these types as they are, so a mode is named once.
+//! They are serde types (`snake_case` names: `require`, `fail_open`, …) and
+//! `#[non_exhaustive]`, so a new mode is not a breaking change. A key part
+//! is written as text (`tenant`, `body`, `header:NAME`), the same spelling a
+//! gateway configuration file uses.
 
+use std::fmt;
+use std::str::FromStr;
 use std::time::Duration;
 
 use http::{HeaderName, Method};
+use serde::{Deserialize, Serialize};
 
 /// Where the idempotency key of a request comes from.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum KeyMode {
     /// The `Idempotency-Key` header is required; a request without it is
     /// refused with 400.
@@ -24,7 +36,12 @@ pub enum KeyMode {
 }
 
 /// One dimension of a derived key.
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// Written as text ([`FromStr`] and [`fmt::Display`], and so in serde):
+/// `tenant`, `body` or `header:NAME`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+#[non_exhaustive]
 pub enum DerivePart {
     /// The caller's tenant (hash of its credential).
     Tenant,
@@ -34,19 +51,77 @@ pub enum DerivePart {
     BodyHash,
 }
 
+/// Why a text is not a [`DerivePart`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DerivePartError {
+    /// Neither `tenant`, `body` nor `header:NAME`.
+    #[error("`{0}`: expected `tenant`, `body` or `header:NAME`")]
+    Unknown(String),
+    /// `header:NAME` with a NAME that is not a header name.
+    #[error("`{0}` is not a header name")]
+    BadHeader(String),
+}
+
+impl FromStr for DerivePart {
+    type Err = DerivePartError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "tenant" => Ok(Self::Tenant),
+            "body" => Ok(Self::BodyHash),
+            other => match other.strip_prefix("header:") {
+                Some(h) => {
+                    let h = h.trim();
+                    HeaderName::from_bytes(h.as_bytes())
+                        .map(Self::Header)
+                        .map_err(|_| DerivePartError::BadHeader(h.to_owned()))
+                }
+                None => Err(DerivePartError::Unknown(other.to_owned())),
+            },
+        }
+    }
+}
+
+impl TryFrom<String> for DerivePart {
+    type Error = DerivePartError;
+
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
+impl fmt::Display for DerivePart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Tenant => f.write_str("tenant"),
+            Self::Header(h) => write!(f, "header:{h}"),
+            Self::BodyHash => f.write_str("body"),
+        }
+    }
+}
+
+impl From<DerivePart> for String {
+    fn from(p: DerivePart) -> Self {
+        p.to_string()
+    }
+}
+
 /// How to build a key from a request when the client sent none.
 ///
-/// The default is the seed's recommendation: tenant + `x-user-id` +
-/// `x-session-id` + body hash + a ten-minute window. A template made of
-/// [`DerivePart::BodyHash`] alone would merge two identical questions from
-/// different users, and one without a window would merge the same question
-/// asked again tomorrow; [`DeriveTemplate::warnings`] says so.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The default identifies who asked, in which session, what, and when:
+/// tenant + `x-user-id` + `x-session-id` + body hash + a ten-minute window.
+/// A template made of [`DerivePart::BodyHash`] alone would merge two
+/// identical questions from different users, and one without a window would
+/// merge the same question asked again tomorrow;
+/// [`DeriveTemplate::warnings`] says so.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeriveTemplate {
     /// The dimensions, in order.
     pub parts: Vec<DerivePart>,
     /// Requests in the same window (of this length, aligned to the Unix
     /// epoch) with the same dimensions share a key; `None` means forever.
+    #[serde(default)]
     pub window: Option<Duration>,
 }
 
@@ -91,7 +166,9 @@ impl DeriveTemplate {
 }
 
 /// What a request gets when its key is PENDING (another request holds it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum InflightMode {
     /// 409 at once, with `Retry-After` and `x-should-retry: true`.
     Reject,
@@ -104,16 +181,36 @@ pub enum InflightMode {
 }
 
 /// Whose records a request may see.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum TenantSource {
     /// A hash of the `Authorization` header value.
     Authorization,
     /// A hash of the value of this header.
-    Header(HeaderName),
+    Header(#[serde(with = "header_name")] HeaderName),
+}
+
+/// Serde for a [`HeaderName`]: its (lowercase) text.
+mod header_name {
+    use http::HeaderName;
+    use serde::{Deserialize, Deserializer, Serializer, de::Error as _};
+
+    pub(super) fn serialize<S: Serializer>(h: &HeaderName, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(h.as_str())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<HeaderName, D::Error> {
+        let text = String::deserialize(d)?;
+        HeaderName::from_bytes(text.as_bytes())
+            .map_err(|_| D::Error::custom(format!("`{text}` is not a header name")))
+    }
 }
 
 /// What to do when the store cannot be reached.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum StoreErrorMode {
     /// 503; nothing is forwarded. Right for anything with side effects.
     FailClosed,
@@ -239,5 +336,61 @@ mod tests {
             window: Some(Duration::from_secs(60)),
         };
         assert_eq!(empty.warnings().len(), 1);
+    }
+
+    #[test]
+    fn key_parts_are_written_as_text() {
+        for (text, part) in [
+            ("tenant", DerivePart::Tenant),
+            ("body", DerivePart::BodyHash),
+            (
+                "header:x-user-id",
+                DerivePart::Header(HeaderName::from_static("x-user-id")),
+            ),
+        ] {
+            assert_eq!(text.parse::<DerivePart>(), Ok(part.clone()));
+            assert_eq!(part.to_string(), text);
+        }
+        assert_eq!(
+            " header: X-User-Id ".parse::<DerivePart>(),
+            Ok(DerivePart::Header(HeaderName::from_static("x-user-id")))
+        );
+        assert!(matches!(
+            "cookie".parse::<DerivePart>(),
+            Err(DerivePartError::Unknown(_))
+        ));
+        assert!(matches!(
+            "header:a b".parse::<DerivePart>(),
+            Err(DerivePartError::BadHeader(_))
+        ));
+    }
+
+    #[test]
+    fn modes_round_trip_through_serde_in_snake_case() {
+        assert_eq!(json(&StoreErrorMode::FailOpen), r#""fail_open""#);
+        assert_eq!(json(&KeyMode::Require), r#""require""#);
+        assert_eq!(json(&InflightMode::Reject), r#""reject""#);
+        assert_eq!(json(&TenantSource::Authorization), r#""authorization""#);
+        assert_eq!(
+            json(&TenantSource::Header(HeaderName::from_static("x-tenant"))),
+            r#"{"header":"x-tenant"}"#
+        );
+        let derive = KeyMode::Derive(DeriveTemplate::default());
+        let text = json(&derive);
+        assert!(
+            text.contains(r#"["tenant","header:x-user-id","header:x-session-id","body"]"#),
+            "{text}"
+        );
+        let back: KeyMode = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(back, derive);
+        let wait: InflightMode = serde_json::from_str(r#"{"wait":{"secs":5,"nanos":0}}"#)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(wait, InflightMode::Wait(Duration::from_secs(5)));
+        let bad = serde_json::from_str::<StoreErrorMode>(r#""ignore""#);
+        assert!(bad.is_err());
+    }
+
+    fn json<T: Serialize>(v: &T) -> String {
+        serde_json::to_string(v).unwrap_or_else(|e| panic!("{e}"))
     }
 }

@@ -1,0 +1,186 @@
+//! The whole gateway, typed and validated: [`GatewayConfig`].
+//!
+//! Phase two of loading: the merged raw values ([`RawConfig`]) are checked
+//! once, here, and become typed values; the first malformed one is an
+//! error naming its field. Defaults run without a file (listen
+//! `127.0.0.1:8080`, admin `127.0.0.1:9090`, store `sqlite:idemgate.db`);
+//! with only an `upstream`, one route `/` proxies POST requests with key
+//! mode `optional` and `on_inflight = "attach"`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::Figment;
+use idemgate_check::RetryPolicy;
+
+use super::client_retry::client_retry;
+use super::error::ConfigError;
+use super::parse::{StoreUrl, addr, duration, duration_or_zero, upstream_url};
+use super::raw::{Overrides, RawConfig, RawRoute, figment};
+use super::route::{RouteConfig, RouteDefaults, route};
+use super::secret::Secret;
+
+/// Default listen address of the proxy.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+/// Default listen address of the admin endpoints.
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
+/// Default store URL: an SQLite file in the working directory.
+pub const DEFAULT_STORE: &str = "sqlite:idemgate.db";
+
+/// The validated gateway configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GatewayConfig {
+    /// Proxy listen address.
+    pub listen: SocketAddr,
+    /// Admin listen address.
+    pub admin_listen: SocketAddr,
+    /// Where records are kept.
+    pub store: StoreUrl,
+    /// Default lease length.
+    pub pending_ttl: Duration,
+    /// Default DONE lifetime.
+    pub done_ttl: Duration,
+    /// How long shutdown waits for in-flight work before cancelling it.
+    pub shutdown_grace: Duration,
+    /// Token for the admin endpoints that need one.
+    pub admin_token: Option<Secret>,
+    /// The retry policy of the clients, as routes inherit it (default: the
+    /// official OpenAI and Anthropic clients' policy).
+    pub client_retry: RetryPolicy,
+    /// The deployed Prometheus rules file, resolved against the
+    /// configuration file's directory.
+    pub alert_rules: Option<PathBuf>,
+    /// Routes, longest prefix first.
+    pub routes: Vec<RouteConfig>,
+}
+
+impl GatewayConfig {
+    /// Reads `file` (if any), the environment and `overrides`, and validates.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the offending field.
+    pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Self, ConfigError> {
+        Self::from_figment(&figment(file, overrides)?)
+    }
+
+    /// Validates what `figment` holds.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the offending field.
+    pub fn from_figment(figment: &Figment) -> Result<Self, ConfigError> {
+        let raw: RawConfig = figment.extract().map_err(Box::new)?;
+        Self::from_raw(raw)
+    }
+
+    /// A configuration with every default and one route `/` to `upstream`.
+    ///
+    /// # Errors
+    /// A malformed upstream URL.
+    pub fn for_upstream(upstream: &str) -> Result<Self, ConfigError> {
+        Self::from_raw(RawConfig {
+            upstream: Some(upstream.to_owned()),
+            ..RawConfig::default()
+        })
+    }
+
+    /// Phase two: validates raw values into typed ones.
+    ///
+    /// # Errors
+    /// A [`ConfigError::Invalid`] naming the first offending field.
+    pub fn from_raw(raw: RawConfig) -> Result<Self, ConfigError> {
+        let listen = addr("listen", raw.listen.as_deref().unwrap_or(DEFAULT_LISTEN))?;
+        let admin_listen = addr(
+            "admin_listen",
+            raw.admin_listen.as_deref().unwrap_or(DEFAULT_ADMIN_LISTEN),
+        )?;
+        let store = StoreUrl::parse(raw.store.as_deref().unwrap_or(DEFAULT_STORE))
+            .map_err(|m| ConfigError::invalid("store", m))?;
+        let pending_ttl = duration("pending_ttl", raw.pending_ttl.as_deref(), secs(30))?;
+        let done_ttl = duration("done_ttl", raw.done_ttl.as_deref(), secs(24 * 3600))?;
+        let shutdown_grace =
+            duration_or_zero("shutdown_grace", raw.shutdown_grace.as_deref(), secs(30))?;
+        let admin_token = match raw.admin_token {
+            Some(t) if t.is_empty() => {
+                return Err(ConfigError::invalid("admin_token", "must not be empty"));
+            }
+            Some(t) => Some(Secret::new(t)),
+            None => None,
+        };
+        let default_upstream = raw
+            .upstream
+            .as_deref()
+            .map(|u| upstream_url("upstream", u))
+            .transpose()?;
+        let client_retry_raw = raw.client_retry.unwrap_or_default();
+        let client_retry = client_retry("client_retry", &client_retry_raw, RetryPolicy::default())?;
+        let alert_rules = match raw.alert_rules {
+            Some(p) if p.original().as_os_str().is_empty() => {
+                return Err(ConfigError::invalid("alert_rules", "must not be empty"));
+            }
+            Some(p) => Some(p.relative()),
+            None => None,
+        };
+
+        let mut raw_routes = raw.routes;
+        if raw_routes.is_empty() {
+            if default_upstream.is_none() {
+                return Err(ConfigError::invalid(
+                    "routes",
+                    "no routes: set `upstream` (or --upstream URL) or add [[routes]]",
+                ));
+            }
+            raw_routes.push(RawRoute {
+                prefix: Some("/".into()),
+                key: Some("optional".into()),
+                on_inflight: Some("attach".into()),
+                ..RawRoute::default()
+            });
+        }
+        let defaults = RouteDefaults {
+            upstream: default_upstream,
+            pending_ttl,
+            done_ttl,
+            client_retry,
+        };
+        let mut routes = Vec::with_capacity(raw_routes.len());
+        for (i, r) in raw_routes.into_iter().enumerate() {
+            let route = route(&format!("routes[{i}]"), r, &defaults)?;
+            if let Some(other) = routes
+                .iter()
+                .find(|o: &&RouteConfig| o.prefix == route.prefix || o.id == route.id)
+            {
+                let what = if other.prefix == route.prefix {
+                    format!("prefix `{}` is used by two routes", route.prefix)
+                } else {
+                    format!("id `{}` is used by two routes", route.id)
+                };
+                return Err(ConfigError::invalid(format!("routes[{i}]"), what));
+            }
+            routes.push(route);
+        }
+        // Longest prefix first: the first match is the most specific one.
+        routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
+        Ok(Self {
+            listen,
+            admin_listen,
+            store,
+            pending_ttl,
+            done_ttl,
+            shutdown_grace,
+            admin_token,
+            client_retry,
+            alert_rules,
+            routes,
+        })
+    }
+
+    /// The route serving `path`: the longest matching prefix.
+    pub fn route_for(&self, path: &str) -> Option<&RouteConfig> {
+        self.routes.iter().find(|r| r.matches(path))
+    }
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}

@@ -1,0 +1,288 @@
+//! Phase one: the configuration as a person writes it.
+//!
+//! Every field is optional, durations and sizes are text, and unknown
+//! fields are refused (a typo is an error, not a default). Three sources
+//! are merged, later ones winning: a TOML file, `IDEMGATE_*` environment
+//! variables (`__` separates nesting levels, e.g.
+//! `IDEMGATE_CLIENT_RETRY__ATTEMPTS`), and command-line flags
+//! ([`Overrides`]). Nothing here judges a value; [`super::gateway`] does,
+//! once, so a value is checked the same way whichever source it came from.
+
+use std::fmt;
+use std::path::Path;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::value::magic::RelativePathBuf;
+use serde::{Deserialize, Serialize};
+
+use super::error::ConfigError;
+use super::secret::redact_text;
+
+/// Prefix of the environment variables read.
+pub const ENV_PREFIX: &str = "IDEMGATE_";
+
+/// The configuration as written: every field optional, durations and sizes
+/// as text. Unknown fields are refused, so a typo is an error, not a default.
+/// `Debug` hides the admin token and the store URL's password.
+#[derive(Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// Proxy listen address.
+    pub listen: Option<String>,
+    /// Admin listen address.
+    pub admin_listen: Option<String>,
+    /// Store URL (`sqlite:PATH`, `memory:`, `redis://…`, `redis+cluster://…`, `postgres://…`).
+    pub store: Option<String>,
+    /// Default upstream for routes that name none; alone, it makes the `/` route.
+    pub upstream: Option<String>,
+    /// Default lease length (e.g. `30s`).
+    pub pending_ttl: Option<String>,
+    /// Default lifetime of DONE records (e.g. `24h`).
+    pub done_ttl: Option<String>,
+    /// How long shutdown waits for in-flight work before cancelling it.
+    pub shutdown_grace: Option<String>,
+    /// Token for the admin endpoints that need one.
+    pub admin_token: Option<String>,
+    /// How the clients in front of the gateway retry (`[client_retry]`);
+    /// routes inherit it field by field. Used by `idemgate check`.
+    pub client_retry: Option<RawClientRetry>,
+    /// Path of the Prometheus rules file deployed for this gateway
+    /// (relative paths resolve against the configuration file). Used by
+    /// `idemgate check`.
+    pub alert_rules: Option<RelativePathBuf>,
+    /// The routes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<RawRoute>,
+}
+
+/// `[client_retry]` (top level or per route) as written: the retry policy
+/// of the clients calling the gateway. The gateway does not retry; this
+/// describes the callers so `idemgate check` can size `done_ttl`: the longest
+/// retry window (attempts × (timeout + backoff) + compensation delay),
+/// doubled.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RawClientRetry {
+    /// Total attempts, the first one included (default 3).
+    pub attempts: Option<u32>,
+    /// The client's timeout for one attempt (default `600s`).
+    pub attempt_timeout: Option<String>,
+    /// Backoff before the first retry, doubling after (default `500ms`).
+    pub backoff_base: Option<String>,
+    /// Longest backoff sleep (default `8s`).
+    pub backoff_cap: Option<String>,
+    /// `none`, `full` (default) or `equal`.
+    pub jitter: Option<String>,
+    /// Delay of an asynchronous job that may replay the operation after the
+    /// client gave up (default `0s`).
+    pub compensation_delay: Option<String>,
+}
+
+/// One `[[routes]]` entry as written.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    /// Route id: the namespace of its keys (default: the prefix).
+    pub id: Option<String>,
+    /// Path prefix, segment-wise (`/v1` matches `/v1` and `/v1/…`).
+    pub prefix: Option<String>,
+    /// Upstream base URL.
+    pub upstream: Option<String>,
+    /// Remove the prefix from the path sent upstream (default false).
+    pub strip_prefix: Option<bool>,
+    /// Protected methods (default `["POST"]`).
+    pub methods: Option<Vec<String>>,
+    /// `require`, `optional` or `derive`.
+    pub key: Option<String>,
+    /// For `key = "derive"`: the parts of the key, e.g.
+    /// `["tenant", "header:x-user-id", "header:x-session-id", "body"]`.
+    pub key_template: Option<Vec<String>>,
+    /// For `key = "derive"`: the time window (e.g. `10m`).
+    pub key_window: Option<String>,
+    /// `reject`, `wait` or `attach`.
+    pub on_inflight: Option<String>,
+    /// How long `wait`/`attach` hold a duplicate.
+    pub inflight_wait: Option<String>,
+    /// Lease length for this route.
+    pub pending_ttl: Option<String>,
+    /// DONE lifetime for this route.
+    pub done_ttl: Option<String>,
+    /// Upstream timeouts.
+    pub timeouts: Option<RawTimeouts>,
+    /// Request body limit: bytes, or text like `10MiB`.
+    pub body_limit: Option<RawSize>,
+    /// Statuses that release the key instead of storing DONE.
+    pub retryable_statuses: Option<Vec<u16>>,
+    /// Header the client's key is forwarded under (default `Idempotency-Key`).
+    pub upstream_key_header: Option<String>,
+    /// Header naming the tenant (default: the `Authorization` credential).
+    pub tenant_header: Option<String>,
+    /// JSON pointers left out of the fingerprint.
+    pub fingerprint_ignore: Option<Vec<String>>,
+    /// Most concurrent upstream requests of this route.
+    pub concurrency_limit: Option<usize>,
+    /// `fail_closed` (default) or `fail_open`.
+    pub on_store_error: Option<String>,
+    /// Renew the lease while the upstream call runs (default true, every
+    /// `pending_ttl / 3`). With `false`, `pending_ttl` must outlast the
+    /// longest call.
+    pub heartbeat: Option<bool>,
+    /// The longest generation expected on this route (e.g. `90s`), checked
+    /// against `timeouts.total` and the client's timeout.
+    pub longest_generation: Option<String>,
+    /// The route charges, bills or has other side effects that must never
+    /// repeat (default false): it then needs a durable store and
+    /// `fail_closed`.
+    pub charges: Option<bool>,
+    /// This route's clients retry differently: fields set here override the
+    /// top-level `[client_retry]`.
+    pub client_retry: Option<RawClientRetry>,
+}
+
+/// `[routes.timeouts]` as written.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RawTimeouts {
+    /// TCP (+TLS) connect.
+    pub connect: Option<String>,
+    /// From sending the request to the response headers.
+    pub first_byte: Option<String>,
+    /// Longest gap between two body chunks.
+    pub idle: Option<String>,
+    /// From sending the request to the end of the body.
+    pub total: Option<String>,
+}
+
+/// A size: a number of bytes, or text such as `512KiB`, `10MiB`, `1MB`.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(untagged)]
+pub enum RawSize {
+    /// Bytes.
+    Bytes(u64),
+    /// Text with a unit.
+    Text(String),
+}
+
+/// Values given on the command line; each set one overrides the file and
+/// the environment. `Debug` hides the store URL's password.
+#[derive(Clone, Default, Serialize)]
+pub struct Overrides {
+    /// `--upstream`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<String>,
+    /// `--listen`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+    /// `--admin-listen`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin_listen: Option<String>,
+    /// `--store`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store: Option<String>,
+    /// `--pending-ttl`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pending_ttl: Option<String>,
+    /// `--done-ttl`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub done_ttl: Option<String>,
+}
+
+impl fmt::Debug for RawConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Destructured, so a new field cannot be printed unseen.
+        let Self {
+            listen,
+            admin_listen,
+            store,
+            upstream,
+            pending_ttl,
+            done_ttl,
+            shutdown_grace,
+            admin_token,
+            client_retry,
+            alert_rules,
+            routes,
+        } = self;
+        f.debug_struct("RawConfig")
+            .field("listen", listen)
+            .field("admin_listen", admin_listen)
+            .field("store", &store.as_deref().map(redact_text))
+            .field("upstream", upstream)
+            .field("pending_ttl", pending_ttl)
+            .field("done_ttl", done_ttl)
+            .field("shutdown_grace", shutdown_grace)
+            .field("admin_token", &admin_token.as_ref().map(|_| "***"))
+            .field("client_retry", client_retry)
+            .field("alert_rules", alert_rules)
+            .field("routes", routes)
+            .finish()
+    }
+}
+
+impl fmt::Debug for Overrides {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Self {
+            upstream,
+            listen,
+            admin_listen,
+            store,
+            pending_ttl,
+            done_ttl,
+        } = self;
+        f.debug_struct("Overrides")
+            .field("upstream", upstream)
+            .field("listen", listen)
+            .field("admin_listen", admin_listen)
+            .field("store", &store.as_deref().map(redact_text))
+            .field("pending_ttl", pending_ttl)
+            .field("done_ttl", done_ttl)
+            .finish()
+    }
+}
+
+/// The merged sources: `file` (if any), then `IDEMGATE_*` variables, then
+/// `overrides`. Later sources win.
+///
+/// # Errors
+/// [`ConfigError::MissingFile`] when `file` does not exist.
+pub fn figment(file: Option<&Path>, overrides: &Overrides) -> Result<Figment, ConfigError> {
+    let mut f = Figment::new();
+    if let Some(path) = file {
+        if !path.is_file() {
+            return Err(ConfigError::MissingFile(path.to_owned()));
+        }
+        f = f.merge(Toml::file_exact(path));
+    }
+    Ok(f.merge(
+        Env::prefixed(ENV_PREFIX)
+            .split("__")
+            .ignore(&["config", "log"]),
+    )
+    .merge(Serialized::defaults(overrides)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_hides_the_token_and_the_store_password() {
+        let raw = RawConfig {
+            store: Some("postgres://u:hunter2@h/db".into()),
+            admin_token: Some("s3cret".into()),
+            ..RawConfig::default()
+        };
+        let shown = format!("{raw:?}");
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("s3cret"),
+            "{shown}"
+        );
+        let over = Overrides {
+            store: raw.store.clone(),
+            ..Overrides::default()
+        };
+        let shown = format!("{over:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+    }
+}
