@@ -8,6 +8,8 @@
 
 mod support;
 
+use support::TestGateway;
+
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -150,12 +152,8 @@ async fn the_dashboard_shows_hit_ratio_tokens_saved_and_a_timeline() {
         ..RawConfig::default()
     })
     .expect("it succeeds");
-    let support::Spawned {
-        base,
-        admin: admin_url,
-        stop,
-        task: gateway,
-    } = support::spawn(config).await;
+    let gw = TestGateway::start(config).await;
+    let (base, admin_url) = (gw.base.clone(), gw.admin.clone());
 
     // 4 keys x 3 sends: 4 executions, 8 replays; a hit ratio of 8/12.
     let client = reqwest::Client::new();
@@ -259,10 +257,5 @@ async fn the_dashboard_shows_hit_ratio_tokens_saved_and_a_timeline() {
         std::fs::copy(&shot, keep).expect("copy");
     }
 
-    let _ = stop.send(());
-    tokio::time::timeout(Duration::from_secs(30), gateway)
-        .await
-        .unwrap_or_else(|_| panic!("gateway did not stop"))
-        .expect("the task did not panic")
-        .expect("it ended without error");
+    gw.stop().await.expect("stop cleanly");
 }

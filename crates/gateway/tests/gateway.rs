@@ -3,73 +3,22 @@
 
 mod support;
 
+use support::TestGateway;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use idemgate_engine::{Claim, ClientKey, Fingerprint, ScopedKey, Store};
-use idemgate_gateway::config::{RawConfig, RawRoute, RawTimeouts};
-use idemgate_gateway::{GatewayConfig, GatewayError};
+use idemgate_gateway::GatewayConfig;
+use idemgate_gateway::config::{RawRoute, RawTimeouts};
 use idemgate_llm_sim::{SimConfig, SimHandle};
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
-
-struct Gateway {
-    base: String,
-    admin: String,
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<Result<(), GatewayError>>,
-}
-
-impl Gateway {
-    async fn start(config: GatewayConfig) -> Self {
-        let support::Spawned {
-            base,
-            admin,
-            stop,
-            task,
-        } = support::spawn(config).await;
-        Self {
-            base,
-            admin,
-            stop: Some(stop),
-            task,
-        }
-    }
-
-    async fn stop(mut self) -> Result<(), GatewayError> {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        tokio::time::timeout(Duration::from_secs(30), self.task)
-            .await
-            .unwrap_or_else(|_| panic!("gateway did not stop"))
-            .expect("wait for the process")
-    }
-}
 
 fn config(store: &str, upstream: &str, tweak: impl FnOnce(&mut RawRoute)) -> GatewayConfig {
-    let mut r = RawRoute {
-        prefix: Some("/v1".into()),
-        upstream: Some(upstream.into()),
-        key: Some("optional".into()),
-        on_inflight: Some("wait".into()),
-        timeouts: Some(RawTimeouts {
-            connect: Some("1s".into()),
-            first_byte: Some("10s".into()),
-            idle: Some("5s".into()),
-            total: Some("20s".into()),
-        }),
-        ..RawRoute::default()
-    };
-    tweak(&mut r);
-    GatewayConfig::from_raw(RawConfig {
-        store: Some(store.into()),
-        shutdown_grace: Some("5s".into()),
-        routes: vec![r],
-        ..RawConfig::default()
-    })
-    .unwrap_or_else(|e| panic!("config: {e}"))
+    TestGateway::builder(upstream)
+        .store(store)
+        .route(tweak)
+        .into_config()
 }
 
 async fn sim() -> SimHandle {
@@ -89,7 +38,7 @@ fn chat_body(stream: bool, text: &str) -> String {
 
 fn post(
     client: &reqwest::Client,
-    gw: &Gateway,
+    gw: &TestGateway,
     key: Option<&str>,
     body: String,
 ) -> reqwest::RequestBuilder {
@@ -135,7 +84,7 @@ async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
 #[tokio::test]
 async fn a_client_timeout_during_generation_then_retry_replays() {
     let sim = sim().await;
-    let gw = Gateway::start(config("memory:", &sim.url(), |_| {})).await;
+    let gw = TestGateway::start(config("memory:", &sim.url(), |_| {})).await;
     let impatient = reqwest::Client::builder()
         .timeout(Duration::from_millis(200))
         .build()
@@ -171,7 +120,7 @@ async fn a_client_timeout_during_generation_then_retry_replays() {
 #[tokio::test]
 async fn a_client_timeout_then_upstream_answers_then_retry_replays() {
     let sim = sim().await;
-    let gw = Gateway::start(config("memory:", &sim.url(), |_| {})).await;
+    let gw = TestGateway::start(config("memory:", &sim.url(), |_| {})).await;
     // The client's timeout must fire after the request reached the upstream
     // (even on a loaded machine) and before the upstream answers.
     let impatient = reqwest::Client::builder()
@@ -213,7 +162,7 @@ async fn a_client_timeout_then_upstream_answers_then_retry_replays() {
 #[tokio::test]
 async fn an_answer_lost_to_the_client_is_replayed_on_retry() {
     let sim = sim().await;
-    let gw = Gateway::start(config("memory:", &sim.url(), |_| {})).await;
+    let gw = TestGateway::start(config("memory:", &sim.url(), |_| {})).await;
     let body = chat_body(false, "timeout position c");
     {
         let client = reqwest::Client::new();
@@ -274,7 +223,7 @@ async fn an_answer_lost_to_the_client_is_replayed_on_retry() {
 
 async fn duplicates(mode: &str, stream: bool, n: usize, iterations: usize) {
     let sim = sim().await;
-    let gw = Gateway::start(config("memory:", &sim.url(), |r| {
+    let gw = TestGateway::start(config("memory:", &sim.url(), |r| {
         r.on_inflight = Some(mode.into());
     }))
     .await;
@@ -376,7 +325,7 @@ fn event_id(event: &str) -> Option<u64> {
 #[tokio::test]
 async fn a_dropped_stream_resumes_after_last_event_id() {
     let sim = sim().await;
-    let gw = Gateway::start(config("memory:", &sim.url(), |r| {
+    let gw = TestGateway::start(config("memory:", &sim.url(), |r| {
         r.on_inflight = Some("attach".into());
     }))
     .await;
@@ -440,7 +389,7 @@ async fn a_dropped_stream_resumes_after_last_event_id() {
 #[tokio::test]
 async fn a_5xx_releases_the_key_and_the_retry_executes_again() {
     let sim = sim().await;
-    let gw = Gateway::start(config("memory:", &sim.url(), |_| {})).await;
+    let gw = TestGateway::start(config("memory:", &sim.url(), |_| {})).await;
     let client = reqwest::Client::new();
     let body = chat_body(false, "fails once");
     let r = post(&client, &gw, Some("five-hundred"), body.clone())
@@ -492,7 +441,7 @@ async fn upstream_unreachable_and_first_byte_timeout_release_the_key() {
             .expect("a bound listener has an address")
     );
     drop(closed);
-    let gw = Gateway::start(config("memory:", &dead, |r| {
+    let gw = TestGateway::start(config("memory:", &dead, |r| {
         r.on_inflight = Some("reject".into());
     }))
     .await;
@@ -512,7 +461,7 @@ async fn upstream_unreachable_and_first_byte_timeout_release_the_key() {
     gw.stop().await.expect("stop cleanly");
 
     let sim = sim().await;
-    let gw = Gateway::start(config("memory:", &sim.url(), |r| {
+    let gw = TestGateway::start(config("memory:", &sim.url(), |r| {
         r.on_inflight = Some("reject".into());
         r.retryable_statuses = Some(vec![]);
         r.timeouts = Some(RawTimeouts {
@@ -542,7 +491,7 @@ async fn upstream_unreachable_and_first_byte_timeout_release_the_key() {
 #[tokio::test]
 async fn tenants_never_share_records() {
     let sim = sim().await;
-    let gw = Gateway::start(config("memory:", &sim.url(), |_| {})).await;
+    let gw = TestGateway::start(config("memory:", &sim.url(), |_| {})).await;
     let client = reqwest::Client::new();
     let body = chat_body(false, "same key, two tenants");
     let mut texts = Vec::new();
@@ -571,7 +520,7 @@ async fn tenants_never_share_records() {
 #[tokio::test]
 async fn malformed_and_missing_keys_are_refused_before_the_upstream() {
     let sim = sim().await;
-    let gw = Gateway::start(config("memory:", &sim.url(), |r| {
+    let gw = TestGateway::start(config("memory:", &sim.url(), |r| {
         r.key = Some("require".into());
     }))
     .await;
@@ -634,7 +583,7 @@ async fn malformed_and_missing_keys_are_refused_before_the_upstream() {
 #[tokio::test]
 async fn an_oversized_body_is_413_and_no_route_is_404() {
     let sim = sim().await;
-    let gw = Gateway::start(config("memory:", &sim.url(), |r| {
+    let gw = TestGateway::start(config("memory:", &sim.url(), |r| {
         r.body_limit = Some(idemgate_gateway::config::RawSize::Text("1KiB".into()));
     }))
     .await;
@@ -672,7 +621,7 @@ async fn an_oversized_body_is_413_and_no_route_is_404() {
 async fn admin_endpoints_report_health_readiness_and_metrics() {
     idemgate_gateway::telemetry::install_prometheus().expect("install the recorder");
     let sim = sim().await;
-    let gw = Gateway::start(config("memory:", &sim.url(), |r| {
+    let gw = TestGateway::start(config("memory:", &sim.url(), |r| {
         r.id = Some("metrics-route".into());
     }))
     .await;
@@ -742,7 +691,7 @@ async fn graceful_shutdown_leaves_no_pending_record() {
     });
     cfg.shutdown_grace = Duration::from_millis(300);
     let route_id = cfg.routes[0].id.clone();
-    let gw = Gateway::start(cfg).await;
+    let gw = TestGateway::start(cfg).await;
     let client = reqwest::Client::new();
     let keys = ["sd-json", "sd-stream"];
     let mut inflight = Vec::new();
@@ -795,7 +744,7 @@ async fn graceful_shutdown_leaves_no_pending_record() {
 #[tokio::test]
 async fn derived_keys_merge_retries_of_one_user_and_session_only() {
     let sim = sim().await;
-    let gw = Gateway::start(config("memory:", &sim.url(), |r| {
+    let gw = TestGateway::start(config("memory:", &sim.url(), |r| {
         r.key = Some("derive".into());
         r.key_template = Some(vec![
             "tenant".into(),

@@ -9,96 +9,45 @@
 
 mod support;
 
+use support::TestGateway;
+
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use idemgate_gateway::config::{RawConfig, RawRoute, RawTimeouts};
-use idemgate_gateway::{GatewayConfig, GatewayError};
+use idemgate_gateway::config::{RawRoute, RawTimeouts};
 use idemgate_llm_sim::{FAIL_HEADER, LATENCY_HEADER, SimConfig, SimHandle};
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
-struct Gateway {
-    base: String,
-    admin: String,
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<Result<(), GatewayError>>,
-    _dir: tempfile::TempDir,
+/// Starts the gateway on an SQLite store in a fresh directory.
+async fn start(upstream: &str, tweak: impl FnOnce(&mut RawRoute)) -> TestGateway {
+    start_with(upstream, None, tweak).await
 }
 
-impl Gateway {
-    /// Starts the gateway on an SQLite store in a fresh directory.
-    async fn start(upstream: &str, tweak: impl FnOnce(&mut RawRoute)) -> Self {
-        Self::start_with(upstream, None, tweak).await
-    }
-
-    /// As [`Gateway::start`], with an admin token.
-    async fn start_with(
-        upstream: &str,
-        admin_token: Option<&str>,
-        tweak: impl FnOnce(&mut RawRoute),
-    ) -> Self {
-        let dir = tempfile::tempdir().expect("create a temp dir");
-        let mut route = RawRoute {
-            id: Some("obs".into()),
-            prefix: Some("/v1".into()),
-            upstream: Some(upstream.into()),
-            key: Some("optional".into()),
-            on_inflight: Some("reject".into()),
-            timeouts: Some(RawTimeouts {
+/// As [`start`], with an admin token.
+async fn start_with(
+    upstream: &str,
+    admin_token: Option<&str>,
+    tweak: impl FnOnce(&mut RawRoute),
+) -> TestGateway {
+    TestGateway::builder(upstream)
+        .route(|route| {
+            route.id = Some("obs".into());
+            route.on_inflight = Some("reject".into());
+            route.timeouts = Some(RawTimeouts {
                 connect: Some("2s".into()),
                 first_byte: Some("20s".into()),
                 idle: Some("10s".into()),
                 total: Some("60s".into()),
-            }),
-            ..RawRoute::default()
-        };
-        tweak(&mut route);
-        let config = GatewayConfig::from_raw(RawConfig {
-            store: Some(format!("sqlite:{}", dir.path().join("obs.db").display())),
-            shutdown_grace: Some("1s".into()),
-            admin_token: admin_token.map(str::to_owned),
-            routes: vec![route],
-            ..RawConfig::default()
+            });
+            tweak(route);
         })
-        .unwrap_or_else(|e| panic!("config: {e}"));
-        let support::Spawned {
-            base,
-            admin,
-            stop,
-            task,
-        } = support::spawn(config).await;
-        Self {
-            base,
-            admin,
-            stop: Some(stop),
-            task,
-            _dir: dir,
-        }
-    }
-
-    async fn metrics(&self, client: &reqwest::Client) -> String {
-        let r = client
-            .get(format!("{}/metrics", self.admin))
-            .send()
-            .await
-            .expect("send the request");
-        assert_eq!(r.status(), 200);
-        r.text().await.expect("read the response body")
-    }
-
-    async fn stop(mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        tokio::time::timeout(Duration::from_secs(30), self.task)
-            .await
-            .unwrap_or_else(|_| panic!("gateway did not stop"))
-            .expect("the task did not panic")
-            .expect("it ended without error");
-    }
+        .config(|c| {
+            c.shutdown_grace = Some("1s".into());
+            c.admin_token = admin_token.map(str::to_owned);
+        })
+        .start()
+        .await
 }
 
 async fn sim() -> SimHandle {
@@ -120,7 +69,7 @@ const CREDENTIAL: &str = "Bearer sk-observability-credential-9d2f";
 
 fn post(
     client: &reqwest::Client,
-    gw: &Gateway,
+    gw: &TestGateway,
     key: &str,
     body: String,
 ) -> reqwest::RequestBuilder {
@@ -208,7 +157,7 @@ fn total_tokens(body: &[u8]) -> u64 {
 #[tokio::test]
 async fn ten_keys_three_sends_give_exact_figures() {
     let sim = sim().await;
-    let gw = Gateway::start(&sim.url(), |_| {}).await;
+    let gw = start(&sim.url(), |_| {}).await;
     let client = reqwest::Client::new();
     let mut saved = 0u64;
     let mut keys = Vec::new();
@@ -317,7 +266,7 @@ async fn ten_keys_three_sends_give_exact_figures() {
     ]) {
         assert!(!text.contains(secret), "`{secret}` in /metrics:\n{text}");
     }
-    gw.stop().await;
+    gw.stop().await.expect("stop cleanly");
 }
 
 /// Five concurrent duplicates of a slow request in reject mode: one claims
@@ -326,7 +275,7 @@ async fn ten_keys_three_sends_give_exact_figures() {
 #[tokio::test]
 async fn concurrent_duplicates_in_reject_mode_count_four_conflicts() {
     let sim = sim().await;
-    let gw = Gateway::start(&sim.url(), |r| {
+    let gw = start(&sim.url(), |r| {
         r.on_inflight = Some("reject".into());
         r.timeouts = Some(RawTimeouts {
             connect: Some("2s".into()),
@@ -384,7 +333,7 @@ async fn concurrent_duplicates_in_reject_mode_count_four_conflicts() {
     assert_eq!(sum(&text, "idempotency_hit_total", &[]), 0.0);
     assert_eq!(sim.stats().requests, rounds);
     // Shutting down cancels the slow executions and releases their keys.
-    gw.stop().await;
+    gw.stop().await.expect("stop cleanly");
     for mut owner in owners {
         let _ = owner.next().await;
     }
@@ -396,7 +345,7 @@ async fn concurrent_duplicates_in_reject_mode_count_four_conflicts() {
 #[tokio::test]
 async fn upstream_phases_timeouts_and_lost_events() {
     let sim = sim().await;
-    let gw = Gateway::start(&sim.url(), |r| {
+    let gw = start(&sim.url(), |r| {
         r.timeouts = Some(RawTimeouts {
             connect: Some("2s".into()),
             first_byte: Some("1s".into()),
@@ -490,7 +439,7 @@ async fn upstream_phases_timeouts_and_lost_events() {
         ),
         2.0
     );
-    gw.stop().await;
+    gw.stop().await.expect("stop cleanly");
 }
 
 /// The metric names the shipped rules and dashboard refer to: identifiers
@@ -600,7 +549,7 @@ async fn alerts_and_dashboard_refer_only_to_exported_metrics() {
     }
 
     let sim = sim().await;
-    let gw = Gateway::start(&sim.url(), |r| {
+    let gw = start(&sim.url(), |r| {
         r.timeouts = Some(RawTimeouts {
             connect: Some("2s".into()),
             first_byte: Some("1s".into()),
@@ -636,7 +585,7 @@ async fn alerts_and_dashboard_refer_only_to_exported_metrics() {
         .collect();
     let missing: Vec<&String> = names.iter().filter(|n| !exported.contains(*n)).collect();
     assert!(missing.is_empty(), "not in /metrics: {missing:?}\n{text}");
-    gw.stop().await;
+    gw.stop().await.expect("stop cleanly");
 }
 
 /// An upstream that records the `traceparent` of each request it gets.
@@ -691,7 +640,7 @@ fn trace_id_of(traceparent: &str) -> &str {
 #[tokio::test]
 async fn traceparent_is_propagated_or_started() {
     let (upstream, seen) = recording_upstream().await;
-    let gw = Gateway::start(&upstream, |_| {}).await;
+    let gw = start(&upstream, |_| {}).await;
     let client = reqwest::Client::new();
     let given = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
     let send = |key: &'static str, tp: Option<&'static str>| {
@@ -728,7 +677,7 @@ async fn traceparent_is_propagated_or_started() {
     let distinct: BTreeSet<&String> = fresh.iter().collect();
     assert_eq!(distinct.len(), 3, "{fresh:?}");
     assert!(!fresh.contains(&"0af7651916cd43dd8448eb211c80319c".to_owned()));
-    gw.stop().await;
+    gw.stop().await.expect("stop cleanly");
 }
 
 /// A `MakeWriter` collecting every log line in memory.
@@ -765,7 +714,7 @@ async fn keyed_log_lines_carry_key_and_trace_id_and_no_content() {
         captured.clone()
     ));
     let sim = sim().await;
-    let gw = Gateway::start(&sim.url(), |r| {
+    let gw = start(&sim.url(), |r| {
         r.timeouts = Some(RawTimeouts {
             connect: Some("2s".into()),
             first_byte: Some("1s".into()),
@@ -811,7 +760,7 @@ async fn keyed_log_lines_carry_key_and_trace_id_and_no_content() {
         .await
         .expect("send the request");
     assert_eq!(r.status(), 504);
-    gw.stop().await;
+    gw.stop().await.expect("stop cleanly");
 
     let text =
         String::from_utf8(captured.0.lock().expect("lock not poisoned").clone()).expect("UTF-8");
@@ -859,7 +808,7 @@ const ADMIN_TOKEN: &str = "admin-token-for-tests-3b9e";
 
 async fn timeline(
     client: &reqwest::Client,
-    gw: &Gateway,
+    gw: &TestGateway,
     key: &str,
     query: &str,
     token: Option<&str>,
@@ -890,7 +839,7 @@ fn outcomes(v: &serde_json::Value) -> Vec<String> {
 #[tokio::test]
 async fn timeline_is_disabled_without_an_admin_token() {
     let sim = sim().await;
-    let gw = Gateway::start(&sim.url(), |_| {}).await;
+    let gw = start(&sim.url(), |_| {}).await;
     let client = reqwest::Client::new();
     for token in [None, Some(ADMIN_TOKEN), Some("")] {
         let (status, v) = timeline(&client, &gw, "any-key", "", token).await;
@@ -904,7 +853,7 @@ async fn timeline_is_disabled_without_an_admin_token() {
             "{v}"
         );
     }
-    gw.stop().await;
+    gw.stop().await.expect("stop cleanly");
 }
 
 /// With a token configured: 401 without it, with a wrong one, or with
@@ -912,7 +861,7 @@ async fn timeline_is_disabled_without_an_admin_token() {
 #[tokio::test]
 async fn timeline_refuses_missing_and_wrong_tokens() {
     let sim = sim().await;
-    let gw = Gateway::start_with(&sim.url(), Some(ADMIN_TOKEN), |_| {}).await;
+    let gw = start_with(&sim.url(), Some(ADMIN_TOKEN), |_| {}).await;
     let client = reqwest::Client::new();
     let r = post(&client, &gw, "tl-secret", chat(false, "hidden"))
         .send()
@@ -935,7 +884,7 @@ async fn timeline_refuses_missing_and_wrong_tokens() {
         .expect("send the request");
     assert_eq!(r.status(), 401);
     assert!(r.headers().contains_key("www-authenticate"));
-    gw.stop().await;
+    gw.stop().await.expect("stop cleanly");
 }
 
 /// Execute, replay, mismatch: the timeline lists the three attempts in
@@ -945,7 +894,7 @@ async fn timeline_refuses_missing_and_wrong_tokens() {
 #[tokio::test]
 async fn timeline_lists_execute_replay_and_mismatch() {
     let sim = sim().await;
-    let gw = Gateway::start_with(&sim.url(), Some(ADMIN_TOKEN), |_| {}).await;
+    let gw = start_with(&sim.url(), Some(ADMIN_TOKEN), |_| {}).await;
     let client = reqwest::Client::new();
     let key = "tl-key-1";
     for (body, expected) in [
@@ -1019,14 +968,14 @@ async fn timeline_lists_execute_replay_and_mismatch() {
     let long = "k".repeat(300);
     let (status, _) = timeline(&client, &gw, &long, "", Some(ADMIN_TOKEN)).await;
     assert_eq!(status, 400);
-    gw.stop().await;
+    gw.stop().await.expect("stop cleanly");
 }
 
 /// A key whose execution is running shows as PENDING.
 #[tokio::test]
 async fn timeline_shows_a_running_key_as_pending() {
     let sim = sim().await;
-    let gw = Gateway::start_with(&sim.url(), Some(ADMIN_TOKEN), |r| {
+    let gw = start_with(&sim.url(), Some(ADMIN_TOKEN), |r| {
         r.timeouts = Some(RawTimeouts {
             connect: Some("2s".into()),
             first_byte: Some("120s".into()),
@@ -1049,7 +998,7 @@ async fn timeline_shows_a_running_key_as_pending() {
     assert_eq!(status, 200);
     assert_eq!(v["state"], "pending", "{v}");
     assert!(v["lease_expires_at_ms"].is_u64());
-    gw.stop().await;
+    gw.stop().await.expect("stop cleanly");
     let _ = slow.await;
 }
 

@@ -12,18 +12,19 @@
 /// Private Redis servers (the Redis store's test helpers): a 3-primary
 /// cluster for the cluster case.
 #[path = "../../redis/tests/support/mod.rs"]
+mod redis_support;
 mod support;
+
+use support::TestGateway;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use idemgate_gateway::GatewayConfig;
 use idemgate_gateway::config::{RawConfig, RawRoute, RawTimeouts};
-use idemgate_gateway::{GatewayConfig, GatewayError};
 use idemgate_llm_sim::{SimConfig, SimHandle};
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
 const REDIS: &str = "redis://127.0.0.1:6379";
 
@@ -36,63 +37,24 @@ fn tag() -> String {
     format!("igrep{:08x}", rand::random::<u32>())
 }
 
-struct Gateway {
-    base: String,
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<Result<(), GatewayError>>,
-}
-
-impl Gateway {
-    async fn start(config: GatewayConfig) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(idemgate_gateway::serve(
-            listener,
-            admin,
-            config,
-            async move {
-                let _ = rx.await;
-            },
-        ));
-        Self {
-            base,
-            stop: Some(tx),
-            task,
-        }
+/// Starts a replica on `store`; a store that cannot be opened fails the
+/// test (under CI and outside it alike: no silent skip).
+async fn replica(store: &str, upstream: &str) -> TestGateway {
+    let gw = TestGateway::start(config(store, upstream)).await;
+    // `serve` opens the store before it answers; a failure ends the task.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    if gw.task.is_finished() {
+        let err = gw.stop().await.err();
+        panic!(
+            "the store at {store} is not available{}: {err:?} (start it with `bash scripts/services.sh`)",
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                " under CI"
+            } else {
+                ""
+            }
+        );
     }
-
-    /// Starts a replica on `store`; a store that cannot be opened fails
-    /// the test (under CI and outside it alike: no silent skip).
-    async fn replica(store: &str, upstream: &str) -> Self {
-        let gw = Self::start(config(store, upstream)).await;
-        // `serve` opens the store before it answers; a failure ends the task.
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        if gw.task.is_finished() {
-            let err = gw.task.await.unwrap().err();
-            panic!(
-                "the store at {store} is not available{}: {err:?} (start it with `bash scripts/services.sh`)",
-                if std::env::var("CI").is_ok_and(|v| v == "true") {
-                    " under CI"
-                } else {
-                    ""
-                }
-            );
-        }
-        gw
-    }
-
-    async fn stop(mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        tokio::time::timeout(Duration::from_secs(30), self.task)
-            .await
-            .expect("gateway did not stop")
-            .unwrap()
-            .unwrap();
-    }
+    gw
 }
 
 fn config(store: &str, upstream: &str) -> GatewayConfig {
@@ -123,7 +85,11 @@ async fn sim() -> SimHandle {
     idemgate_llm_sim::spawn(SimConfig::default()).await.unwrap()
 }
 
-fn stream_request(client: &reqwest::Client, gw: &Gateway, key: &str) -> reqwest::RequestBuilder {
+fn stream_request(
+    client: &reqwest::Client,
+    gw: &TestGateway,
+    key: &str,
+) -> reqwest::RequestBuilder {
     let body = serde_json::json!({
         "model": "sim-1",
         "stream": true,
@@ -167,8 +133,8 @@ fn after_events(body: &[u8], n: usize) -> Vec<u8> {
 /// bytes while a's stream was still running (live), and checks the bytes.
 async fn duplicate_on_the_other_replica(
     sim: &SimHandle,
-    a: &Gateway,
-    b: &Gateway,
+    a: &TestGateway,
+    b: &TestGateway,
     key: &str,
 ) -> bool {
     let client = reqwest::Client::new();
@@ -233,8 +199,8 @@ async fn redis_replicas_follow_a_live_stream_run_by_the_other() {
     let sim = sim().await;
     let prefix = tag();
     let store = format!("{REDIS}/?prefix={prefix}");
-    let a = Gateway::replica(&store, &sim.url()).await;
-    let b = Gateway::replica(&store, &sim.url()).await;
+    let a = replica(&store, &sim.url()).await;
+    let b = replica(&store, &sim.url()).await;
     for i in 0..3 {
         let live = duplicate_on_the_other_replica(&sim, &a, &b, &format!("{prefix}-sse-{i}")).await;
         assert!(
@@ -242,15 +208,15 @@ async fn redis_replicas_follow_a_live_stream_run_by_the_other() {
             "the duplicates on the other replica received events before the owner's stream ended"
         );
     }
-    a.stop().await;
-    b.stop().await;
+    a.stop().await.expect("stop cleanly");
+    b.stop().await.expect("stop cleanly");
     sim.shutdown().await;
     drop_prefix(&prefix).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cluster_replicas_follow_a_live_stream_run_by_the_other() {
-    let cluster = tokio::task::spawn_blocking(support::cluster_url)
+    let cluster = tokio::task::spawn_blocking(redis_support::cluster_url)
         .await
         .unwrap();
     // The configuration takes one seed node; the client discovers the rest.
@@ -262,14 +228,14 @@ async fn redis_cluster_replicas_follow_a_live_stream_run_by_the_other() {
     let sim = sim().await;
     let prefix = tag();
     let store = format!("redis+cluster://{seed}/?prefix={prefix}");
-    let a = Gateway::replica(&store, &sim.url()).await;
-    let b = Gateway::replica(&store, &sim.url()).await;
+    let a = replica(&store, &sim.url()).await;
+    let b = replica(&store, &sim.url()).await;
     for i in 0..3 {
         let live = duplicate_on_the_other_replica(&sim, &a, &b, &format!("{prefix}-sse-{i}")).await;
         assert!(live, "followed live through the cluster");
     }
-    a.stop().await;
-    b.stop().await;
+    a.stop().await.expect("stop cleanly");
+    b.stop().await.expect("stop cleanly");
     sim.shutdown().await;
 }
 
@@ -278,16 +244,16 @@ async fn postgres_replicas_wait_for_done_and_replay_the_stream() {
     let sim = sim().await;
     let schema = tag();
     let store = format!("{}?schema={schema}&pool=4", postgres_url());
-    let a = Gateway::replica(&store, &sim.url()).await;
-    let b = Gateway::replica(&store, &sim.url()).await;
+    let a = replica(&store, &sim.url()).await;
+    let b = replica(&store, &sim.url()).await;
     for i in 0..2 {
         // No shared live feed with PostgreSQL: the duplicate gets the
         // stored stream once DONE. Whether its bytes arrive "live" is not
         // asserted; that they are the owner's stream is.
         duplicate_on_the_other_replica(&sim, &a, &b, &format!("{schema}-sse-{i}")).await;
     }
-    a.stop().await;
-    b.stop().await;
+    a.stop().await.expect("stop cleanly");
+    b.stop().await.expect("stop cleanly");
     sim.shutdown().await;
     drop_schema(&schema).await;
 }
