@@ -103,6 +103,7 @@ mod error;
 mod key;
 mod policy;
 mod response;
+mod send;
 mod sse;
 mod stream;
 

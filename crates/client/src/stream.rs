@@ -8,11 +8,11 @@ use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, HeaderMap};
 
 use crate::attempt::{Attempt, AttemptOutcome, Retrier};
-use crate::client::{Prepared, keep_head, sendable_id};
 use crate::error::{Error, RestartReason};
 use crate::key::IdempotencyKey;
 use crate::policy::{Delay, DelaySource};
 use crate::response::{IDEMPOTENT_REPLAYED, replayed};
+use crate::send::{Prepared, keep_head, sendable_id};
 use crate::sse::{Event, Parser};
 
 /// The `Content-Type` of `headers` ("" if none or unreadable).
