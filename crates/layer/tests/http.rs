@@ -157,6 +157,41 @@ async fn unprotected(State(s): State<AppState>) -> &'static str {
     "plain"
 }
 
+/// The test service behind the layer, without a socket: tests on tokio's
+/// paused clock drive it with `oneshot`.
+struct App {
+    router: Router,
+    executions: Arc<AtomicUsize>,
+    gate: watch::Sender<bool>,
+    layer: IdempotencyLayer,
+}
+
+impl App {
+    fn new(store: Arc<dyn Store>, config: LayerConfig) -> Self {
+        let engine =
+            Engine::new(store).with_policy(Policy::default().pending_ttl(Duration::from_secs(5)));
+        let layer = IdempotencyLayer::new(engine, config);
+        let executions = Arc::new(AtomicUsize::new(0));
+        let (gate, gate_rx) = watch::channel(false);
+        let state = AppState {
+            executions: Arc::clone(&executions),
+            gate: gate_rx,
+        };
+        let router = Router::new()
+            .route("/json", post(json_handler))
+            .route("/sse", post(sse_handler))
+            .route("/plain", get(unprotected))
+            .layer(layer.clone())
+            .with_state(state);
+        Self {
+            router,
+            executions,
+            gate,
+            layer,
+        }
+    }
+}
+
 struct Harness {
     base: String,
     client: reqwest::Client,
@@ -171,21 +206,12 @@ impl Harness {
     }
 
     async fn start_with(store: Arc<dyn Store>, config: LayerConfig) -> Self {
-        let engine =
-            Engine::new(store).with_policy(Policy::default().pending_ttl(Duration::from_secs(5)));
-        let layer = IdempotencyLayer::new(engine, config);
-        let executions = Arc::new(AtomicUsize::new(0));
-        let (gate, gate_rx) = watch::channel(false);
-        let state = AppState {
-            executions: Arc::clone(&executions),
-            gate: gate_rx,
-        };
-        let app = Router::new()
-            .route("/json", post(json_handler))
-            .route("/sse", post(sse_handler))
-            .route("/plain", get(unprotected))
-            .layer(layer.clone())
-            .with_state(state);
+        let App {
+            router: app,
+            executions,
+            gate,
+            layer,
+        } = App::new(store, config);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await });
@@ -755,21 +781,51 @@ async fn a_panicking_handler_answers_500_and_releases_the_key() {
     assert_eq!(h.executions(), 2);
 }
 
-#[tokio::test]
+/// On tokio's paused clock: the 30 s completion timeout elapses at once,
+/// exactly, while the handler still waits on its gate.
+#[tokio::test(start_paused = true)]
 async fn work_past_the_completion_timeout_is_abandoned_and_released() {
-    let h = Harness::start(LayerConfig {
-        completion_timeout: Duration::from_millis(100),
-        ..config(InflightMode::Reject)
-    })
-    .await;
-    let a = send(h.post("/json", Some("t"), "{}").header("x-gate", "1")).await;
-    assert_eq!(a.status, StatusCode::GATEWAY_TIMEOUT);
-    assert_eq!(a.problem_type(), problem("upstream-timeout"));
-    h.open_gate();
-    let retry = send(h.post("/json", Some("t"), "{}")).await;
-    assert_eq!(retry.status, StatusCode::CREATED);
-    assert_eq!(retry.replayed(), Some("false"));
-    assert_eq!(h.executions(), 2);
+    use tower::ServiceExt;
+    let app = App::new(
+        Arc::new(MemoryStore::new()),
+        LayerConfig {
+            completion_timeout: Duration::from_secs(30),
+            ..config(InflightMode::Reject)
+        },
+    );
+    let request = |gated: bool| {
+        let mut b = axum::http::Request::post("/json")
+            .header("content-type", "application/json")
+            .header("authorization", "Bearer tenant-a")
+            .header("idempotency-key", "t");
+        if gated {
+            b = b.header("x-gate", "1");
+        }
+        b.body(Body::from("{}")).expect("a valid request")
+    };
+    let a = app
+        .router
+        .clone()
+        .oneshot(request(true))
+        .await
+        .expect("infallible");
+    assert_eq!(a.status(), StatusCode::GATEWAY_TIMEOUT);
+    let body = axum::body::to_bytes(a.into_body(), usize::MAX)
+        .await
+        .expect("read the problem");
+    let problem_json: serde_json::Value = serde_json::from_slice(&body).expect("valid JSON");
+    assert_eq!(problem_json["type"], problem("upstream-timeout"));
+    app.gate.send_replace(true);
+    // The abandoned attempt released the key: the retry runs again.
+    let retry = app
+        .router
+        .clone()
+        .oneshot(request(false))
+        .await
+        .expect("infallible");
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(retry.headers()["idempotent-replayed"], "false");
+    assert_eq!(app.executions.load(Ordering::SeqCst), 2);
 }
 
 #[tokio::test]
