@@ -167,12 +167,23 @@ impl Traces {
     }
 }
 
-fn init_logs(format: &str, otlp_endpoint: Option<&str>) -> anyhow::Result<Traces> {
+/// Installs the log subscriber. Lines go to stderr through a writer thread
+/// (`tracing_appender::non_blocking`), so a slow terminal or log pipe never
+/// stalls a request; the returned guard flushes what is queued when it is
+/// dropped at exit. The queue is not lossy: when it is full (128k lines)
+/// writers wait rather than drop lines.
+fn init_logs(
+    format: &str,
+    otlp_endpoint: Option<&str>,
+) -> anyhow::Result<(Traces, tracing_appender::non_blocking::WorkerGuard)> {
     let filter = match std::env::var("IDEMGATE_LOG") {
         Ok(s) => Targets::from_str(&s).context("IDEMGATE_LOG is not a log filter")?,
         Err(_) => Targets::new().with_default(LevelFilter::INFO),
     };
     let traces = Traces::start(otlp_endpoint)?;
+    let (stderr, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(false)
+        .finish(std::io::stderr());
     #[cfg(feature = "otlp")]
     let registry = tracing_subscriber::registry()
         .with(filter)
@@ -182,13 +193,17 @@ fn init_logs(format: &str, otlp_endpoint: Option<&str>) -> anyhow::Result<Traces
     match format {
         "json" => registry
             .with(
+                // Each span field once: the current span's fields, not also
+                // the list of every enclosing span.
                 tracing_subscriber::fmt::layer()
                     .json()
-                    .with_writer(std::io::stderr),
+                    .with_current_span(true)
+                    .with_span_list(false)
+                    .with_writer(stderr),
             )
             .try_init()?,
         "text" => registry
-            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .with(tracing_subscriber::fmt::layer().with_writer(stderr))
             .try_init()?,
         other => anyhow::bail!("--log-format `{other}`: expected json or text"),
     }
@@ -196,7 +211,7 @@ fn init_logs(format: &str, otlp_endpoint: Option<&str>) -> anyhow::Result<Traces
     if std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT").is_some() {
         tracing::warn!("OTEL_EXPORTER_OTLP_ENDPOINT is set but this build has no OTLP export");
     }
-    Ok(traces)
+    Ok((traces, guard))
 }
 
 /// Resolves on SIGINT or SIGTERM.
@@ -228,9 +243,10 @@ async fn signal() {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let traces = init_logs(&args.log_format, args.otlp_endpoint.as_deref())?;
+    let (traces, log_writer) = init_logs(&args.log_format, args.otlp_endpoint.as_deref())?;
     let served = serve_logged(args).await;
     traces.finish().await;
+    drop(log_writer);
     served
 }
 
