@@ -76,7 +76,7 @@ fn toml_file_is_read_whole() {
             body_limit = "1MiB"
             retryable_statuses = [429, 503]
             upstream_key_header = "X-Request-Key"
-            tenant_header = "X-Tenant"
+            tenant_headers = ["X-Tenant", "x-api-key"]
             fingerprint_ignore = ["/stream_options", "/user"]
             concurrency_limit = 4
             on_store_error = "fail_open"
@@ -128,8 +128,11 @@ fn toml_file_is_read_whole() {
         assert_eq!(chat.retryable_statuses, vec![429, 503]);
         assert_eq!(chat.upstream_key_header.as_str(), "x-request-key");
         assert_eq!(
-            chat.tenant_header.as_ref().map(|h| h.as_str()),
-            Some("x-tenant")
+            chat.tenant.headers(),
+            [
+                http::HeaderName::from_static("x-tenant"),
+                http::HeaderName::from_static("x-api-key")
+            ]
         );
         assert_eq!(chat.fingerprint_ignore, vec!["/stream_options", "/user"]);
         assert_eq!(chat.concurrency_limit, Some(4));
@@ -345,8 +348,17 @@ fn bad_configurations_name_their_field() {
             "routes[0].upstream_key_header",
         ),
         (
-            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\ntenant_header = \"a:b\"",
-            "routes[0].tenant_header",
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\ntenant_headers = [\"x-ok\", \"a:b\"]",
+            "routes[0].tenant_headers",
+        ),
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\ntenant_headers = []",
+            "routes[0].tenant_headers",
+        ),
+        // One spelling: the single-header form is gone, and says so.
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\ntenant_header = \"x-tenant\"",
+            "`tenant_header`",
         ),
         (
             "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\nfingerprint_ignore = [\"user\"]",

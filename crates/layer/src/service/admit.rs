@@ -3,7 +3,10 @@
 //!
 //! Everything the layer must know about a request before it touches the
 //! store is settled here, once: its key (given or derived), its body (read
-//! within the route's limit), its fingerprint, the stream events it already
+//! within the route's limit), its body digest (computed once, with the
+//! request's `Content-Type`, for both the fingerprint and a derived key, so
+//! the two can never disagree about what the body is), its fingerprint,
+//! the stream events it already
 //! has (`Last-Event-ID`), whether it prefers an asynchronous answer
 //! (`Prefer: respond-async`) and its trace id. The rest of the request path
 //! works on that complete value, and answers through its methods.
@@ -17,6 +20,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, HeaderName, Request, header};
 use http_body_util::BodyExt;
+use idemgate_engine::fingerprint::digest_body;
 use idemgate_engine::{ClientKey, Fingerprint, Record, ScopedKey};
 
 use super::inner::IdempotencyContext;
@@ -95,14 +99,22 @@ impl Keyed {
         let body = read_body(&parts.headers, body, cfg.body_limit)
             .await
             .map_err(|problem| rejected(shared, problem))?;
+        let content_type = parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok());
+        // A body that reads two ways is refused before anything is stored
+        // or forwarded: the upstream might act on another request than the
+        // one fingerprinted.
+        let digest = digest_body(content_type, &body, &cfg.fingerprint_ignore)
+            .map_err(|e| rejected(shared, Problem::ambiguous_body(e.to_string())))?;
         let key = match source {
             KeySource::Given(key) => key,
             KeySource::Derived(template) => derive_key(
                 template,
                 &tenant,
                 &parts.headers,
-                &body,
-                &cfg.fingerprint_ignore,
+                &digest,
                 SystemTime::now(),
             )
             .map_err(|refusal| rejected(shared, key_problem(&refusal)))?,
@@ -111,8 +123,7 @@ impl Keyed {
             .uri
             .path_and_query()
             .map_or_else(|| parts.uri.path(), |p| p.as_str());
-        let fingerprint =
-            Fingerprint::of_request(parts.method.as_str(), path, &body, &cfg.fingerprint_ignore);
+        let fingerprint = Fingerprint::of_digest(parts.method.as_str(), path, &digest);
         let skip = events_to_skip(&parts.headers);
         let prefer_async = prefers_async(&parts.headers);
         let trace_id = ensure_traceparent(&mut parts.headers);
