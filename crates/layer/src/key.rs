@@ -245,6 +245,61 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Any number of `Idempotency-Key` values, of any bytes a header may
+        /// carry: none is no key, two or more are refused as repeated, one
+        /// is exactly what the engine's parser makes of it.
+        #[test]
+        fn key_headers_of_any_bytes(values in proptest::collection::vec(
+            proptest::collection::vec(proptest::num::u8::ANY, 0..300), 0..3,
+        )) {
+            let mut h = HeaderMap::new();
+            let mut sent = Vec::new();
+            for v in &values {
+                if let Ok(value) = HeaderValue::from_bytes(v) {
+                    h.append(IDEMPOTENCY_KEY, value);
+                    sent.push(v.clone());
+                }
+            }
+            let got = client_key(&h);
+            match sent.as_slice() {
+                [] => proptest::prop_assert_eq!(got, Ok(None)),
+                [one] => proptest::prop_assert_eq!(
+                    got,
+                    ClientKey::parse_bytes(one).map(Some).map_err(KeyRefusal::Malformed)
+                ),
+                _ => proptest::prop_assert_eq!(got, Err(KeyRefusal::Repeated)),
+            }
+        }
+
+        /// Any credential headers: the tenant is `anonymous` or 32 hex
+        /// digits, and it is the hash of the first listed header present.
+        #[test]
+        fn tenants_of_any_credential_headers(
+            present in proptest::collection::vec((0..4usize, "[ -~]{1,40}"), 0..5),
+        ) {
+            let mut h = HeaderMap::new();
+            for (i, value) in &present {
+                h.append(
+                    crate::config::CREDENTIAL_HEADERS[*i].clone(),
+                    HeaderValue::from_str(value).unwrap(),
+                );
+            }
+            let tenant = tenant_of(&h, &TenantSource::Credential);
+            let first = crate::config::CREDENTIAL_HEADERS
+                .iter()
+                .find(|name| h.contains_key(*name));
+            match first {
+                None => proptest::prop_assert_eq!(tenant, ANONYMOUS),
+                Some(name) => {
+                    proptest::prop_assert_eq!(tenant.len(), 32);
+                    let joined: Vec<&[u8]> = h.get_all(name).iter().map(HeaderValue::as_bytes).collect();
+                    proptest::prop_assert_eq!(tenant, tenant_id(&joined.join(&b", "[..])));
+                }
+            }
+        }
+    }
+
     fn digest(body: &[u8]) -> BodyDigest {
         idemgate_engine::fingerprint::digest_body(None, body, &[]).unwrap()
     }

@@ -274,4 +274,59 @@ mod tests {
         h.insert(PREFER, HeaderValue::from_static("respond-asyncx"));
         assert!(!prefers_async(&h));
     }
+
+    /// A preference token that is not `respond-async` (any case).
+    fn other_pref() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::strategy::Strategy;
+        "[a-zA-Z-]{1,16}(=[a-z0-9\"]{0,6})?".prop_filter("not respond-async", |p| {
+            !p.split('=')
+                .next()
+                .is_some_and(|t| t.eq_ignore_ascii_case("respond-async"))
+        })
+    }
+
+    proptest::proptest! {
+        /// Whatever bytes a `Prefer` header holds, the answer is a plain
+        /// yes or no (never a panic).
+        #[test]
+        fn prefer_of_any_bytes_never_panics(values in proptest::collection::vec(
+            proptest::collection::vec(proptest::num::u8::ANY, 0..80), 0..3,
+        )) {
+            let mut h = HeaderMap::new();
+            for v in &values {
+                if let Ok(value) = HeaderValue::from_bytes(v) {
+                    h.append(PREFER, value);
+                }
+            }
+            let _ = prefers_async(&h);
+        }
+
+        /// `respond-async` is found in any case, in any place of a list,
+        /// with parameters and whitespace; a list without it is not async.
+        #[test]
+        fn respond_async_is_found_anywhere_in_the_list(
+            others in proptest::collection::vec(other_pref(), 0..5),
+            at in 0..6usize,
+            upper in proptest::collection::vec(proptest::bool::ANY, 13),
+            param in "(; ?wait=[0-9]{1,3})?",
+            ws in "[ \t]{0,2}",
+        ) {
+            let token: String = "respond-async"
+                .chars()
+                .zip(&upper)
+                .map(|(c, up)| if *up { c.to_ascii_uppercase() } else { c })
+                .collect();
+            let without = others.join(&format!(",{ws}"));
+            let mut h = HeaderMap::new();
+            if let Ok(v) = HeaderValue::from_str(&without) {
+                h.insert(PREFER, v);
+                proptest::prop_assert!(!prefers_async(&h), "{without}");
+            }
+            let mut list = others.clone();
+            list.insert(at.min(list.len()), format!("{ws}{token}{param}{ws}"));
+            let with = list.join(",");
+            h.insert(PREFER, HeaderValue::from_str(&with).unwrap());
+            proptest::prop_assert!(prefers_async(&h), "{with}");
+        }
+    }
 }
