@@ -100,3 +100,21 @@ def test_tenants_do_not_share_results(gateway, sim):
     rb = b.chat.completions.create(model="sim-1", messages=MESSAGES, extra_headers={"Idempotency-Key": key})
     assert ra.id != rb.id
     assert sim.executions_for(key) == 2
+
+
+def test_anthropic_tenants_do_not_share_results(gateway, sim):
+    # The official client sends its key in `x-api-key`, not `Authorization`.
+    key = f"e2e-{uuid.uuid4()}"
+    a = anthropic.Anthropic(base_url=gateway, api_key="sk-ant-tenant-a", max_retries=0)
+    b = anthropic.Anthropic(base_url=gateway, api_key="sk-ant-tenant-b", max_retries=0)
+
+    def ask(client):
+        return client.messages.create(
+            model="sim-claude", max_tokens=64, messages=MESSAGES, extra_headers={"Idempotency-Key": key}
+        )
+
+    ra, rb = ask(a), ask(b)
+    assert ra.id != rb.id
+    assert sim.executions_for(key) == 2
+    assert ask(a).id == ra.id
+    assert sim.executions_for(key) == 2

@@ -149,6 +149,35 @@ pub struct RoutePlan {
     pub fail_open: bool,
     /// Upstream statuses that release the key for a retry.
     pub retryable_statuses: Vec<u16>,
+    /// Host name of the route's upstream (`api.anthropic.com`).
+    pub upstream_host: String,
+    /// The request headers the tenant is read from, in order (lowercase).
+    pub tenant_headers: Vec<String>,
+}
+
+/// The header each well-known provider reads its API key from, by host:
+/// an exact host, or a suffix starting with `.`. A route in front of one of
+/// them whose tenant does not come from that header puts every client in
+/// one tenant.
+pub const PROVIDER_CREDENTIAL_HEADERS: [(&str, &str); 4] = [
+    ("api.openai.com", "authorization"),
+    ("api.anthropic.com", "x-api-key"),
+    (".openai.azure.com", "api-key"),
+    ("generativelanguage.googleapis.com", "x-goog-api-key"),
+];
+
+/// The credential header of the provider at `host`, if it is a known one.
+pub fn provider_credential_header(host: &str) -> Option<&'static str> {
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    PROVIDER_CREDENTIAL_HEADERS
+        .iter()
+        .find(|(pattern, _)| match pattern.strip_prefix('.') {
+            Some(suffix) => host
+                .strip_suffix(suffix)
+                .is_some_and(|rest| rest.len() > 1 && rest.ends_with('.')),
+            None => host == *pattern,
+        })
+        .map(|(_, header)| *header)
 }
 
 /// The alerts a deployment needs: the hit ratio doubling against its
@@ -239,6 +268,7 @@ pub fn check(plan: &Plan) -> Vec<Finding> {
         key_template(route, &mut out);
         store_for_charges(plan.store, route, &mut out);
         retryable_statuses(route, &mut out);
+        tenant_reads_credential(route, &mut out);
     }
     out.sort_by(|a, b| b.severity.cmp(&a.severity).then(a.rule.cmp(b.rule)));
     out
@@ -509,6 +539,32 @@ fn retryable_statuses(r: &RoutePlan, out: &mut Vec<Finding>) {
     }
 }
 
+/// Clients of a known provider authenticate with its credential header; a
+/// tenant read from other headers puts all of them in one tenant (or in
+/// `anonymous`), where one client's key replays another client's answer.
+fn tenant_reads_credential(r: &RoutePlan, out: &mut Vec<Finding>) {
+    let Some(header) = provider_credential_header(&r.upstream_host) else {
+        return;
+    };
+    if r.tenant_headers
+        .iter()
+        .any(|h| h.eq_ignore_ascii_case(header))
+    {
+        return;
+    }
+    out.push(finding(
+        "tenant-misses-credential",
+        Severity::Warning,
+        r,
+        format!(
+            "the upstream {} authenticates with the `{header}` header, but the tenant is read from [{}]: clients that send only `{header}` share one tenant and can receive each other's stored results",
+            r.upstream_host,
+            r.tenant_headers.join(", ")
+        ),
+        format!("add \"{header}\" to tenant_headers, or leave tenant_headers out to read the credential headers"),
+    ));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -533,6 +589,10 @@ mod tests {
             charges: true,
             fail_open: false,
             retryable_statuses: vec![408, 429, 500, 502, 503, 504],
+            upstream_host: "api.anthropic.com".into(),
+            tenant_headers: ["authorization", "x-api-key", "api-key", "x-goog-api-key"]
+                .map(String::from)
+                .to_vec(),
         }
     }
 
@@ -670,6 +730,56 @@ mod tests {
         let f = check(&plan(r));
         assert_eq!(f[0].rule, "retryable-final-status");
         assert!(f[0].message.contains("[200, 400]"));
+    }
+
+    #[test]
+    fn a_known_provider_whose_credential_is_not_a_tenant_source_warns() {
+        for (host, header) in [
+            ("api.openai.com", "authorization"),
+            ("api.anthropic.com", "x-api-key"),
+            ("my-res.openai.azure.com", "api-key"),
+            ("generativelanguage.googleapis.com", "x-goog-api-key"),
+        ] {
+            let mut r = good_route();
+            r.upstream_host = host.into();
+            // The default sources hold every provider's header: quiet.
+            assert_eq!(rules(&plan(r.clone())), Vec::<&str>::new(), "{host}");
+            // A custom list holding it: quiet, whatever its case or place.
+            r.tenant_headers = vec!["x-tenant-id".into(), header.to_ascii_uppercase()];
+            assert_eq!(rules(&plan(r.clone())), Vec::<&str>::new(), "{host}");
+            // A custom list without it: a warning naming the header.
+            r.tenant_headers = vec!["x-tenant-id".into()];
+            let f = check(&plan(r));
+            assert_eq!(f.len(), 1, "{host}");
+            assert_eq!(
+                (f[0].rule, f[0].severity),
+                ("tenant-misses-credential", Severity::Warning)
+            );
+            assert!(f[0].message.contains(header), "{}", f[0].message);
+            assert!(f[0].fix.contains(header), "{}", f[0].fix);
+        }
+    }
+
+    #[test]
+    fn unknown_hosts_and_look_alikes_are_not_providers() {
+        assert_eq!(
+            provider_credential_header("API.Anthropic.com."),
+            Some("x-api-key")
+        );
+        for host in [
+            "127.0.0.1",
+            "llm.internal",
+            "openai.azure.com",
+            "evil-openai.azure.com",
+            "api.openai.com.evil.net",
+            "anthropic.com",
+        ] {
+            assert_eq!(provider_credential_header(host), None, "{host}");
+        }
+        let mut r = good_route();
+        r.upstream_host = "llm.internal".into();
+        r.tenant_headers = vec!["x-tenant-id".into()];
+        assert_eq!(rules(&plan(r)), Vec::<&str>::new());
     }
 
     #[test]

@@ -44,7 +44,9 @@ pub(crate) struct ShowArgs {
     tenant: Option<String>,
     /// The raw credential the client sent: the `Authorization` header value
     /// (`Bearer sk-…`; a bare token is also tried with `Bearer `), or the
-    /// value of the route's tenant header. Hashed here, never stored.
+    /// value of the header that named the tenant (`x-api-key`, `api-key`,
+    /// `x-goog-api-key`, or one of the route's `tenant_headers`). Hashed
+    /// here, never stored.
     #[arg(long)]
     credential: Option<String>,
     /// The route id (namespace) of the key; default: the only route's id.
@@ -174,7 +176,8 @@ async fn show(args: &ShowArgs) -> anyhow::Result<ExitCode> {
         (None, Some(r)) => r.id.clone(),
         (None, None) => anyhow::bail!("no route"),
     };
-    let authorization = route.is_none_or(|r| r.tenant_header.is_none());
+    let authorization =
+        route.is_none_or(|r| r.tenant.headers().iter().any(|h| h == "authorization"));
 
     // Candidate tenants, in order; the first with anything stored wins.
     let mut candidates: Vec<(String, &'static str)> = Vec::new();

@@ -158,12 +158,6 @@ pub fn digest_body(
     Ok(BodyDigest::raw(body))
 }
 
-/// SHA-256 of `body` in canonical form (see [`digest_body`]); a JSON body
-/// with a duplicate key is hashed as raw bytes.
-pub fn canonical_content_hash(body: &[u8], ignore: &[String]) -> [u8; 32] {
-    BodyDigest::lenient(body, ignore).0
-}
-
 /// Canonical JSON text of `body` (sorted keys, no whitespace, numbers as
 /// written), if it is JSON without duplicate keys.
 pub fn canonical_json(body: &[u8]) -> Option<Vec<u8>> {

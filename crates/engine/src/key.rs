@@ -249,7 +249,7 @@ impl DerivedKey {
         Self {
             user: user.into(),
             session: session.into(),
-            content_hash: crate::fingerprint::canonical_content_hash(content, &[]),
+            content_hash: *crate::fingerprint::BodyDigest::lenient(content, &[]).as_bytes(),
             window: Duration::from_secs(600),
         }
     }
@@ -333,6 +333,57 @@ mod tests {
             ClientKey::parse_bytes(b"\xff\xfe"),
             Err(KeyError::NotPrintable { position: 0 })
         ));
+    }
+
+    /// The structured-field string form of `key`.
+    fn quoted(key: &str) -> String {
+        format!("\"{}\"", key.replace('\\', "\\\\").replace('"', "\\\""))
+    }
+
+    proptest::proptest! {
+        /// Whatever bytes a client sends, parsing answers (never panics),
+        /// and an accepted key is 1–255 printable ASCII characters whose
+        /// quoted form is the same key.
+        #[test]
+        fn any_header_bytes_parse_or_are_refused(raw in proptest::collection::vec(proptest::num::u8::ANY, 0..300)) {
+            match ClientKey::parse_bytes(&raw) {
+                Ok(k) => {
+                    proptest::prop_assert!((1..=MAX_KEY_LEN).contains(&k.as_str().len()));
+                    proptest::prop_assert!(k.as_str().bytes().all(|b| (0x20..=0x7e).contains(&b)));
+                    proptest::prop_assert_eq!(ClientKey::parse(&quoted(k.as_str())), Ok(k));
+                }
+                Err(e) => proptest::prop_assert!(!e.to_string().is_empty()),
+            }
+        }
+
+        /// A printable key means the same in its bare and its quoted form,
+        /// with or without surrounding whitespace.
+        #[test]
+        fn bare_and_quoted_forms_agree(key in "[!#-~]([ -~]{0,253}[!-~])?", pad in "[ \t]{0,3}") {
+            let bare = ClientKey::parse(&format!("{pad}{key}{pad}"));
+            proptest::prop_assert_eq!(bare.as_ref().map(ClientKey::as_str), Ok(key.as_str()));
+            proptest::prop_assert_eq!(ClientKey::parse(&quoted(&key)), bare);
+        }
+
+        /// Longer than the limit is refused with the length, whatever the
+        /// characters.
+        #[test]
+        fn too_long_keys_say_their_length(key in "[!-~]{256,400}") {
+            let refused = ClientKey::parse(&format!("x{key}"));
+            proptest::prop_assert_eq!(refused, Err(KeyError::TooLong { len: key.len() + 1 }));
+        }
+
+        /// Natural keys of any parts are valid or refused, never merged:
+        /// different part lists that both make a key make different keys.
+        #[test]
+        fn natural_keys_never_merge_different_parts(
+            a in proptest::collection::vec("[ -~]{0,6}", 1..4),
+            b in proptest::collection::vec("[ -~]{0,6}", 1..4),
+        ) {
+            if let (Ok(ka), Ok(kb)) = (natural_key(&a), natural_key(&b)) {
+                proptest::prop_assert_eq!(ka == kb, a == b);
+            }
+        }
     }
 
     #[test]

@@ -260,7 +260,7 @@ async fn timeline(
         (Some(_), Some(_)) => return bad_request("give `tenant` or `credential`, not both"),
         (Some(t), None) if !t.is_empty() => t,
         (Some(_), None) => return bad_request("`tenant` is empty"),
-        // The tenant a request with this Authorization (or tenant header)
+        // The tenant a request with this credential (or tenant header)
         // value lands in; the credential itself is neither kept nor logged.
         (None, Some(c)) => idemgate_layer::key::tenant_id(c.as_bytes()),
         (None, None) => idemgate_layer::key::ANONYMOUS.to_owned(),

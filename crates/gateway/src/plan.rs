@@ -115,6 +115,13 @@ fn route_plan(route: &RouteConfig) -> RoutePlan {
         charges: route.charges,
         fail_open: route.on_store_error == StoreErrorMode::FailOpen,
         retryable_statuses: route.retryable_statuses.clone(),
+        upstream_host: route.upstream.host_str().unwrap_or_default().to_owned(),
+        tenant_headers: route
+            .tenant
+            .headers()
+            .iter()
+            .map(|h| h.as_str().to_owned())
+            .collect(),
     }
 }
 
@@ -171,6 +178,39 @@ mod tests {
             ])
         );
         assert_eq!(r.client_retry, idemgate_check::RetryPolicy::default());
+    }
+
+    #[test]
+    fn a_provider_route_reading_another_tenant_header_is_flagged() {
+        let anthropic = |tenant_headers: Option<Vec<String>>| {
+            GatewayConfig::from_raw(RawConfig {
+                store: Some("sqlite:x.db".into()),
+                routes: vec![RawRoute {
+                    prefix: Some("/v1".into()),
+                    upstream: Some("http://api.anthropic.com".into()),
+                    tenant_headers,
+                    ..RawRoute::default()
+                }],
+                ..RawConfig::default()
+            })
+            .unwrap_or_else(|e| panic!("{e}"))
+        };
+        let rules = |c: &GatewayConfig| -> Vec<&'static str> {
+            findings(c).iter().map(|f| f.rule).collect()
+        };
+        let default = anthropic(None);
+        assert_eq!(
+            plan(&default).routes[0].tenant_headers,
+            vec!["authorization", "x-api-key", "api-key", "x-goog-api-key"]
+        );
+        assert_eq!(plan(&default).routes[0].upstream_host, "api.anthropic.com");
+        assert!(!rules(&default).contains(&"tenant-misses-credential"));
+        let custom = anthropic(Some(vec!["X-Tenant-Id".into()]));
+        assert!(rules(&custom).contains(&"tenant-misses-credential"));
+        // Not an error: `serve` starts, and the finding is logged.
+        assert!(start_refusals(&findings(&custom)).is_empty());
+        let both = anthropic(Some(vec!["x-tenant-id".into(), "x-api-key".into()]));
+        assert!(!rules(&both).contains(&"tenant-misses-credential"));
     }
 
     #[test]

@@ -76,7 +76,7 @@ fn toml_file_is_read_whole() {
             body_limit = "1MiB"
             retryable_statuses = [429, 503]
             upstream_key_header = "X-Request-Key"
-            tenant_header = "X-Tenant"
+            tenant_headers = ["X-Tenant", "x-api-key"]
             fingerprint_ignore = ["/stream_options", "/user"]
             concurrency_limit = 4
             on_store_error = "fail_open"
@@ -128,8 +128,11 @@ fn toml_file_is_read_whole() {
         assert_eq!(chat.retryable_statuses, vec![429, 503]);
         assert_eq!(chat.upstream_key_header.as_str(), "x-request-key");
         assert_eq!(
-            chat.tenant_header.as_ref().map(|h| h.as_str()),
-            Some("x-tenant")
+            chat.tenant.headers(),
+            [
+                http::HeaderName::from_static("x-tenant"),
+                http::HeaderName::from_static("x-api-key")
+            ]
         );
         assert_eq!(chat.fingerprint_ignore, vec!["/stream_options", "/user"]);
         assert_eq!(chat.concurrency_limit, Some(4));
@@ -345,8 +348,17 @@ fn bad_configurations_name_their_field() {
             "routes[0].upstream_key_header",
         ),
         (
-            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\ntenant_header = \"a:b\"",
-            "routes[0].tenant_header",
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\ntenant_headers = [\"x-ok\", \"a:b\"]",
+            "routes[0].tenant_headers",
+        ),
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\ntenant_headers = []",
+            "routes[0].tenant_headers",
+        ),
+        // One spelling: the single-header form is gone, and says so.
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\ntenant_header = \"x-tenant\"",
+            "`tenant_header`",
         ),
         (
             "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\nfingerprint_ignore = [\"user\"]",
@@ -617,5 +629,85 @@ fn undocumented_aliases_are_refused() {
             }
             Ok(())
         });
+    }
+}
+
+/// A value for a text field: plausible spellings, near misses, or any text.
+fn field_text() -> impl proptest::strategy::Strategy<Value = String> {
+    use proptest::prelude::*;
+    prop_oneof![
+        Just("30s".to_owned()),
+        Just("0s".to_owned()),
+        Just("http://127.0.0.1:9".to_owned()),
+        Just("memory:".to_owned()),
+        Just("/v1".to_owned()),
+        Just("derive".to_owned()),
+        Just("fail_open".to_owned()),
+        Just("x-api-key".to_owned()),
+        Just("10MiB".to_owned()),
+        Just("127.0.0.1:0".to_owned()),
+        "[a-z0-9:/._ -]{0,12}",
+        "\\PC{0,16}",
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(400))]
+
+    /// Any text in any field: the configuration loads, or is refused with
+    /// an error that names the field it is about; it never panics.
+    #[test]
+    fn any_text_in_any_field_loads_or_names_its_field(
+        top in proptest::collection::vec(proptest::option::of(field_text()), 7),
+        route in proptest::collection::vec(proptest::option::of(field_text()), 16),
+        lists in proptest::collection::vec(proptest::option::of(proptest::collection::vec(field_text(), 0..3)), 4),
+    ) {
+        use idemgate_gateway::config::{RawClientRetry, RawConfig, RawRoute, RawSize, RawTimeouts};
+        let raw = RawConfig {
+            listen: top[0].clone(),
+            admin_listen: top[1].clone(),
+            store: top[2].clone(),
+            upstream: top[3].clone(),
+            pending_ttl: top[4].clone(),
+            done_ttl: top[5].clone(),
+            shutdown_grace: top[6].clone(),
+            routes: vec![RawRoute {
+                prefix: route[0].clone().or(Some("/".into())),
+                id: route[1].clone(),
+                upstream: route[2].clone(),
+                key: route[3].clone(),
+                key_window: route[4].clone(),
+                on_inflight: route[5].clone(),
+                inflight_wait: route[6].clone(),
+                pending_ttl: route[7].clone(),
+                done_ttl: route[8].clone(),
+                body_limit: route[9].clone().map(RawSize::Text),
+                upstream_key_header: route[10].clone(),
+                on_store_error: route[11].clone(),
+                longest_generation: route[12].clone(),
+                timeouts: Some(RawTimeouts {
+                    connect: route[13].clone(),
+                    idle: route[14].clone(),
+                    ..RawTimeouts::default()
+                }),
+                client_retry: Some(RawClientRetry {
+                    jitter: route[15].clone(),
+                    ..RawClientRetry::default()
+                }),
+                methods: lists[0].clone(),
+                key_template: lists[1].clone(),
+                tenant_headers: lists[2].clone(),
+                fingerprint_ignore: lists[3].clone(),
+                ..RawRoute::default()
+            }],
+            ..RawConfig::default()
+        };
+        if let Err(e) = GatewayConfig::from_raw(raw) {
+            let field = e.field().map(str::to_owned);
+            proptest::prop_assert!(field.is_some(), "{e}");
+            let shown = e.to_string();
+            let named = field.is_some_and(|f| shown.contains(&format!("`{f}`")));
+            proptest::prop_assert!(named, "{}", shown);
+        }
     }
 }

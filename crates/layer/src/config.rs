@@ -180,30 +180,57 @@ pub enum InflightMode {
     Attach(Duration),
 }
 
-/// Whose records a request may see.
+/// Whose records a request may see: the tenant is a hash of the first
+/// header of the source that the request carries.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum TenantSource {
-    /// A hash of the `Authorization` header value.
-    Authorization,
-    /// A hash of the value of this header.
-    Header(#[serde(with = "header_name")] HeaderName),
+    /// The credential headers of the common LLM APIs, in this order:
+    /// `Authorization` (OpenAI and most others), `x-api-key` (Anthropic),
+    /// `api-key` (Azure OpenAI), `x-goog-api-key` (Gemini).
+    Credential,
+    /// These headers, in order; the first one present names the tenant.
+    Headers(#[serde(with = "header_names")] Vec<HeaderName>),
 }
 
-/// Serde for a [`HeaderName`]: its (lowercase) text.
-mod header_name {
+/// The headers of [`TenantSource::Credential`], in order.
+pub static CREDENTIAL_HEADERS: [HeaderName; 4] = [
+    http::header::AUTHORIZATION,
+    HeaderName::from_static("x-api-key"),
+    HeaderName::from_static("api-key"),
+    HeaderName::from_static("x-goog-api-key"),
+];
+
+impl TenantSource {
+    /// The headers looked at, in order.
+    pub fn headers(&self) -> &[HeaderName] {
+        match self {
+            Self::Credential => &CREDENTIAL_HEADERS,
+            Self::Headers(names) => names,
+        }
+    }
+}
+
+/// Serde for a list of [`HeaderName`]s: their (lowercase) text.
+mod header_names {
     use http::HeaderName;
     use serde::{Deserialize, Deserializer, Serializer, de::Error as _};
 
-    pub(super) fn serialize<S: Serializer>(h: &HeaderName, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(h.as_str())
+    pub(super) fn serialize<S: Serializer>(names: &[HeaderName], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(names.iter().map(HeaderName::as_str))
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<HeaderName, D::Error> {
-        let text = String::deserialize(d)?;
-        HeaderName::from_bytes(text.as_bytes())
-            .map_err(|_| D::Error::custom(format!("`{text}` is not a header name")))
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Vec<HeaderName>, D::Error> {
+        Vec::<String>::deserialize(d)?
+            .into_iter()
+            .map(|text| {
+                HeaderName::from_bytes(text.as_bytes())
+                    .map_err(|_| D::Error::custom(format!("`{text}` is not a header name")))
+            })
+            .collect()
     }
 }
 
@@ -263,7 +290,7 @@ impl Default for LayerConfig {
             on_inflight: InflightMode::Attach(Duration::from_secs(30)),
             methods: vec![Method::POST],
             body_limit: 10 * 1024 * 1024,
-            tenant: TenantSource::Authorization,
+            tenant: TenantSource::Credential,
             fingerprint_ignore: Vec::new(),
             retryable_statuses: default_retryable_statuses(),
             stored_headers: Vec::new(),
@@ -370,11 +397,16 @@ mod tests {
         assert_eq!(json(&StoreErrorMode::FailOpen), r#""fail_open""#);
         assert_eq!(json(&KeyMode::Require), r#""require""#);
         assert_eq!(json(&InflightMode::Reject), r#""reject""#);
-        assert_eq!(json(&TenantSource::Authorization), r#""authorization""#);
-        assert_eq!(
-            json(&TenantSource::Header(HeaderName::from_static("x-tenant"))),
-            r#"{"header":"x-tenant"}"#
-        );
+        assert_eq!(json(&TenantSource::Credential), r#""credential""#);
+        let custom = TenantSource::Headers(vec![
+            HeaderName::from_static("x-tenant"),
+            HeaderName::from_static("x-org"),
+        ]);
+        assert_eq!(json(&custom), r#"{"headers":["x-tenant","x-org"]}"#);
+        let back: TenantSource =
+            serde_json::from_str(&json(&custom)).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(back, custom);
+        assert!(serde_json::from_str::<TenantSource>(r#"{"headers":["a b"]}"#).is_err());
         let derive = KeyMode::Derive(DeriveTemplate::default());
         let text = json(&derive);
         assert!(

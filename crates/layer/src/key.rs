@@ -1,14 +1,18 @@
 //! Who is asking (tenant) and which operation it is (key).
 //!
 //! The tenant is a hash of a credential, never the credential: records and
-//! logs may then be read by operators without leaking API keys. The key is
+//! logs may then be read by operators without leaking API keys. It is read
+//! from whichever credential header the client's API uses (`Authorization`,
+//! `x-api-key`, `api-key`, `x-goog-api-key`) unless the route names its own
+//! headers: a client whose credential were not read would share the
+//! `anonymous` tenant, and with it every other such client's results. The key is
 //! the client's `Idempotency-Key` (bare token or quoted sf-string, the same
 //! key either way), or one derived from natural dimensions of the request.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, HeaderName};
-use idemgate_engine::fingerprint::canonical_content_hash;
+use idemgate_engine::fingerprint::BodyDigest;
 use idemgate_engine::{ClientKey, KeyError, natural_key};
 use sha2::{Digest, Sha256};
 
@@ -26,25 +30,25 @@ pub fn tenant_id(credential: &[u8]) -> String {
     hex::encode(&digest[..16])
 }
 
-/// The tenant of a request: [`tenant_id`] of the configured header's value,
-/// or [`ANONYMOUS`] when the header is absent. A header sent several times
-/// counts with all its values (joined by `, `), so adding a second value
-/// never lands a request in the first value's tenant.
+/// The tenant of a request: [`tenant_id`] of the value of the first header
+/// of `source` that the request carries, or [`ANONYMOUS`] when it carries
+/// none. A header sent several times counts with all its values (joined by
+/// `, `), so adding a second value never lands a request in the first
+/// value's tenant.
 pub fn tenant_of(headers: &HeaderMap, source: &TenantSource) -> String {
-    let name = match source {
-        TenantSource::Authorization => &http::header::AUTHORIZATION,
-        TenantSource::Header(name) => name,
-    };
-    let mut values = headers.get_all(name).iter();
-    let Some(first) = values.next() else {
-        return ANONYMOUS.to_owned();
-    };
-    let mut joined = first.as_bytes().to_vec();
-    for v in values {
-        joined.extend_from_slice(b", ");
-        joined.extend_from_slice(v.as_bytes());
+    for name in source.headers() {
+        let mut values = headers.get_all(name).iter();
+        let Some(first) = values.next() else {
+            continue;
+        };
+        let mut joined = first.as_bytes().to_vec();
+        for v in values {
+            joined.extend_from_slice(b", ");
+            joined.extend_from_slice(v.as_bytes());
+        }
+        return tenant_id(&joined);
     }
-    tenant_id(&joined)
+    ANONYMOUS.to_owned()
 }
 
 /// Why a request's key could not be determined.
@@ -82,7 +86,8 @@ pub fn client_key(headers: &HeaderMap) -> Result<Option<ClientKey>, KeyRefusal> 
         .map_err(KeyRefusal::Malformed)
 }
 
-/// A key built from `template` for a request.
+/// A key built from `template` for a request whose body has `body` as its
+/// digest (the one its fingerprint is made from).
 ///
 /// Readable (`d:…` with the dimensions joined) when the dimensions make a
 /// valid key; otherwise (too long, or a header value that is not printable
@@ -95,8 +100,7 @@ pub fn derive_key(
     template: &DeriveTemplate,
     tenant: &str,
     headers: &HeaderMap,
-    body: &[u8],
-    ignore: &[String],
+    body: &BodyDigest,
     now: SystemTime,
 ) -> Result<ClientKey, KeyRefusal> {
     let mut parts: Vec<Vec<u8>> = vec![b"d".to_vec()];
@@ -116,8 +120,7 @@ pub fn derive_key(
                 parts.push(joined);
             }
             DerivePart::BodyHash => {
-                let h = canonical_content_hash(body, ignore);
-                parts.push(hex::encode(&h[..12]).into_bytes());
+                parts.push(hex::encode(&body.as_bytes()[..12]).into_bytes());
             }
         }
     }
@@ -166,21 +169,50 @@ mod tests {
     #[test]
     fn tenant_is_a_hash_never_the_credential() {
         let h = headers(&[("authorization", b"Bearer sk-secret")]);
-        let t = tenant_of(&h, &TenantSource::Authorization);
+        let t = tenant_of(&h, &TenantSource::Credential);
         assert_eq!(t.len(), 32);
         assert!(!t.contains("secret"));
         assert_eq!(t, tenant_id(b"Bearer sk-secret"));
         assert_ne!(t, tenant_id(b"Bearer sk-other"));
         assert_eq!(
-            tenant_of(&HeaderMap::new(), &TenantSource::Authorization),
+            tenant_of(&HeaderMap::new(), &TenantSource::Credential),
             ANONYMOUS
         );
-        let custom = TenantSource::Header(HeaderName::from_static("x-tenant"));
+        let custom = TenantSource::Headers(vec![HeaderName::from_static("x-tenant")]);
         assert_eq!(tenant_of(&h, &custom), ANONYMOUS);
         let h2 = headers(&[("x-tenant", b"acme")]);
         assert_eq!(tenant_of(&h2, &custom), tenant_id(b"acme"));
         let twice = headers(&[("x-tenant", b"acme"), ("x-tenant", b"evil")]);
         assert_ne!(tenant_of(&twice, &custom), tenant_id(b"acme"));
+    }
+
+    #[test]
+    fn every_providers_credential_header_names_a_tenant() {
+        for name in ["authorization", "x-api-key", "api-key", "x-goog-api-key"] {
+            let a = tenant_of(&headers(&[(name, b"key-a")]), &TenantSource::Credential);
+            let b = tenant_of(&headers(&[(name, b"key-b")]), &TenantSource::Credential);
+            assert_eq!(a, tenant_id(b"key-a"), "{name}");
+            assert_ne!(a, b, "{name}");
+        }
+        // The first present header wins, in the documented order.
+        let both = headers(&[("x-goog-api-key", b"g"), ("x-api-key", b"x")]);
+        assert_eq!(tenant_of(&both, &TenantSource::Credential), tenant_id(b"x"));
+        let all = headers(&[("api-key", b"z"), ("authorization", b"Bearer a")]);
+        assert_eq!(
+            tenant_of(&all, &TenantSource::Credential),
+            tenant_id(b"Bearer a")
+        );
+        // A configured list is read in its own order, and only it.
+        let list = TenantSource::Headers(vec![
+            HeaderName::from_static("x-tenant-id"),
+            HeaderName::from_static("x-api-key"),
+        ]);
+        let h = headers(&[("x-api-key", b"k"), ("x-tenant-id", b"acme")]);
+        assert_eq!(tenant_of(&h, &list), tenant_id(b"acme"));
+        let h = headers(&[("x-api-key", b"k"), ("authorization", b"Bearer a")]);
+        assert_eq!(tenant_of(&h, &list), tenant_id(b"k"));
+        let h = headers(&[("authorization", b"Bearer a")]);
+        assert_eq!(tenant_of(&h, &list), ANONYMOUS);
     }
 
     #[test]
@@ -213,28 +245,87 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Any number of `Idempotency-Key` values, of any bytes a header may
+        /// carry: none is no key, two or more are refused as repeated, one
+        /// is exactly what the engine's parser makes of it.
+        #[test]
+        fn key_headers_of_any_bytes(values in proptest::collection::vec(
+            proptest::collection::vec(proptest::num::u8::ANY, 0..300), 0..3,
+        )) {
+            let mut h = HeaderMap::new();
+            let mut sent = Vec::new();
+            for v in &values {
+                if let Ok(value) = HeaderValue::from_bytes(v) {
+                    h.append(IDEMPOTENCY_KEY, value);
+                    sent.push(v.clone());
+                }
+            }
+            let got = client_key(&h);
+            match sent.as_slice() {
+                [] => proptest::prop_assert_eq!(got, Ok(None)),
+                [one] => proptest::prop_assert_eq!(
+                    got,
+                    ClientKey::parse_bytes(one).map(Some).map_err(KeyRefusal::Malformed)
+                ),
+                _ => proptest::prop_assert_eq!(got, Err(KeyRefusal::Repeated)),
+            }
+        }
+
+        /// Any credential headers: the tenant is `anonymous` or 32 hex
+        /// digits, and it is the hash of the first listed header present.
+        #[test]
+        fn tenants_of_any_credential_headers(
+            present in proptest::collection::vec((0..4usize, "[ -~]{1,40}"), 0..5),
+        ) {
+            let mut h = HeaderMap::new();
+            for (i, value) in &present {
+                h.append(
+                    crate::config::CREDENTIAL_HEADERS[*i].clone(),
+                    HeaderValue::from_str(value).unwrap(),
+                );
+            }
+            let tenant = tenant_of(&h, &TenantSource::Credential);
+            let first = crate::config::CREDENTIAL_HEADERS
+                .iter()
+                .find(|name| h.contains_key(*name));
+            match first {
+                None => proptest::prop_assert_eq!(tenant, ANONYMOUS),
+                Some(name) => {
+                    proptest::prop_assert_eq!(tenant.len(), 32);
+                    let joined: Vec<&[u8]> = h.get_all(name).iter().map(HeaderValue::as_bytes).collect();
+                    proptest::prop_assert_eq!(tenant, tenant_id(&joined.join(&b", "[..])));
+                }
+            }
+        }
+    }
+
+    fn digest(body: &[u8]) -> BodyDigest {
+        idemgate_engine::fingerprint::digest_body(None, body, &[]).unwrap()
+    }
+
     #[test]
     fn derived_keys_follow_their_dimensions() {
         let t = DeriveTemplate::default();
         let at = UNIX_EPOCH + Duration::from_secs(6_000_000);
         let h = headers(&[("x-user-id", b"u1"), ("x-session-id", b"s1")]);
-        let k = derive_key(&t, "ten", &h, br#"{"q":1,"r":2}"#, &[], at).unwrap();
+        let k = derive_key(&t, "ten", &h, &digest(br#"{"q":1,"r":2}"#), at).unwrap();
         assert!(k.as_str().starts_with("d:ten:u1:s1:"), "{k}");
-        let reordered = derive_key(&t, "ten", &h, br#"{"r":2,"q":1}"#, &[], at).unwrap();
+        let reordered = derive_key(&t, "ten", &h, &digest(br#"{"r":2,"q":1}"#), at).unwrap();
         assert_eq!(k, reordered);
         let other_user = headers(&[("x-user-id", b"u2"), ("x-session-id", b"s1")]);
         assert_ne!(
             k,
-            derive_key(&t, "ten", &other_user, br#"{"q":1,"r":2}"#, &[], at).unwrap()
+            derive_key(&t, "ten", &other_user, &digest(br#"{"q":1,"r":2}"#), at).unwrap()
         );
         let later = at + Duration::from_secs(600);
         assert_ne!(
             k,
-            derive_key(&t, "ten", &h, br#"{"q":1,"r":2}"#, &[], later).unwrap()
+            derive_key(&t, "ten", &h, &digest(br#"{"q":1,"r":2}"#), later).unwrap()
         );
         let missing = headers(&[("x-user-id", b"u1")]);
         assert_eq!(
-            derive_key(&t, "ten", &missing, b"{}", &[], at),
+            derive_key(&t, "ten", &missing, &digest(b"{}"), at),
             Err(KeyRefusal::MissingDimension(HeaderName::from_static(
                 "x-session-id"
             )))
@@ -247,8 +338,8 @@ mod tests {
         let at = UNIX_EPOCH;
         let long = vec![b'u'; 300];
         let h = headers(&[("x-user-id", &long), ("x-session-id", b"s\xff")]);
-        let a = derive_key(&t, "ten", &h, b"{}", &[], at).unwrap();
-        let b = derive_key(&t, "ten", &h, b"{}", &[], at).unwrap();
+        let a = derive_key(&t, "ten", &h, &digest(b"{}"), at).unwrap();
+        let b = derive_key(&t, "ten", &h, &digest(b"{}"), at).unwrap();
         assert_eq!(a, b);
         assert!(a.as_str().starts_with("dh:"));
     }

@@ -93,6 +93,18 @@ impl Problem {
         )
     }
 
+    /// 400 `ambiguous-body`: the body can be read more than one way (a
+    /// JSON object that repeats a key), so its fingerprint could describe
+    /// another request than the one the upstream acts on.
+    pub fn ambiguous_body(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "ambiguous-body",
+            "Request body ambiguous",
+            detail.into(),
+        )
+    }
+
     /// 422 `key-mismatch`: the key was used for a different request.
     pub fn key_mismatch() -> Self {
         Self::new(
@@ -273,6 +285,7 @@ mod tests {
             Problem::malformed_key("x"),
             Problem::body_too_large(1),
             Problem::request_body_unreadable(),
+            Problem::ambiguous_body("x"),
             Problem::key_mismatch(),
             Problem::in_flight(Duration::ZERO),
             Problem::store_unavailable(),

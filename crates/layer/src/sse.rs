@@ -318,6 +318,28 @@ mod tests {
             })
     }
 
+    /// The reference splitter: one pass over the whole input.
+    fn split_at_blank_lines(stream: &[u8]) -> (Vec<Vec<u8>>, &[u8]) {
+        let mut events = Vec::new();
+        let (mut start, mut i) = (0, 0);
+        while i < stream.len() {
+            let end = match (stream[i], stream.get(i + 1), stream.get(i + 2)) {
+                (b'\n', Some(b'\n'), _) => i + 2,
+                (b'\n', Some(b'\r'), Some(b'\n')) => i + 3,
+                _ => {
+                    i += 1;
+                    continue;
+                }
+            };
+            if !is_blank(&stream[start..end]) {
+                events.push(stream[start..end].to_vec());
+            }
+            start = end;
+            i = end;
+        }
+        (events, &stream[start..])
+    }
+
     fn chunked(stream: &[u8], cuts: &[usize]) -> Vec<Vec<u8>> {
         let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (stream.len() + 1)).collect();
         cuts.sort_unstable();
@@ -370,6 +392,55 @@ mod tests {
                 prop_assert_eq!(id_of(e), Some(expected_id.as_bytes()));
                 prop_assert_eq!(data_of(e), data_of(orig));
             }
+        }
+
+        /// Any bytes, in any chunking, give the events a one-pass splitter
+        /// finds in the whole input: cut after each blank line (`\n\n` or
+        /// `\n\r\n`), blank blocks dropped, the unterminated rest kept for
+        /// `finish`.
+        #[test]
+        fn any_bytes_split_at_blank_lines_whatever_the_chunking(
+            stream in proptest::collection::vec(
+                prop_oneof![Just(b'\n'), Just(b'\r'), Just(b'd'), any::<u8>()],
+                0..400,
+            ),
+            cuts in proptest::collection::vec(any::<usize>(), 0..32),
+        ) {
+            let (expected, rest) = split_at_blank_lines(&stream);
+            let mut s = EventScanner::new();
+            let mut got = Vec::new();
+            for chunk in chunked(&stream, &cuts) {
+                s.push(&chunk, &mut got);
+            }
+            let got: Vec<Vec<u8>> = got.iter().map(|b| b.to_vec()).collect();
+            prop_assert_eq!(got, expected);
+            prop_assert_eq!(s.buffered(), rest.len());
+            match s.finish() {
+                None => prop_assert!(is_blank(rest)),
+                Some(last) => {
+                    prop_assert!(!is_blank(rest));
+                    prop_assert!(last.starts_with(rest));
+                    prop_assert!(last.ends_with(b"\n"));
+                }
+            }
+        }
+
+        /// A `Last-Event-ID` of any bytes never panics; a number is read
+        /// only from digits, and every `u64` (padded with spaces) is read back.
+        #[test]
+        fn last_event_id_of_any_bytes(raw in proptest::collection::vec(any::<u8>(), 0..40), n in any::<u64>(), pad in "[ \t]{0,3}") {
+            if let Ok(value) = HeaderValue::from_bytes(&raw) {
+                if let Some(got) = parse_last_event_id(&value) {
+                    let text = std::str::from_utf8(&raw).unwrap().trim();
+                    prop_assert!(text.bytes().all(|b| b.is_ascii_digit()));
+                    prop_assert_eq!(text.parse::<u64>().ok(), Some(got));
+                }
+                let mut h = HeaderMap::new();
+                h.insert(LAST_EVENT_ID, value);
+                let _ = events_to_skip(&h);
+            }
+            let padded = HeaderValue::from_str(&format!("{pad}{n}{pad}")).unwrap();
+            prop_assert_eq!(parse_last_event_id(&padded), Some(n));
         }
 
         #[test]

@@ -322,6 +322,86 @@ mod tests {
         assert_eq!(field_of(keyword::<StoreErrorMode>("m", "ignore")), "m");
     }
 
+    /// A rejection names `field` in its value and its message, and says
+    /// what was expected.
+    fn names_the_field<T: fmt::Debug>(
+        r: Result<T, ConfigError>,
+        field: &str,
+    ) -> Result<Option<T>, proptest::test_runner::TestCaseError> {
+        match r {
+            Ok(v) => Ok(Some(v)),
+            Err(e) => {
+                proptest::prop_assert_eq!(e.field(), Some(field));
+                let shown = e.to_string();
+                let quoted = format!("`{field}`");
+                proptest::prop_assert!(shown.contains(&quoted), "{shown}");
+                proptest::prop_assert!(shown.len() > field.len() + 24, "{shown}");
+                Ok(None)
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// Durations: any text is a positive duration or an error naming
+        /// the field; nothing panics.
+        #[test]
+        fn any_text_as_a_duration(s in "\\PC{0,24}|[0-9 ]{1,12}(ns|us|ms|s|m|h|d|w|y)?") {
+            let d = Duration::from_secs(1);
+            if let Some(got) = names_the_field(duration("routes[0].pending_ttl", Some(&s), d), "routes[0].pending_ttl")? {
+                proptest::prop_assert!(!got.is_zero());
+            }
+            let _ = names_the_field(duration_or_zero("client_retry.compensation_delay", Some(&s), d), "client_retry.compensation_delay")?;
+        }
+
+        /// Sizes, as text or a number: positive bytes or an error naming
+        /// the field.
+        #[test]
+        fn any_text_or_number_as_a_size(s in "\\PC{0,16}|[0-9]{1,22} ?[KMGkmgi]{0,2}[bB]?", n in proptest::num::u64::ANY) {
+            for raw in [RawSize::Text(s.clone()), RawSize::Bytes(n)] {
+                if let Some(got) = names_the_field(size("routes[0].body_limit", &raw), "routes[0].body_limit")? {
+                    proptest::prop_assert!(got > 0);
+                }
+            }
+        }
+
+        /// Header names: accepted ones are the lowercased text.
+        #[test]
+        fn any_text_as_a_header(s in "\\PC{0,20}|[!-~]{1,20}") {
+            if let Some(h) = names_the_field(header("routes[0].tenant_headers", &s), "routes[0].tenant_headers")? {
+                proptest::prop_assert_eq!(h.as_str(), s.to_ascii_lowercase());
+            }
+        }
+
+        /// Addresses and upstream URLs: accepted ones are what they claim.
+        #[test]
+        fn any_text_as_an_address_or_upstream(s in "\\PC{0,30}|(http|https|ftp)://[a-z0-9.:@/?#%-]{0,30}|[0-9.:\\[\\]]{0,24}") {
+            let _ = names_the_field(addr("listen", &s), "listen")?;
+            if let Some(url) = names_the_field(upstream_url("routes[0].upstream", &s), "routes[0].upstream")? {
+                proptest::prop_assert!(matches!(url.scheme(), "http" | "https"));
+                proptest::prop_assert!(url.host_str().is_some_and(|h| !h.is_empty()));
+                proptest::prop_assert!(url.query().is_none() && url.fragment().is_none());
+            }
+        }
+
+        /// Store URLs: any text is a store or a message that shows the
+        /// valid forms, and never shows a password it was given.
+        #[test]
+        fn any_text_as_a_store_url(s in "\\PC{0,30}|(sqlite|memory|redis|rediss|redis\\+cluster|postgres|mysql):(//)?[a-z0-9.:@/?=&-]{0,24}", pw in "[a-z]{6}9Zq") {
+            for text in [s.clone(), format!("postgres://u:{pw}@{s}"), format!("redis://:{pw}@{s}")] {
+                match StoreUrl::parse(&text) {
+                    Ok(url) => {
+                        let shown = format!("{url} {url:?}");
+                        proptest::prop_assert!(!shown.contains(&pw), "{}", shown);
+                    }
+                    Err(m) => {
+                        proptest::prop_assert!(m.contains("sqlite:"), "{m}");
+                        proptest::prop_assert!(!m.contains(&pw), "{m}");
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn store_urls() {
         assert_eq!(StoreUrl::parse("memory:"), Ok(StoreUrl::Memory));

@@ -116,8 +116,10 @@ pub struct RawRoute {
     pub retryable_statuses: Option<Vec<u16>>,
     /// Header the client's key is forwarded under (default `Idempotency-Key`).
     pub upstream_key_header: Option<String>,
-    /// Header naming the tenant (default: the `Authorization` credential).
-    pub tenant_header: Option<String>,
+    /// Headers naming the tenant, in order: the first one present is
+    /// hashed (default: the credential headers `Authorization`, `x-api-key`,
+    /// `api-key`, `x-goog-api-key`).
+    pub tenant_headers: Option<Vec<String>>,
     /// JSON pointers left out of the fingerprint.
     pub fingerprint_ignore: Option<Vec<String>>,
     /// Most concurrent upstream requests of this route.

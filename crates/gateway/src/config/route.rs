@@ -90,8 +90,8 @@ pub struct RouteConfig {
     pub retryable_statuses: Vec<u16>,
     /// Header the key is forwarded upstream under.
     pub upstream_key_header: HeaderName,
-    /// Header naming the tenant; `None`: the `Authorization` credential.
-    pub tenant_header: Option<HeaderName>,
+    /// Where the tenant of a request comes from.
+    pub tenant: TenantSource,
     /// JSON pointers left out of the fingerprint.
     pub fingerprint_ignore: Vec<String>,
     /// Most concurrent upstream requests; `None`: unlimited.
@@ -115,14 +115,6 @@ impl RouteConfig {
         prefix_matches(&self.prefix, path)
     }
 
-    /// Where the layer finds the tenant of a request on this route.
-    pub fn tenant(&self) -> TenantSource {
-        match &self.tenant_header {
-            Some(h) => TenantSource::Header(h.clone()),
-            None => TenantSource::Authorization,
-        }
-    }
-
     /// What the idempotency layer of this route is given.
     pub fn layer_config(&self) -> LayerConfig {
         let operations_path = if self.prefix == "/" {
@@ -136,7 +128,7 @@ impl RouteConfig {
             on_inflight: self.on_inflight,
             methods: self.methods.clone(),
             body_limit: self.body_limit,
-            tenant: self.tenant(),
+            tenant: self.tenant.clone(),
             fingerprint_ignore: self.fingerprint_ignore.clone(),
             retryable_statuses: self.retryable_statuses.clone(),
             stored_headers: STORED_HEADERS
@@ -285,11 +277,21 @@ pub(super) fn route(at: &str, r: RawRoute, d: &RouteDefaults) -> Result<RouteCon
             .as_deref()
             .unwrap_or("idempotency-key"),
     )?;
-    let tenant_header = r
-        .tenant_header
-        .as_deref()
-        .map(|h| header(&field("tenant_header"), h))
-        .transpose()?;
+    let tenant = match r.tenant_headers {
+        None => TenantSource::Credential,
+        Some(names) if names.is_empty() => {
+            return Err(ConfigError::invalid(
+                field("tenant_headers"),
+                "must not be empty (leave it out for the credential headers)",
+            ));
+        }
+        Some(names) => TenantSource::Headers(
+            names
+                .iter()
+                .map(|h| header(&field("tenant_headers"), h))
+                .collect::<Result<_, _>>()?,
+        ),
+    };
     let fingerprint_ignore = r.fingerprint_ignore.unwrap_or_default();
     if let Some(bad) = fingerprint_ignore
         .iter()
@@ -340,7 +342,7 @@ pub(super) fn route(at: &str, r: RawRoute, d: &RouteDefaults) -> Result<RouteCon
         body_limit,
         retryable_statuses,
         upstream_key_header,
-        tenant_header,
+        tenant,
         fingerprint_ignore,
         concurrency_limit,
         on_store_error,

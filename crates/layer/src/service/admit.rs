@@ -3,7 +3,10 @@
 //!
 //! Everything the layer must know about a request before it touches the
 //! store is settled here, once: its key (given or derived), its body (read
-//! within the route's limit), its fingerprint, the stream events it already
+//! within the route's limit), its body digest (computed once, with the
+//! request's `Content-Type`, for both the fingerprint and a derived key, so
+//! the two can never disagree about what the body is), its fingerprint,
+//! the stream events it already
 //! has (`Last-Event-ID`), whether it prefers an asynchronous answer
 //! (`Prefer: respond-async`) and its trace id. The rest of the request path
 //! works on that complete value, and answers through its methods.
@@ -17,6 +20,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, HeaderName, Request, header};
 use http_body_util::BodyExt;
+use idemgate_engine::fingerprint::digest_body;
 use idemgate_engine::{ClientKey, Fingerprint, Record, ScopedKey};
 
 use super::inner::IdempotencyContext;
@@ -95,14 +99,22 @@ impl Keyed {
         let body = read_body(&parts.headers, body, cfg.body_limit)
             .await
             .map_err(|problem| rejected(shared, problem))?;
+        let content_type = parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok());
+        // A body that reads two ways is refused before anything is stored
+        // or forwarded: the upstream might act on another request than the
+        // one fingerprinted.
+        let digest = digest_body(content_type, &body, &cfg.fingerprint_ignore)
+            .map_err(|e| rejected(shared, Problem::ambiguous_body(e.to_string())))?;
         let key = match source {
             KeySource::Given(key) => key,
             KeySource::Derived(template) => derive_key(
                 template,
                 &tenant,
                 &parts.headers,
-                &body,
-                &cfg.fingerprint_ignore,
+                &digest,
                 SystemTime::now(),
             )
             .map_err(|refusal| rejected(shared, key_problem(&refusal)))?,
@@ -111,8 +123,7 @@ impl Keyed {
             .uri
             .path_and_query()
             .map_or_else(|| parts.uri.path(), |p| p.as_str());
-        let fingerprint =
-            Fingerprint::of_request(parts.method.as_str(), path, &body, &cfg.fingerprint_ignore);
+        let fingerprint = Fingerprint::of_digest(parts.method.as_str(), path, &digest);
         let skip = events_to_skip(&parts.headers);
         let prefer_async = prefers_async(&parts.headers);
         let trace_id = ensure_traceparent(&mut parts.headers);
@@ -262,5 +273,60 @@ mod tests {
         assert!(prefers_async(&h));
         h.insert(PREFER, HeaderValue::from_static("respond-asyncx"));
         assert!(!prefers_async(&h));
+    }
+
+    /// A preference token that is not `respond-async` (any case).
+    fn other_pref() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::strategy::Strategy;
+        "[a-zA-Z-]{1,16}(=[a-z0-9\"]{0,6})?".prop_filter("not respond-async", |p| {
+            !p.split('=')
+                .next()
+                .is_some_and(|t| t.eq_ignore_ascii_case("respond-async"))
+        })
+    }
+
+    proptest::proptest! {
+        /// Whatever bytes a `Prefer` header holds, the answer is a plain
+        /// yes or no (never a panic).
+        #[test]
+        fn prefer_of_any_bytes_never_panics(values in proptest::collection::vec(
+            proptest::collection::vec(proptest::num::u8::ANY, 0..80), 0..3,
+        )) {
+            let mut h = HeaderMap::new();
+            for v in &values {
+                if let Ok(value) = HeaderValue::from_bytes(v) {
+                    h.append(PREFER, value);
+                }
+            }
+            let _ = prefers_async(&h);
+        }
+
+        /// `respond-async` is found in any case, in any place of a list,
+        /// with parameters and whitespace; a list without it is not async.
+        #[test]
+        fn respond_async_is_found_anywhere_in_the_list(
+            others in proptest::collection::vec(other_pref(), 0..5),
+            at in 0..6usize,
+            upper in proptest::collection::vec(proptest::bool::ANY, 13),
+            param in "(; ?wait=[0-9]{1,3})?",
+            ws in "[ \t]{0,2}",
+        ) {
+            let token: String = "respond-async"
+                .chars()
+                .zip(&upper)
+                .map(|(c, up)| if *up { c.to_ascii_uppercase() } else { c })
+                .collect();
+            let without = others.join(&format!(",{ws}"));
+            let mut h = HeaderMap::new();
+            if let Ok(v) = HeaderValue::from_str(&without) {
+                h.insert(PREFER, v);
+                proptest::prop_assert!(!prefers_async(&h), "{without}");
+            }
+            let mut list = others.clone();
+            list.insert(at.min(list.len()), format!("{ws}{token}{param}{ws}"));
+            let with = list.join(",");
+            h.insert(PREFER, HeaderValue::from_str(&with).unwrap());
+            proptest::prop_assert!(prefers_async(&h), "{with}");
+        }
     }
 }
