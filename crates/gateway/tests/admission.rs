@@ -5,6 +5,8 @@
 
 mod support;
 
+use support::TestGateway;
+
 use std::time::Duration;
 
 use idemgate_gateway::GatewayConfig;
@@ -77,13 +79,8 @@ fn problem_type(a: &Answer) -> String {
     v["type"].as_str().unwrap_or_default().to_owned()
 }
 
-async fn stop(gw: support::Spawned) {
-    let _ = gw.stop.send(());
-    tokio::time::timeout(Duration::from_secs(30), gw.task)
-        .await
-        .expect("the gateway stops")
-        .expect("the serve task ends")
-        .expect("serve returns Ok");
+async fn stop(gw: TestGateway) {
+    gw.stop().await.expect("serve returns Ok");
 }
 
 /// Two customers of one provider send the same key and body, each with
@@ -92,7 +89,7 @@ async fn stop(gw: support::Spawned) {
 #[tokio::test]
 async fn each_providers_credential_header_names_its_own_tenant() {
     let sim = sim().await;
-    let gw = support::spawn(config(&sim.url(), |_| {})).await;
+    let gw = TestGateway::start(config(&sim.url(), |_| {})).await;
     let client = reqwest::Client::new();
     let url = format!("{}/v1/messages", gw.base);
     for header in ["x-api-key", "api-key", "x-goog-api-key", "authorization"] {
@@ -127,7 +124,7 @@ async fn each_providers_credential_header_names_its_own_tenant() {
 #[tokio::test]
 async fn no_credential_is_its_own_tenant() {
     let sim = sim().await;
-    let gw = support::spawn(config(&sim.url(), |_| {})).await;
+    let gw = TestGateway::start(config(&sim.url(), |_| {})).await;
     let client = reqwest::Client::new();
     let req = |credential: Option<&str>| {
         let mut b = client
@@ -156,7 +153,7 @@ async fn no_credential_is_its_own_tenant() {
 #[tokio::test]
 async fn a_route_reads_its_own_tenant_headers_in_order() {
     let sim = sim().await;
-    let gw = support::spawn(config(&sim.url(), |r| {
+    let gw = TestGateway::start(config(&sim.url(), |r| {
         r.tenant_headers = Some(vec!["x-tenant-id".into(), "x-api-key".into()]);
     }))
     .await;
@@ -200,7 +197,7 @@ async fn a_route_reads_its_own_tenant_headers_in_order() {
 #[tokio::test]
 async fn numbers_beyond_f64_precision_are_different_requests() {
     let sim = sim().await;
-    let gw = support::spawn(config(&sim.url(), |_| {})).await;
+    let gw = TestGateway::start(config(&sim.url(), |_| {})).await;
     let client = reqwest::Client::new();
     let body = |amount: &str| {
         format!(
@@ -243,7 +240,7 @@ async fn numbers_beyond_f64_precision_are_different_requests() {
 #[tokio::test]
 async fn duplicate_object_keys_are_refused_before_anything_runs() {
     let sim = sim().await;
-    let gw = support::spawn(config(&sim.url(), |_| {})).await;
+    let gw = TestGateway::start(config(&sim.url(), |_| {})).await;
     let client = reqwest::Client::new();
     let req = |body: &str| {
         client
@@ -295,7 +292,7 @@ fn multipart(boundary: &str, purpose: &str) -> (String, String) {
 #[tokio::test]
 async fn a_multipart_retry_with_a_new_boundary_replays() {
     let sim = sim().await;
-    let gw = support::spawn(config(&sim.url(), |_| {})).await;
+    let gw = TestGateway::start(config(&sim.url(), |_| {})).await;
     let client = reqwest::Client::new();
     let req = |(content_type, body): (String, String)| {
         client

@@ -12,6 +12,8 @@
 
 mod support;
 
+use support::TestGateway;
+
 use std::path::Path;
 use std::time::Duration;
 
@@ -230,7 +232,7 @@ async fn malformed_requests_never_crash_the_gateway_or_leave_records() {
     .expect("spawn the simulator");
     let dir = tempfile::tempdir().expect("a temporary directory");
     let db_path = dir.path().join("fuzz.db");
-    let gw = support::spawn(config(&sim.url(), &db_path)).await;
+    let gw = TestGateway::start(config(&sim.url(), &db_path)).await;
     let addr = gw.base.trim_start_matches("http://").to_owned();
 
     let mut rng = StdRng::seed_from_u64(SEED);
@@ -297,10 +299,5 @@ async fn malformed_requests_never_crash_the_gateway_or_leave_records() {
     let forwarded = i64::try_from(sim.stats().requests).expect("a small count");
     assert_eq!(records, forwarded, "one record per forwarded request");
 
-    let _ = gw.stop.send(());
-    tokio::time::timeout(Duration::from_secs(30), gw.task)
-        .await
-        .expect("the gateway stops")
-        .expect("the serve task ends")
-        .expect("serve returns Ok");
+    gw.stop().await.expect("serve returns Ok");
 }
