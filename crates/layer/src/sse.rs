@@ -514,6 +514,31 @@ mod tests {
         }
 
         #[test]
+        fn a_limit_every_event_fits_changes_nothing_and_a_smaller_one_is_hit(
+            events in proptest::collection::vec(event_strategy(), 1..12),
+            cuts in proptest::collection::vec(any::<usize>(), 0..24),
+        ) {
+            let stream: Vec<u8> = events.concat();
+            let largest = events.iter().map(Vec::len).max().unwrap_or(0);
+            let mut s = EventScanner::with_limit(largest);
+            let mut got = Vec::new();
+            for chunk in chunked(&stream, &cuts) {
+                prop_assert!(s.push(&chunk, &mut got).is_ok());
+            }
+            got.extend(s.finish());
+            let got: Vec<Vec<u8>> = got.iter().map(|b| b.to_vec()).collect();
+            prop_assert_eq!(got, events.clone());
+            // Fed whole, the largest event cannot fit a smaller limit
+            // (it is held whole until its last byte comes).
+            let big = events.iter().find(|e| e.len() == largest).cloned().unwrap_or_default();
+            let mut s = EventScanner::with_limit(largest.saturating_sub(3));
+            let mut out = Vec::new();
+            let cut = big.len().saturating_sub(2);
+            let res = s.push(&big[..cut], &mut out).and_then(|()| s.push(&big[cut..], &mut out));
+            prop_assert!(res.is_err() || big.len() <= 3, "{:?}", res);
+        }
+
+        #[test]
         fn rewritten_streams_rescan_to_the_same_events_with_sequential_ids(
             events in proptest::collection::vec(event_strategy(), 0..12),
             cuts in proptest::collection::vec(any::<usize>(), 0..24),
