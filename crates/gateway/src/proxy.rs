@@ -12,6 +12,15 @@
 //! | idle | a timeout on each body chunk | body error |
 //! | total | one deadline for the whole body (`timeout_at` on each chunk) | body error |
 //!
+//! Answers are taken in their identity form. The client's `Accept-Encoding`
+//! is not forwarded: reqwest then asks for the encodings it can decode
+//! (gzip, brotli, deflate), decodes them, and drops `Content-Encoding` and
+//! `Content-Length`. So what is stored, scanned for events and read for
+//! token usage is the plain answer, and a replay never sends an encoding
+//! the replaying client did not accept. Decoding, rather than asking for
+//! `identity`, also covers upstreams (and CDNs in front of them) that
+//! compress whatever they are asked.
+//!
 //! A refused connection is a 502 problem, retryable. Synthetic 502/504
 //! responses carry a [`RetryableFailure`] marker so the layer releases the
 //! key whatever the route's retryable statuses say.
@@ -250,6 +259,8 @@ impl Inner {
         // reqwest sets Host from the upstream URL and the length from the body.
         headers.remove(header::HOST);
         headers.remove(header::CONTENT_LENGTH);
+        // reqwest asks for, and decodes, the encodings it knows (module docs).
+        headers.remove(header::ACCEPT_ENCODING);
         // The key the idempotency layer used (sent or derived); without the
         // layer, the client's own header.
         let key = ext

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use figment::Jail;
 use idemgate_check::{Jitter, RetryPolicy};
-use idemgate_gateway::config::{DerivePart, InflightMode, KeyMode, StoreErrorMode, Timeouts};
+use idemgate_gateway::config::{
+    DerivePart, InflightMode, KeyMode, StoreErrorMode, StreamDialect, Timeouts,
+};
 use idemgate_gateway::{ConfigError, GatewayConfig, Overrides, StoreUrl};
 
 fn load(file: Option<&str>, overrides: &Overrides) -> Result<GatewayConfig, ConfigError> {
@@ -81,6 +83,7 @@ fn toml_file_is_read_whole() {
             concurrency_limit = 4
             on_store_error = "fail_open"
             strip_prefix = true
+            stream_dialect = "anthropic"
             [routes.timeouts]
             connect = "2s"
             first_byte = "30s"
@@ -137,6 +140,8 @@ fn toml_file_is_read_whole() {
         assert_eq!(chat.fingerprint_ignore, vec!["/stream_options", "/user"]);
         assert_eq!(chat.concurrency_limit, Some(4));
         assert_eq!(chat.on_store_error, StoreErrorMode::FailOpen);
+        assert_eq!(chat.stream_dialect, Some(StreamDialect::Anthropic));
+        assert_eq!(c.routes[1].stream_dialect, None, "recognised from the path");
         assert!(chat.strip_prefix);
         assert_eq!(
             chat.timeouts,
@@ -371,6 +376,10 @@ fn bad_configurations_name_their_field() {
         (
             "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\non_store_error = \"ignore\"",
             "routes[0].on_store_error",
+        ),
+        (
+            "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\nstream_dialect = \"OpenAI\"",
+            "routes[0].stream_dialect",
         ),
         (
             "upstream = \"http://h\"\n[[routes]]\nprefix = \"/\"\n[routes.timeouts]\nidle = \"-1s\"",

@@ -234,6 +234,46 @@ mod header_names {
     }
 }
 
+/// How a 200 event stream says it succeeded or failed: which events are
+/// errors and which one ends a complete answer. A stream that carries an
+/// error event, or ends without its terminal event, is a failure: the key
+/// is released, the stream is never stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum StreamDialect {
+    /// OpenAI Chat Completions and Completions (and compatible APIs): an
+    /// event whose data is a JSON object with an `error` member fails;
+    /// `data: [DONE]` ends the answer.
+    Openai,
+    /// Anthropic Messages: `event: error` (or data of `"type": "error"`)
+    /// fails; `message_stop` ends the answer.
+    Anthropic,
+    /// OpenAI Responses: `response.failed` or `error` fails;
+    /// `response.completed` or `response.incomplete` ends the answer.
+    OpenaiResponses,
+    /// No dialect: a stream is judged by its status alone.
+    None,
+}
+
+impl StreamDialect {
+    /// The dialect of an API path: `…/chat/completions` and `…/completions`
+    /// are OpenAI, `…/messages` Anthropic, `…/responses` OpenAI Responses,
+    /// anything else none.
+    pub fn of_path(path: &str) -> Self {
+        let path = path.trim_end_matches('/');
+        if path.ends_with("/completions") {
+            Self::Openai
+        } else if path.ends_with("/messages") {
+            Self::Anthropic
+        } else if path.ends_with("/responses") {
+            Self::OpenaiResponses
+        } else {
+            Self::None
+        }
+    }
+}
+
 /// What to do when the store cannot be reached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -280,6 +320,9 @@ pub struct LayerConfig {
     pub max_stored_body: usize,
     /// Path prefix of operation resources (`Prefer: respond-async`).
     pub operations_path: String,
+    /// How event streams on this route end and fail; `None`: recognised
+    /// from each request's path ([`StreamDialect::of_path`]).
+    pub stream_dialect: Option<StreamDialect>,
 }
 
 impl Default for LayerConfig {
@@ -298,6 +341,7 @@ impl Default for LayerConfig {
             completion_timeout: Duration::from_secs(600),
             max_stored_body: 32 * 1024 * 1024,
             operations_path: "/idemgate/operations/".to_owned(),
+            stream_dialect: None,
         }
     }
 }
@@ -321,6 +365,12 @@ impl LayerConfig {
     /// Whether a response with `status` releases the key (not stored).
     pub fn is_retryable(&self, status: u16) -> bool {
         self.retryable_statuses.contains(&status)
+    }
+
+    /// The stream dialect of a request to `path`.
+    pub fn stream_dialect_of(&self, path: &str) -> StreamDialect {
+        self.stream_dialect
+            .unwrap_or_else(|| StreamDialect::of_path(path))
     }
 
     /// Whether requests with `method` are protected.
@@ -347,6 +397,33 @@ mod tests {
         for s in [200, 201, 400, 404, 409, 422] {
             assert!(!c.is_retryable(s), "{s}");
         }
+    }
+
+    #[test]
+    fn stream_dialects_come_from_the_path_unless_configured() {
+        let c = LayerConfig::default();
+        for (path, d) in [
+            ("/v1/chat/completions", StreamDialect::Openai),
+            ("/openai/v1/completions/", StreamDialect::Openai),
+            ("/v1/messages", StreamDialect::Anthropic),
+            ("/v1/responses", StreamDialect::OpenaiResponses),
+            ("/v1/embeddings", StreamDialect::None),
+            ("/", StreamDialect::None),
+        ] {
+            assert_eq!(c.stream_dialect_of(path), d, "{path}");
+        }
+        let fixed = LayerConfig {
+            stream_dialect: Some(StreamDialect::Anthropic),
+            ..LayerConfig::default()
+        };
+        assert_eq!(
+            fixed.stream_dialect_of("/v1/chat/completions"),
+            StreamDialect::Anthropic
+        );
+        assert_eq!(
+            json(&StreamDialect::OpenaiResponses),
+            r#""openai_responses""#
+        );
     }
 
     #[test]

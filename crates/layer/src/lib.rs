@@ -33,6 +33,7 @@
 //!
 //! Private modules:
 //! - `shared`: the state every clone of the layer shares.
+//! - `outcome`: whether a 200 event stream succeeded, from its events.
 //! - `refusal`: the one path of a refusal (count, log, problem).
 //! - `replay`: answering from a stored result, and [`IDEMPOTENT_REPLAYED`].
 //! - `service`: [`IdempotencyLayer`], the [`Idempotency`] service, shutdown,
@@ -59,6 +60,7 @@ pub mod config;
 pub mod key;
 pub mod live;
 pub mod operations;
+mod outcome;
 pub mod problem;
 mod refusal;
 mod replay;
@@ -69,7 +71,8 @@ pub mod stored;
 pub mod telemetry;
 
 pub use config::{
-    DerivePart, DeriveTemplate, InflightMode, KeyMode, LayerConfig, StoreErrorMode, TenantSource,
+    DerivePart, DeriveTemplate, InflightMode, KeyMode, LayerConfig, StoreErrorMode, StreamDialect,
+    TenantSource,
 };
 pub use live::{InProcessLive, LiveEvents};
 pub use problem::Problem;

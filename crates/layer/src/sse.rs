@@ -2,12 +2,17 @@
 //! each event a sequential id, and reading an event's data.
 //!
 //! The stream is relayed as bytes, not re-serialized: the scanner only finds
-//! where each event ends (a blank line: `\n\n`, `\r\n\r\n` or a mix), so an
-//! event is forwarded exactly as the upstream wrote it except for its `id:`
-//! line. Each byte is examined once however the stream is chunked (an event
-//! split across chunks costs no re-scan), which keeps large events linear.
-//! A lone `\r` line ending (allowed by the WHATWG grammar, unused by LLM
-//! APIs) is not treated as a boundary.
+//! where each event ends (a blank line), so an event is forwarded exactly as
+//! the upstream wrote it except for its `id:` line. Lines end with `\r\n`,
+//! `\n` or a lone `\r`, as the WHATWG grammar allows; a `\r` at the end of a
+//! chunk is decided when the next byte comes, so a `\r\n` split across
+//! chunks is one line ending. Each byte is examined once however the stream
+//! is chunked (an event split across chunks costs no re-scan), which keeps
+//! large events linear.
+//!
+//! A single event is bounded: an upstream that never ends its event would
+//! otherwise be buffered without limit, so the scanner refuses to hold more
+//! than its limit and the owner treats that as a broken stream.
 //!
 //! Ids are rewritten to `1, 2, 3, …` so that a client reconnecting with
 //! `Last-Event-ID: n` can be given exactly the events after `n`, from the
@@ -18,48 +23,90 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 
 const LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
 
+/// An event grew past the scanner's limit before its end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("an event grew past {limit} bytes without ending")]
+pub struct EventTooLarge {
+    /// The limit, in bytes.
+    pub limit: usize,
+}
+
 /// Splits a byte stream into SSE events.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct EventScanner {
     buf: BytesMut,
-    /// Bytes of `buf` before this offset hold no boundary (resuming point).
+    /// Bytes of `buf` before this offset have been examined.
     searched: usize,
+    /// The examined bytes end a line (or the event has not begun): a line
+    /// ending now is a blank line.
+    at_line_start: bool,
+    /// The last examined byte is a `\r`: a `\n` now belongs to it.
+    pending_cr: bool,
+    /// That `\r` ended a blank line: the event ends with it, or with the
+    /// `\n` after it.
+    cr_ends_event: bool,
+    /// Most bytes one unfinished event may hold.
+    limit: usize,
+}
+
+impl Default for EventScanner {
+    fn default() -> Self {
+        Self::with_limit(usize::MAX)
+    }
 }
 
 impl EventScanner {
-    /// A scanner with nothing buffered.
+    /// A scanner with nothing buffered and no bound on an event.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// A scanner that refuses an unfinished event of more than `limit`
+    /// bytes.
+    pub fn with_limit(limit: usize) -> Self {
+        Self {
+            buf: BytesMut::new(),
+            searched: 0,
+            at_line_start: true,
+            pending_cr: false,
+            cr_ends_event: false,
+            limit,
+        }
+    }
+
     /// Feeds a chunk; appends every event it completes to `out`, each with
     /// its terminating blank line. Events made only of blank lines are
-    /// dropped.
-    pub fn push(&mut self, chunk: &[u8], out: &mut Vec<Bytes>) {
+    /// dropped. Fails when the unfinished event outgrows the limit (the
+    /// events completed before it are in `out`).
+    pub fn push(&mut self, chunk: &[u8], out: &mut Vec<Bytes>) -> Result<(), EventTooLarge> {
         self.buf.extend_from_slice(chunk);
         while let Some(end) = self.next_boundary() {
             let block = self.buf.split_to(end).freeze();
-            self.searched = 0;
+            self.reset_state();
             if !is_blank(&block) {
                 out.push(block);
             }
         }
+        if self.buf.len() > self.limit {
+            return Err(EventTooLarge { limit: self.limit });
+        }
+        Ok(())
     }
 
     /// End of stream: the unterminated rest, if it holds anything, completed
     /// with a blank line.
     pub fn finish(&mut self) -> Option<Bytes> {
         let mut rest = std::mem::take(&mut self.buf);
-        self.searched = 0;
+        let (ends_line, complete) = (self.at_line_start, self.cr_ends_event);
+        self.reset_state();
         if is_blank(&rest) {
             return None;
         }
-        let eol: &[u8] = if memchr::memmem::find(&rest, b"\r\n").is_some() {
-            b"\r\n"
-        } else {
-            b"\n"
-        };
-        if !rest.ends_with(b"\n") {
+        if complete {
+            return Some(rest.freeze());
+        }
+        let eol = eol_of(&rest);
+        if !ends_line {
             rest.put_slice(eol);
         }
         rest.put_slice(eol);
@@ -71,26 +118,66 @@ impl EventScanner {
         self.buf.len()
     }
 
+    fn reset_state(&mut self) {
+        self.searched = 0;
+        self.at_line_start = true;
+        self.pending_cr = false;
+        self.cr_ends_event = false;
+    }
+
     /// Offset just past the next blank line, if the buffer holds one.
     fn next_boundary(&mut self) -> Option<usize> {
         loop {
-            let from = self.searched;
-            let Some(off) = memchr::memchr(b'\n', self.buf.get(from..)?) else {
+            let i = self.searched;
+            if self.pending_cr {
+                let next = *self.buf.get(i)?;
+                self.pending_cr = false;
+                if next == b'\n' {
+                    // The second half of a `\r\n`.
+                    self.searched = i + 1;
+                    if self.cr_ends_event {
+                        return Some(i + 1);
+                    }
+                    continue;
+                }
+                if self.cr_ends_event {
+                    // A lone `\r` ended the blank line; `next` is the next
+                    // event's.
+                    return Some(i);
+                }
+            }
+            let Some(off) = memchr::memchr2(b'\n', b'\r', self.buf.get(i..)?) else {
+                if self.buf.len() > i {
+                    self.at_line_start = false;
+                }
                 self.searched = self.buf.len();
                 return None;
             };
-            let i = from + off;
-            match (self.buf.get(i + 1), self.buf.get(i + 2)) {
-                (Some(b'\n'), _) => return Some(i + 2),
-                (Some(b'\r'), Some(b'\n')) => return Some(i + 3),
-                // Not decidable yet: look at this '\n' again with more bytes.
-                (None, _) | (Some(b'\r'), None) => {
-                    self.searched = i;
-                    return None;
-                }
-                _ => self.searched = i + 1,
+            let at = i + off;
+            let blank = self.at_line_start && off == 0;
+            self.searched = at + 1;
+            self.at_line_start = true;
+            if self.buf.get(at) == Some(&b'\r') {
+                self.pending_cr = true;
+                self.cr_ends_event = blank;
+            } else if blank {
+                return Some(at + 1);
             }
         }
+    }
+}
+
+/// The line ending `block` uses (its first one), `\n` when it has none.
+fn eol_of(block: &[u8]) -> &'static [u8] {
+    match memchr::memchr2(b'\n', b'\r', block) {
+        Some(i) if block.get(i) == Some(&b'\r') => {
+            if block.get(i + 1) == Some(&b'\n') {
+                b"\r\n"
+            } else {
+                b"\r"
+            }
+        }
+        _ => b"\n",
     }
 }
 
@@ -98,9 +185,22 @@ fn is_blank(b: &[u8]) -> bool {
     b.iter().all(|&c| c == b'\n' || c == b'\r')
 }
 
-/// Lines of `block`, each with its terminator.
+/// Lines of `block`, each with its terminator (`\r\n`, `\n` or `\r`).
 fn lines(block: &[u8]) -> impl Iterator<Item = &[u8]> {
-    block.split_inclusive(|&b| b == b'\n')
+    let mut rest = block;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let end = match memchr::memchr2(b'\n', b'\r', rest) {
+            None => rest.len(),
+            Some(i) if rest.get(i) == Some(&b'\r') && rest.get(i + 1) == Some(&b'\n') => i + 2,
+            Some(i) => i + 1,
+        };
+        let (line, tail) = rest.split_at(end);
+        rest = tail;
+        Some(line)
+    })
 }
 
 fn content(line: &[u8]) -> &[u8] {
@@ -112,10 +212,7 @@ fn content(line: &[u8]) -> &[u8] {
 /// blank lines dropped, everything else byte for byte. The id line uses the
 /// event's own line ending.
 pub fn rewrite_id(event: &[u8], id: u64) -> Bytes {
-    let eol: &[u8] = match memchr::memchr(b'\n', event) {
-        Some(i) if i > 0 && event.get(i - 1) == Some(&b'\r') => b"\r\n",
-        _ => b"\n",
-    };
+    let eol = eol_of(event);
     let mut out = BytesMut::with_capacity(event.len() + 16);
     out.put_slice(format!("id: {id}").as_bytes());
     out.put_slice(eol);
@@ -157,15 +254,26 @@ pub fn data_of(event: &[u8]) -> Vec<u8> {
     out
 }
 
+/// The event type of `event` (its last `event` field), if any.
+pub fn event_of(event: &[u8]) -> Option<&[u8]> {
+    field_of(event, b"event")
+}
+
 /// The event id of `event` (its last `id` field), if any.
 pub fn id_of(event: &[u8]) -> Option<&[u8]> {
+    field_of(event, b"id")
+}
+
+/// The value of the last `name` field of `event`.
+fn field_of<'a>(event: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
     lines(event)
         .map(content)
         .filter_map(|c| {
-            if c == b"id" {
+            let rest = c.strip_prefix(name)?;
+            if rest.is_empty() {
                 Some(&b""[..])
             } else {
-                c.strip_prefix(b"id:")
+                rest.strip_prefix(b":")
                     .map(|v| v.strip_prefix(b" ").unwrap_or(v))
             }
         })
@@ -208,7 +316,7 @@ mod tests {
         let mut s = EventScanner::new();
         let mut out = Vec::new();
         for c in chunks {
-            s.push(c, &mut out);
+            s.push(c, &mut out).unwrap();
         }
         let rest = s.finish();
         (out, rest)
@@ -241,6 +349,58 @@ mod tests {
             ]
         );
         assert_eq!(rest, None);
+    }
+
+    #[test]
+    fn a_lone_cr_ends_lines_and_events() {
+        let (events, rest) = scan_all(&[b"event: a\rdata: 1\r\rdata: 2\r\n\rdata: 3\n\r"]);
+        assert_eq!(
+            events,
+            vec![
+                Bytes::from_static(b"event: a\rdata: 1\r\r"),
+                Bytes::from_static(b"data: 2\r\n\r"),
+            ]
+        );
+        // A `\r` at the very end is decided only at the end of the stream.
+        assert_eq!(rest, Some(Bytes::from_static(b"data: 3\n\r")));
+        assert_eq!(data_of(b"event: a\rdata: 1\rdata: 2\r\r"), b"1\n2");
+        assert_eq!(event_of(b"event: a\rdata: 1\r\r"), Some(&b"a"[..]));
+        assert_eq!(rewrite_id(b"id: 9\rdata: 1\r\r", 2), "id: 2\rdata: 1\r\r");
+        assert_eq!(
+            scan_all(&[b"data: x\r"]).1,
+            Some(Bytes::from_static(b"data: x\r\r"))
+        );
+    }
+
+    #[test]
+    fn a_cr_lf_split_across_chunks_is_one_line_ending() {
+        // The blank line's `\r` ends a chunk; its `\n` opens the next.
+        let (events, rest) = scan_all(&[b"data: a\r\n\r", b"\ndata: b\r", b"\n\r", b"\n"]);
+        assert_eq!(
+            events,
+            vec![
+                Bytes::from_static(b"data: a\r\n\r\n"),
+                Bytes::from_static(b"data: b\r\n\r\n"),
+            ]
+        );
+        assert_eq!(rest, None);
+    }
+
+    #[test]
+    fn an_event_past_the_limit_is_refused() {
+        let mut s = EventScanner::with_limit(16);
+        let mut out = Vec::new();
+        assert_eq!(s.push(b"data: a\n\ndata: 0123", &mut out), Ok(()));
+        assert_eq!(out, vec![Bytes::from_static(b"data: a\n\n")]);
+        assert_eq!(
+            s.push(b"456789abcdef", &mut out),
+            Err(EventTooLarge { limit: 16 })
+        );
+        // Complete events, however large the chunk, are not held.
+        let mut s = EventScanner::with_limit(16);
+        let big = b"data: 0123456789\n\n".repeat(10);
+        assert_eq!(s.push(&big, &mut out), Ok(()));
+        assert_eq!(s.buffered(), 0);
     }
 
     #[test]
@@ -304,10 +464,14 @@ mod tests {
     fn event_strategy() -> impl Strategy<Value = Vec<u8>> {
         (
             proptest::collection::vec("(data|event|id|: ?[a-z]*|retry): ?[ -~]{0,40}", 1..5),
-            any::<bool>(),
+            0..3u8,
         )
-            .prop_map(|(lines, crlf)| {
-                let eol: &[u8] = if crlf { b"\r\n" } else { b"\n" };
+            .prop_map(|(lines, eol)| {
+                let eol: &[u8] = match eol {
+                    0 => b"\n",
+                    1 => b"\r\n",
+                    _ => b"\r",
+                };
                 let mut out = Vec::new();
                 for l in lines {
                     out.extend_from_slice(l.as_bytes());
@@ -316,28 +480,6 @@ mod tests {
                 out.extend_from_slice(eol);
                 out
             })
-    }
-
-    /// The reference splitter: one pass over the whole input.
-    fn split_at_blank_lines(stream: &[u8]) -> (Vec<Vec<u8>>, &[u8]) {
-        let mut events = Vec::new();
-        let (mut start, mut i) = (0, 0);
-        while i < stream.len() {
-            let end = match (stream[i], stream.get(i + 1), stream.get(i + 2)) {
-                (b'\n', Some(b'\n'), _) => i + 2,
-                (b'\n', Some(b'\r'), Some(b'\n')) => i + 3,
-                _ => {
-                    i += 1;
-                    continue;
-                }
-            };
-            if !is_blank(&stream[start..end]) {
-                events.push(stream[start..end].to_vec());
-            }
-            start = end;
-            i = end;
-        }
-        (events, &stream[start..])
     }
 
     fn chunked(stream: &[u8], cuts: &[usize]) -> Vec<Vec<u8>> {
@@ -363,11 +505,37 @@ mod tests {
             let mut s = EventScanner::new();
             let mut got = Vec::new();
             for chunk in chunked(&stream, &cuts) {
-                s.push(&chunk, &mut got);
+                prop_assert!(s.push(&chunk, &mut got).is_ok());
             }
-            prop_assert_eq!(s.finish(), None);
+            // A stream's last `\r` is decided at its end.
+            got.extend(s.finish());
             let got: Vec<Vec<u8>> = got.iter().map(|b| b.to_vec()).collect();
             prop_assert_eq!(got, events);
+        }
+
+        #[test]
+        fn a_limit_every_event_fits_changes_nothing_and_a_smaller_one_is_hit(
+            events in proptest::collection::vec(event_strategy(), 1..12),
+            cuts in proptest::collection::vec(any::<usize>(), 0..24),
+        ) {
+            let stream: Vec<u8> = events.concat();
+            let largest = events.iter().map(Vec::len).max().unwrap_or(0);
+            let mut s = EventScanner::with_limit(largest);
+            let mut got = Vec::new();
+            for chunk in chunked(&stream, &cuts) {
+                prop_assert!(s.push(&chunk, &mut got).is_ok());
+            }
+            got.extend(s.finish());
+            let got: Vec<Vec<u8>> = got.iter().map(|b| b.to_vec()).collect();
+            prop_assert_eq!(got, events.clone());
+            // Fed whole, the largest event cannot fit a smaller limit
+            // (it is held whole until its last byte comes).
+            let big = events.iter().find(|e| e.len() == largest).cloned().unwrap_or_default();
+            let mut s = EventScanner::with_limit(largest.saturating_sub(3));
+            let mut out = Vec::new();
+            let cut = big.len().saturating_sub(2);
+            let res = s.push(&big[..cut], &mut out).and_then(|()| s.push(&big[cut..], &mut out));
+            prop_assert!(res.is_err() || big.len() <= 3, "{:?}", res);
         }
 
         #[test]
@@ -384,8 +552,9 @@ mod tests {
             let mut s = EventScanner::new();
             let mut got = Vec::new();
             for chunk in chunked(&stream, &cuts) {
-                s.push(&chunk, &mut got);
+                prop_assert!(s.push(&chunk, &mut got).is_ok());
             }
+            got.extend(s.finish());
             prop_assert_eq!(&got, &rewritten);
             for (i, (e, orig)) in got.iter().zip(&events).enumerate() {
                 let expected_id = (i + 1).to_string();
@@ -394,36 +563,6 @@ mod tests {
             }
         }
 
-        /// Any bytes, in any chunking, give the events a one-pass splitter
-        /// finds in the whole input: cut after each blank line (`\n\n` or
-        /// `\n\r\n`), blank blocks dropped, the unterminated rest kept for
-        /// `finish`.
-        #[test]
-        fn any_bytes_split_at_blank_lines_whatever_the_chunking(
-            stream in proptest::collection::vec(
-                prop_oneof![Just(b'\n'), Just(b'\r'), Just(b'd'), any::<u8>()],
-                0..400,
-            ),
-            cuts in proptest::collection::vec(any::<usize>(), 0..32),
-        ) {
-            let (expected, rest) = split_at_blank_lines(&stream);
-            let mut s = EventScanner::new();
-            let mut got = Vec::new();
-            for chunk in chunked(&stream, &cuts) {
-                s.push(&chunk, &mut got);
-            }
-            let got: Vec<Vec<u8>> = got.iter().map(|b| b.to_vec()).collect();
-            prop_assert_eq!(got, expected);
-            prop_assert_eq!(s.buffered(), rest.len());
-            match s.finish() {
-                None => prop_assert!(is_blank(rest)),
-                Some(last) => {
-                    prop_assert!(!is_blank(rest));
-                    prop_assert!(last.starts_with(rest));
-                    prop_assert!(last.ends_with(b"\n"));
-                }
-            }
-        }
 
         /// A `Last-Event-ID` of any bytes never panics; a number is read
         /// only from digits, and every `u64` (padded with spaces) is read back.
@@ -451,7 +590,7 @@ mod tests {
             let mut s = EventScanner::new();
             let mut got = Vec::new();
             for chunk in chunked(&stream, &cuts) {
-                s.push(&chunk, &mut got);
+                prop_assert!(s.push(&chunk, &mut got).is_ok());
             }
             let rest = s.finish();
             for e in &got {

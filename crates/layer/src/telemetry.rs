@@ -41,6 +41,12 @@ pub(crate) enum ReleaseReason {
     BodyError,
     /// The event stream failed before its end.
     StreamError,
+    /// A 200 event stream carried an error event (its dialect's).
+    ErrorEvent,
+    /// A 200 event stream ended without its dialect's terminal event.
+    Unterminated,
+    /// One event of a stream grew past the limit without ending.
+    EventTooLarge,
     /// The result could not be encoded for the store.
     Encode,
 }
@@ -48,7 +54,7 @@ pub(crate) enum ReleaseReason {
 impl ReleaseReason {
     /// Every reason.
     #[cfg(test)]
-    const ALL: [Self; 8] = [
+    const ALL: [Self; 11] = [
         Self::CompletionTimeout,
         Self::Shutdown,
         Self::RetryableFailure,
@@ -56,6 +62,9 @@ impl ReleaseReason {
         Self::TooLarge,
         Self::BodyError,
         Self::StreamError,
+        Self::ErrorEvent,
+        Self::Unterminated,
+        Self::EventTooLarge,
         Self::Encode,
     ];
 
@@ -69,6 +78,9 @@ impl ReleaseReason {
             Self::TooLarge => "too_large",
             Self::BodyError => "body_error",
             Self::StreamError => "stream_error",
+            Self::ErrorEvent => "error_event",
+            Self::Unterminated => "unterminated_stream",
+            Self::EventTooLarge => "event_too_large",
             Self::Encode => "encode",
         }
     }
@@ -163,6 +175,9 @@ mod tests {
                 "too_large",
                 "body_error",
                 "stream_error",
+                "error_event",
+                "unterminated_stream",
+                "event_too_large",
                 "encode",
             ]
         );

@@ -82,6 +82,9 @@ async fn json_handler(State(s): State<AppState>, req: axum::extract::Request) ->
 /// `POST /sse`: an event stream of `x-events` events (default 6). With
 /// `x-gate: 1` it pauses after `x-gate-after` events (default 3) until the
 /// gate opens; with `x-break-after: k` the stream errors after k events.
+/// With `x-error-event` it ends with an OpenAI-style error event instead of
+/// usage and `[DONE]`; with `x-endless-event` it then sends one event of
+/// 64 KiB that never ends.
 async fn sse_handler(State(s): State<AppState>, headers: HeaderMap) -> Response {
     let n = s.executions.fetch_add(1, Ordering::SeqCst) + 1;
     let num = |name: &str, default: usize| {
@@ -96,6 +99,8 @@ async fn sse_handler(State(s): State<AppState>, headers: HeaderMap) -> Response 
         .get("x-break-after")
         .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
     let gated = headers.contains_key("x-gate");
+    let error_event = headers.contains_key("x-error-event");
+    let endless_event = headers.contains_key("x-endless-event");
     // Time to the first byte: duplicates arriving now find the owner
     // before its response head exists.
     if let Some(ms) = headers
@@ -122,9 +127,21 @@ async fn sse_handler(State(s): State<AppState>, headers: HeaderMap) -> Response 
             }
             tokio::task::yield_now().await;
         }
-        let usage =
-            "data: {\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":7}}\n\ndata: [DONE]\n\n";
-        let _ = tx.send(Ok(Bytes::from(usage))).await;
+        if endless_event {
+            let _ = tx.send(Ok(Bytes::from_static(b"data: "))).await;
+            for _ in 0..64 {
+                if tx.send(Ok(Bytes::from(vec![b'x'; 1024]))).await.is_err() {
+                    return;
+                }
+            }
+            return;
+        }
+        let end = if error_event {
+            "data: {\"error\":{\"message\":\"overloaded\",\"type\":\"server_error\"}}\n\n"
+        } else {
+            "data: {\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":7}}\n\ndata: [DONE]\n\n"
+        };
+        let _ = tx.send(Ok(Bytes::from(end))).await;
     });
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))
@@ -753,6 +770,87 @@ async fn an_attached_client_sees_the_owner_stream_break() {
     h.until("the key is released", |h| h.layer.detached() == 0)
         .await;
     let retry = send(h.post("/sse", Some("b"), "{}")).await;
+    assert_eq!(retry.replayed(), Some("false"));
+    assert_eq!(h.executions(), 2);
+}
+
+/// A 200 stream that ends in an error event is relayed whole to the owner
+/// and to an attached duplicate, then released: the retry runs again and
+/// its good stream is the one stored.
+#[tokio::test]
+async fn an_error_event_reaches_owner_and_attached_then_the_key_is_released() {
+    let h = Harness::start(LayerConfig {
+        stream_dialect: Some(idemgate_layer::StreamDialect::Openai),
+        ..config(InflightMode::Attach(Duration::from_secs(20)))
+    })
+    .await;
+    let mut owner = h
+        .post("/sse", Some("e"), "{}")
+        .header("x-gate", "1")
+        .header("x-error-event", "1")
+        .send()
+        .await
+        .unwrap();
+    read_events(&mut owner, 3).await;
+    let mut attached = h.post("/sse", Some("e"), "{}").send().await.unwrap();
+    read_events(&mut attached, 3).await;
+    h.open_gate();
+    for (who, res) in [("owner", &mut owner), ("attached", &mut attached)] {
+        let mut rest = Vec::new();
+        let broke = loop {
+            match res.chunk().await {
+                Ok(Some(c)) => rest.extend_from_slice(&c),
+                Ok(None) => break false,
+                Err(_) => break true,
+            }
+        };
+        assert!(broke, "{who}: the stream ends with an error");
+        let rest = String::from_utf8_lossy(&rest);
+        assert!(
+            rest.contains("\"error\""),
+            "{who}: the error event was relayed: {rest}"
+        );
+    }
+    h.until("the key is released", |h| h.layer.detached() == 0)
+        .await;
+    let retry = send(h.post("/sse", Some("e"), "{}")).await;
+    assert_eq!(retry.replayed(), Some("false"));
+    assert_eq!(h.executions(), 2);
+    let replay = send(h.post("/sse", Some("e"), "{}")).await;
+    assert_eq!(replay.replayed(), Some("true"));
+    assert_eq!(replay.body, retry.body);
+    assert_eq!(h.executions(), 2);
+}
+
+/// An event that never ends is not buffered past the stored-body limit:
+/// the events before it are relayed, the stream breaks, the key is
+/// released.
+#[tokio::test]
+async fn an_event_that_never_ends_breaks_the_stream_at_the_limit() {
+    let h = Harness::start(LayerConfig {
+        max_stored_body: 16 * 1024,
+        ..config(InflightMode::Reject)
+    })
+    .await;
+    let mut res = h
+        .post("/sse", Some("x"), "{}")
+        .header("x-endless-event", "1")
+        .send()
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let broke = loop {
+        match res.chunk().await {
+            Ok(Some(c)) => got.extend_from_slice(&c),
+            Ok(None) => break false,
+            Err(_) => break true,
+        }
+    };
+    assert!(broke, "the stream ends with an error");
+    assert_eq!(event_ids(&got), (1..=6).collect::<Vec<_>>());
+    h.until("the key is released", |h| h.layer.detached() == 0)
+        .await;
+    let retry = send(h.post("/sse", Some("x"), "{}")).await;
     assert_eq!(retry.replayed(), Some("false"));
     assert_eq!(h.executions(), 2);
 }

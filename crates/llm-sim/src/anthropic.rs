@@ -26,6 +26,8 @@ impl Anthropic {
 }
 
 impl Dialect for Anthropic {
+    const STREAM_ERROR_EVENT: Option<&'static str> = Some("error");
+
     fn error_body(kind: ErrorKind, message: &str) -> Value {
         let kind = match kind {
             ErrorKind::InvalidRequest => "invalid_request_error",

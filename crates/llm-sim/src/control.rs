@@ -63,6 +63,15 @@ pub(crate) enum Fault {
     StallAfter(u32),
     /// `hang`: the request is accepted and the response headers never come.
     Hang,
+    /// `error-after:N`: a 200 stream of N tokens, then the dialect's error
+    /// event and a clean end.
+    ErrorAfter(u32),
+    /// `end-after:N`: a 200 stream of N tokens that ends cleanly without
+    /// its terminal event.
+    EndAfter(u32),
+    /// `close`: the request is read, then the connection is closed with no
+    /// response at all.
+    Close,
 }
 
 impl Fault {
@@ -74,6 +83,7 @@ impl Fault {
             "500" => return Some(Self::ServerError(500)),
             "503" => return Some(Self::ServerError(503)),
             "hang" => return Some(Self::Hang),
+            "close" => return Some(Self::Close),
             _ => {}
         }
         if let Some(n) = value.strip_prefix("reset-after:") {
@@ -81,6 +91,12 @@ impl Fault {
         }
         if let Some(n) = value.strip_prefix("stall-after:") {
             return n.trim().parse().ok().map(Self::StallAfter);
+        }
+        if let Some(n) = value.strip_prefix("error-after:") {
+            return n.trim().parse().ok().map(Self::ErrorAfter);
+        }
+        if let Some(n) = value.strip_prefix("end-after:") {
+            return n.trim().parse().ok().map(Self::EndAfter);
         }
         None
     }
@@ -114,7 +130,7 @@ impl Control {
             Some(value) => Some(value.to_str().ok().and_then(Fault::parse).ok_or_else(|| {
                 format!(
                     "{FAIL_HEADER} must be 400, 429, 500, 503, reset-after:N, \
-                             stall-after:N or hang"
+                             stall-after:N, error-after:N, end-after:N, hang or close"
                 )
             })?),
         };
@@ -179,6 +195,9 @@ mod tests {
         assert_eq!(Fault::parse("reset-after:3"), Some(Fault::ResetAfter(3)));
         assert_eq!(Fault::parse("stall-after:0"), Some(Fault::StallAfter(0)));
         assert_eq!(Fault::parse("hang"), Some(Fault::Hang));
+        assert_eq!(Fault::parse("error-after:2"), Some(Fault::ErrorAfter(2)));
+        assert_eq!(Fault::parse("end-after:0"), Some(Fault::EndAfter(0)));
+        assert_eq!(Fault::parse("close"), Some(Fault::Close));
         assert_eq!(Fault::parse("502"), None);
         assert_eq!(Fault::parse("reset-after:x"), None);
     }

@@ -108,6 +108,17 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     fn stream_token(g: &Generation, meta: &Meta, token: &str) -> String;
     /// SSE bytes after the last token, through the end-of-stream marker.
     fn stream_end(g: &Generation, meta: &Meta) -> String;
+    /// The `event:` name of an error event in a 200 stream, if the API
+    /// names it.
+    const STREAM_ERROR_EVENT: Option<&'static str>;
+    /// SSE bytes of an error event in a 200 stream (the provider failed
+    /// after it had started answering).
+    fn stream_error(message: &str) -> String {
+        sse(
+            Self::STREAM_ERROR_EVENT,
+            &Self::error_body(ErrorKind::Overloaded, message),
+        )
+    }
 }
 
 /// `data: JSON\n\n`, optionally preceded by `event: NAME`.

@@ -67,6 +67,16 @@
 //! | `reset-after:N` | streaming: N tokens, then the connection breaks (body error, no clean end); non-streaming: the generation completes and is billed, then the first N bytes of the body are sent and the connection breaks | yes |
 //! | `stall-after:N` | as `reset-after:N`, but the connection stays open and silent until the client leaves (idle timeouts) | yes |
 //! | `hang` | response headers never come (first-byte timeouts); nothing billed | yes |
+//! | `error-after:N` | streaming: 200, N tokens, then the dialect's error event (OpenAI `data: {"error": …}`, Anthropic `event: error` with `overloaded_error`) and a clean end without the terminal event; non-streaming: ignored | yes |
+//! | `close` | the request is read, then the connection is closed with no response (needs the simulator's own server, [`spawn`]; an embedded [`router`] answers 500) | yes |
+//! | `end-after:N` | streaming: 200, N tokens, then a clean end without the terminal event (`[DONE]`, `message_stop`); non-streaming: ignored | yes |
+//!
+//! A non-streaming answer's headers come only when the whole generation
+//! has ended (`x-sim-latency-ms`), as a provider's do. Answers are
+//! compressed (gzip or brotli) when the request's `Accept-Encoding` offers
+//! it, or always with `x-sim-encoding: gzip|br` (a CDN that ignores
+//! `identity`). Credentials are not checked: `Authorization` and
+//! `x-api-key` are both accepted.
 //!
 //! With N = 0 a stream sends its headers and no events. Every request with
 //! `x-sim-fail` counts in `failures_injected`. Other per-request headers
@@ -91,9 +101,11 @@
 //! notices the closed connection.
 
 mod anthropic;
+mod connection;
 mod content;
 mod control;
 mod dialect;
+mod encoding;
 mod openai;
 mod respond;
 mod server;
@@ -104,6 +116,7 @@ pub use control::{
     FAIL_HEADER, FIRST_TOKEN_HEADER, LATENCY_HEADER, SimConfig, TOKEN_INTERVAL_HEADER,
     TOKENS_HEADER,
 };
+pub use encoding::ENCODING_HEADER;
 pub use respond::EXECUTION_HEADER;
 pub use server::{SimHandle, router, spawn, spawn_on};
 pub use stats::{Stats, StatsSnapshot};

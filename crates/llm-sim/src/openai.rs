@@ -58,6 +58,8 @@ impl OpenAi {
 }
 
 impl Dialect for OpenAi {
+    const STREAM_ERROR_EVENT: Option<&'static str> = None;
+
     fn error_body(kind: ErrorKind, message: &str) -> Value {
         let (kind, code) = match kind {
             ErrorKind::InvalidRequest => ("invalid_request_error", Value::Null),

@@ -11,13 +11,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::{ConnectInfo, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::connection::Connection;
 use crate::control::{Control, Fault};
 use crate::dialect::{Dialect, ErrorKind, Generation, Meta};
+use crate::encoding::Encoding;
 use crate::sim::Sim;
 use crate::stats::Stats;
 
@@ -44,12 +46,19 @@ const FRAME_BUFFER: usize = 256;
 /// The handler for a generation endpoint in dialect `D`.
 pub(crate) async fn generate<D: Dialect>(
     State(sim): State<Arc<Sim>>,
+    extensions: axum::http::Extensions,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
     sim.stats.request();
     let control = match Control::from_headers(&sim.config, &headers) {
         Ok(control) => control,
+        Err(message) => {
+            return error::<D>(StatusCode::BAD_REQUEST, ErrorKind::InvalidRequest, &message);
+        }
+    };
+    let encoding = match Encoding::choose(&headers) {
+        Ok(encoding) => encoding,
         Err(message) => {
             return error::<D>(StatusCode::BAD_REQUEST, ErrorKind::InvalidRequest, &message);
         }
@@ -104,6 +113,20 @@ pub(crate) async fn generate<D: Dialect>(
                 &format!("simulated failure (x-sim-fail: {code})"),
             )
         }
+        Some(Fault::Close) => {
+            sim.stats.execution(&control.key);
+            let connection = extensions.get::<ConnectInfo<Connection>>();
+            if !connection.is_some_and(|c| c.0.close()) {
+                return error::<D>(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    ErrorKind::Server,
+                    "x-sim-fail: close needs the simulator's own server",
+                );
+            }
+            // The connection is gone; this future is dropped with it.
+            sim.shutdown_signal().await;
+            shutting_down::<D>()
+        }
         Some(Fault::Hang) => {
             sim.stats.execution(&control.key);
             let guard = DisconnectGuard::new(&sim.stats);
@@ -111,11 +134,14 @@ pub(crate) async fn generate<D: Dialect>(
             guard.disarm();
             shutting_down::<D>()
         }
-        Some(Fault::ResetAfter(_) | Fault::StallAfter(_)) | None => {
+        Some(
+            Fault::ResetAfter(_) | Fault::StallAfter(_) | Fault::ErrorAfter(_) | Fault::EndAfter(_),
+        )
+        | None => {
             if generation.stream {
-                stream::<D>(sim, control, generation).await
+                stream::<D>(sim, control, generation, encoding).await
             } else {
-                complete::<D>(sim, control, generation).await
+                complete::<D>(sim, control, generation, encoding).await
             }
         }
     }
@@ -123,7 +149,12 @@ pub(crate) async fn generate<D: Dialect>(
 
 /// Non-streaming: the whole generation takes `latency` and runs to the end
 /// whether or not the client is still there.
-async fn complete<D: Dialect>(sim: Arc<Sim>, control: Control, generation: Generation) -> Response {
+async fn complete<D: Dialect>(
+    sim: Arc<Sim>,
+    control: Control,
+    generation: Generation,
+    encoding: Encoding,
+) -> Response {
     let sequence = sim.stats.execution(&control.key);
     let meta = Meta::new(D::response_id(sequence));
     sim.stats.bill(generation.prompt_tokens, 0);
@@ -157,17 +188,16 @@ async fn complete<D: Dialect>(sim: Arc<Sim>, control: Control, generation: Gener
         _ => None,
     };
     let Some(prefix) = cut else {
-        return (
-            [
-                (
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/json"),
-                ),
-                (execution_header(), HeaderValue::from(sequence)),
-            ],
-            body,
-        )
-            .into_response();
+        let (tx, rx) = mpsc::channel(1);
+        drop(tx);
+        let mut response = body_response(Some(body), rx, encoding);
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert(execution_header(), HeaderValue::from(sequence));
+        return response;
     };
 
     let (tx, rx) = mpsc::channel(FRAME_BUFFER);
@@ -182,7 +212,7 @@ async fn complete<D: Dialect>(sim: Arc<Sim>, control: Control, generation: Gener
             _ => abort_after(&sim, &tx, Duration::ZERO).await,
         }
     });
-    let mut response = body_response(None, rx);
+    let mut response = body_response(None, rx, encoding);
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
@@ -195,7 +225,12 @@ async fn complete<D: Dialect>(sim: Arc<Sim>, control: Control, generation: Gener
 
 /// Streaming: headers and the first token after `first_token_delay`, then
 /// one token per `token_interval`. Generation stops when the client leaves.
-async fn stream<D: Dialect>(sim: Arc<Sim>, control: Control, generation: Generation) -> Response {
+async fn stream<D: Dialect>(
+    sim: Arc<Sim>,
+    control: Control,
+    generation: Generation,
+    encoding: Encoding,
+) -> Response {
     let sequence = sim.stats.execution(&control.key);
     let meta = Meta::new(D::response_id(sequence));
     sim.stats.bill(generation.prompt_tokens, 0);
@@ -216,7 +251,7 @@ async fn stream<D: Dialect>(sim: Arc<Sim>, control: Control, generation: Generat
         Some(Frame::Ready) => None,
         Some(Frame::Abort) | None => return shutting_down::<D>(),
     };
-    let mut response = body_response(initial, rx);
+    let mut response = body_response(initial, rx, encoding);
     let headers = response.headers_mut();
     headers.insert(
         header::CONTENT_TYPE,
@@ -240,9 +275,9 @@ async fn run_stream<D: Dialect>(
     }
     let total = generation.tokens.len();
     let emitted = match control.fault {
-        Some(Fault::ResetAfter(n) | Fault::StallAfter(n)) => {
-            usize::try_from(n).unwrap_or(usize::MAX).min(total)
-        }
+        Some(
+            Fault::ResetAfter(n) | Fault::StallAfter(n) | Fault::ErrorAfter(n) | Fault::EndAfter(n),
+        ) => usize::try_from(n).unwrap_or(usize::MAX).min(total),
         _ => total,
     };
     let mut pending = D::stream_start(&generation, &meta);
@@ -274,6 +309,19 @@ async fn run_stream<D: Dialect>(
             } else {
                 // The reset comes when the next token would have.
                 abort_after(&sim, &tx, control.token_interval).await;
+            }
+        }
+        Some(Fault::ErrorAfter(_) | Fault::EndAfter(_)) => {
+            // The provider stops after it has answered 200: with its error
+            // event, or with nothing at all. Nothing more is generated.
+            if let Some(Fault::ErrorAfter(_)) = control.fault {
+                pending.push_str(&D::stream_error(
+                    "simulated failure during generation (x-sim-fail: error-after)",
+                ));
+            }
+            sim.stats.complete(0);
+            if tx.send(Frame::Data(Bytes::from(pending))).await.is_err() {
+                sim.stats.client_disconnect();
             }
         }
         _ => {
@@ -323,28 +371,48 @@ async fn abort_after(sim: &Sim, tx: &mpsc::Sender<Frame>, delay: Duration) {
     }
 }
 
-/// A response whose body is `initial` followed by the frames of `rx`.
-fn body_response(initial: Option<Bytes>, rx: mpsc::Receiver<Frame>) -> Response {
-    let frames = futures_util::stream::unfold(Some((initial, rx)), |state| async move {
-        let (mut initial, mut rx) = state?;
+/// A response whose body is `initial` followed by the frames of `rx`, in
+/// `encoding` (each frame flushed as it comes).
+fn body_response(
+    initial: Option<Bytes>,
+    rx: mpsc::Receiver<Frame>,
+    encoding: Encoding,
+) -> Response {
+    let start = Some((initial, rx, encoding.encoder()));
+    let frames = futures_util::stream::unfold(start, |state| async move {
+        let (mut initial, mut rx, mut encoder) = state?;
         if let Some(bytes) = initial.take() {
-            return Some((Ok(bytes), Some((None, rx))));
+            let out = encoder.chunk(&bytes);
+            return Some((out, Some((None, rx, encoder))));
         }
         loop {
-            match rx.recv().await? {
-                Frame::Data(bytes) => return Some((Ok(bytes), Some((None, rx)))),
-                Frame::Ready => continue,
-                Frame::Abort => {
+            match rx.recv().await {
+                Some(Frame::Data(bytes)) => {
+                    let out = encoder.chunk(&bytes);
+                    return Some((out, Some((None, rx, encoder))));
+                }
+                Some(Frame::Ready) => continue,
+                Some(Frame::Abort) => {
                     let error = io::Error::new(
                         io::ErrorKind::ConnectionReset,
                         "simulated connection reset",
                     );
                     return Some((Err(error), None));
                 }
+                None => {
+                    let tail = encoder.finish().ok().filter(|b| !b.is_empty())?;
+                    return Some((Ok(tail), None));
+                }
             }
         }
     });
-    Response::new(Body::from_stream(frames))
+    let mut response = Response::new(Body::from_stream(frames));
+    if let Some(value) = encoding.header_value() {
+        response
+            .headers_mut()
+            .insert(header::CONTENT_ENCODING, HeaderValue::from_static(value));
+    }
+    response
 }
 
 fn execution_header() -> header::HeaderName {

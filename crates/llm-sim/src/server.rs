@@ -180,6 +180,7 @@ pub async fn spawn_on(listener: TcpListener, config: SimConfig) -> std::io::Resu
         async move { sim.shutdown_signal().await }
     };
     let task = tokio::spawn(async move {
+        let app = app.into_make_service_with_connect_info::<crate::connection::Connection>();
         axum::serve(listener, app)
             .with_graceful_shutdown(signal)
             .await

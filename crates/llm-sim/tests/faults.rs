@@ -254,3 +254,134 @@ async fn shutdown_ends_stalled_and_hanging_requests() {
     let (_, errored) = read_to_end(stalled).await;
     assert!(errored, "a stream cut by shutdown is not a clean end");
 }
+
+#[tokio::test]
+async fn error_events_after_a_200_in_both_dialects() {
+    let sim = sim().await;
+    let response = post(
+        &sim,
+        PATH,
+        &openai_body("x", true),
+        &[("x-sim-fail", "error-after:2"), ("Idempotency-Key", "oe")],
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    let got = events(&response.text().await.unwrap());
+    let last = got.last().unwrap();
+    assert_eq!(last.name, None);
+    let error: Value = serde_json::from_str(&last.data).unwrap();
+    assert_eq!(error["error"]["type"], "server_error");
+    assert!(got.iter().all(|e| e.data != "[DONE]"), "no terminal event");
+
+    let response = post(
+        &sim,
+        "/v1/messages",
+        &common::anthropic_body("x", true),
+        &[("x-sim-fail", "error-after:1"), ("Idempotency-Key", "ae")],
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    let got = events(&response.text().await.unwrap());
+    let last = got.last().unwrap();
+    assert_eq!(last.name.as_deref(), Some("error"));
+    let error: Value = serde_json::from_str(&last.data).unwrap();
+    assert_eq!(error["error"]["type"], "overloaded_error");
+    assert!(
+        got.iter()
+            .all(|e| e.name.as_deref() != Some("message_stop"))
+    );
+    assert_eq!(sim.executions_for("oe"), 1);
+    assert_eq!(sim.executions_for("ae"), 1);
+}
+
+#[tokio::test]
+async fn end_after_ends_cleanly_without_the_terminal_event() {
+    let sim = sim().await;
+    let response = post(
+        &sim,
+        PATH,
+        &openai_body("x", true),
+        &[("x-sim-fail", "end-after:2"), ("Idempotency-Key", "ea")],
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    let got = events(&response.text().await.unwrap());
+    assert!(!got.is_empty());
+    assert!(got.iter().all(|e| e.data != "[DONE]"));
+    assert_eq!(sim.executions_for("ea"), 1);
+}
+
+#[tokio::test]
+async fn close_drops_the_connection_after_reading_the_request() {
+    let sim = sim().await;
+    for stream in [false, true] {
+        let sent = common::client()
+            .post(format!("{}{PATH}", sim.url()))
+            .json(&openai_body("x", stream))
+            .header("x-sim-fail", "close")
+            .header("Idempotency-Key", "closed")
+            .send()
+            .await;
+        assert!(sent.is_err(), "no response at all: {sent:?}");
+    }
+    assert_eq!(sim.executions_for("closed"), 2, "the upstream ran");
+}
+
+#[tokio::test]
+async fn answers_are_compressed_when_asked_or_forced() {
+    use std::io::Read;
+    let sim = sim().await;
+    // A client that decodes nothing, to see the bytes as sent.
+    let raw_client = reqwest::Client::builder()
+        .no_gzip()
+        .no_brotli()
+        .no_deflate()
+        .build()
+        .unwrap();
+    for (headers, encoding) in [
+        (vec![("accept-encoding", "gzip")], "gzip"),
+        (vec![("accept-encoding", "gzip, br")], "br"),
+        (vec![("x-sim-encoding", "gzip")], "gzip"),
+        (
+            vec![("accept-encoding", "identity"), ("x-sim-encoding", "br")],
+            "br",
+        ),
+    ] {
+        for stream in [false, true] {
+            let mut request = raw_client
+                .post(format!("{}{PATH}", sim.url()))
+                .json(&openai_body("x", stream));
+            for (k, v) in &headers {
+                request = request.header(*k, *v);
+            }
+            let response = request.send().await.unwrap();
+            assert_eq!(response.status(), 200);
+            assert_eq!(response.headers()["content-encoding"], encoding);
+            let raw = response.bytes().await.unwrap();
+            let mut plain = String::new();
+            if encoding == "gzip" {
+                flate2::read::GzDecoder::new(&raw[..])
+                    .read_to_string(&mut plain)
+                    .unwrap();
+            } else {
+                brotli::Decompressor::new(&raw[..], 4096)
+                    .read_to_string(&mut plain)
+                    .unwrap();
+            }
+            if stream {
+                assert_eq!(events(&plain).last().unwrap().data, "[DONE]");
+            } else {
+                let v: Value = serde_json::from_str(&plain).unwrap();
+                assert!(v["usage"]["completion_tokens"].as_u64().unwrap() > 0);
+            }
+        }
+    }
+    // Without Accept-Encoding: identity.
+    let response = raw_client
+        .post(format!("{}{PATH}", sim.url()))
+        .json(&openai_body("x", false))
+        .send()
+        .await
+        .unwrap();
+    assert!(response.headers().get("content-encoding").is_none());
+}

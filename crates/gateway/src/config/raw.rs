@@ -137,6 +137,10 @@ pub struct RawRoute {
     /// repeat (default false): it then needs a durable store and
     /// `fail_closed`.
     pub charges: Option<bool>,
+    /// How this route's event streams end and fail: `openai`, `anthropic`,
+    /// `openai_responses` or `none` (default: recognised from each
+    /// request's path).
+    pub stream_dialect: Option<String>,
     /// This route's clients retry differently: fields set here override the
     /// top-level `[client_retry]`.
     pub client_retry: Option<RawClientRetry>,

@@ -15,7 +15,8 @@ use http::{HeaderName, Method};
 use idemgate_check::RetryPolicy;
 use idemgate_layer::config::default_retryable_statuses;
 use idemgate_layer::{
-    DerivePart, DeriveTemplate, InflightMode, KeyMode, LayerConfig, StoreErrorMode, TenantSource,
+    DerivePart, DeriveTemplate, InflightMode, KeyMode, LayerConfig, StoreErrorMode, StreamDialect,
+    TenantSource,
 };
 use url::Url;
 
@@ -105,6 +106,8 @@ pub struct RouteConfig {
     pub longest_generation: Option<Duration>,
     /// Whether the route charges or has side effects that must never repeat.
     pub charges: bool,
+    /// How event streams end and fail; `None`: from each request's path.
+    pub stream_dialect: Option<StreamDialect>,
     /// The retry policy of this route's clients.
     pub client_retry: RetryPolicy,
 }
@@ -140,6 +143,7 @@ impl RouteConfig {
             // little slack lets the body error arrive first.
             completion_timeout: self.timeouts.total + Duration::from_secs(1),
             operations_path,
+            stream_dialect: self.stream_dialect,
             ..LayerConfig::default()
         }
     }
@@ -324,6 +328,11 @@ pub(super) fn route(at: &str, r: RawRoute, d: &RouteDefaults) -> Result<RouteCon
         .as_deref()
         .map(|g| duration(&field("longest_generation"), Some(g), Duration::ZERO))
         .transpose()?;
+    let stream_dialect = r
+        .stream_dialect
+        .as_deref()
+        .map(|s| keyword(&field("stream_dialect"), s))
+        .transpose()?;
     let client_retry = match &r.client_retry {
         Some(raw) => client_retry(&field("client_retry"), raw, d.client_retry)?,
         None => d.client_retry,
@@ -349,6 +358,7 @@ pub(super) fn route(at: &str, r: RawRoute, d: &RouteDefaults) -> Result<RouteCon
         heartbeat,
         longest_generation,
         charges: r.charges.unwrap_or(false),
+        stream_dialect,
         client_retry,
     })
 }

@@ -137,7 +137,10 @@ fn attached_response(
         let mut f = state?;
         match f.step().await {
             Some(Ok(chunk)) => Some((Ok(chunk), Some(f))),
-            Some(Err(broken)) => Some((Err(broken), None)),
+            Some(Err(broken)) => {
+                super::body::before_error().await;
+                Some((Err(broken), None))
+            }
             None => None,
         }
     });

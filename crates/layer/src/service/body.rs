@@ -35,8 +35,19 @@ pub(super) fn channel_body(rx: mpsc::UnboundedReceiver<Chunk>) -> Body {
         match rx.recv().await {
             Some(Chunk::Data(b)) => Some((Ok(b), Some(rx))),
             Some(Chunk::End) => None,
-            Some(Chunk::Abort) | None => Some((Err(StreamBroken), None)),
+            Some(Chunk::Abort) | None => {
+                before_error().await;
+                Some((Err(StreamBroken), None))
+            }
         }
     });
     Body::from_stream(stream)
+}
+
+/// Lets the connection write out what the body already yielded before the
+/// body fails: the server drops unwritten bytes when a body errors, and the
+/// last events (an error event above all) are the ones the client needs to
+/// see. One pending poll is enough for the server to flush.
+pub(super) async fn before_error() {
+    tokio::task::yield_now().await;
 }

@@ -28,8 +28,10 @@ use super::inner::{self, Inner, RetryableFailure};
 use super::listeners::{Attachers, Client};
 use super::record::{Recorded, Recording, kept_headers};
 use crate::config::InflightMode;
+use crate::config::StreamDialect;
 use crate::live::LiveStream;
 use crate::operations;
+use crate::outcome::{StreamJudge, StreamVerdict};
 use crate::problem::Problem;
 use crate::replay::mark;
 use crate::shared::Shared;
@@ -115,6 +117,7 @@ impl Detached {
     /// Calls the inner service and reads its response; returns what to do
     /// with the key. Relays stream events to the client as they arrive.
     async fn execute<S: Inner>(&mut self, inner: S, request: Request<Body>) -> Decision {
+        let dialect = self.shared.config.stream_dialect_of(request.uri().path());
         let res = inner::call(inner, request).await;
         let status = res.status();
         self.client.answered(status.as_u16());
@@ -136,7 +139,7 @@ impl Detached {
         parts.headers.remove(header::CONTENT_LENGTH);
         parts.headers.remove(header::TRANSFER_ENCODING);
         if is_event_stream(parts.headers.get(header::CONTENT_TYPE)) {
-            return self.stream(parts, body).await;
+            return self.stream(parts, body, dialect).await;
         }
         self.attachers.not_streaming();
         let max = cfg.max_stored_body;
@@ -182,8 +185,15 @@ impl Detached {
     }
 
     /// Relays an event stream: each event gets a sequential id, is sent to
-    /// the client, published for attachers and recorded.
-    async fn stream(&mut self, parts: http::response::Parts, body: Body) -> Decision {
+    /// the client, published for attachers and recorded. A stream whose
+    /// events say it failed (`dialect`) is relayed whole but released, never
+    /// stored.
+    async fn stream(
+        &mut self,
+        parts: http::response::Parts,
+        body: Body,
+        dialect: StreamDialect,
+    ) -> Decision {
         let shared = Arc::clone(&self.shared);
         let cfg = &shared.config;
         let status = parts.status;
@@ -192,15 +202,22 @@ impl Detached {
         self.client.send_head(parts);
         let max = cfg.max_stored_body;
         let mut recording = Recording::new(max);
-        let mut scanner = EventScanner::new();
+        let mut scanner = EventScanner::with_limit(max);
+        let mut judge = StreamJudge::new(dialect);
         let mut data = body.into_data_stream();
         let mut blocks = Vec::new();
+        let mut too_large = false;
         loop {
             let end = match data.next().await {
-                Some(Ok(chunk)) => {
-                    scanner.push(&chunk, &mut blocks);
-                    false
-                }
+                Some(Ok(chunk)) => match scanner.push(&chunk, &mut blocks) {
+                    Ok(()) => false,
+                    Err(e) => {
+                        // The events completed before it still go out.
+                        tracing::warn!(error = %e, events = self.events, "event never ended; key released");
+                        too_large = true;
+                        true
+                    }
+                },
                 Some(Err(e)) => {
                     tracing::warn!(error = %e, events = self.events, "response stream broke; key released");
                     return Decision::Release(ReleaseReason::StreamError);
@@ -211,6 +228,7 @@ impl Detached {
                 }
             };
             for block in blocks.drain(..) {
+                judge.observe(&block);
                 self.events += 1;
                 let event = rewrite_id(&block, u64::try_from(self.events).unwrap_or(u64::MAX));
                 match recording.push(&event) {
@@ -228,6 +246,26 @@ impl Detached {
             }
             if end {
                 break;
+            }
+        }
+        if too_large {
+            return Decision::Release(ReleaseReason::EventTooLarge);
+        }
+        match judge.verdict() {
+            StreamVerdict::Complete => {}
+            StreamVerdict::ErrorEvent => {
+                tracing::warn!(
+                    events = self.events,
+                    "event stream carried an error event; key released"
+                );
+                return Decision::Release(ReleaseReason::ErrorEvent);
+            }
+            StreamVerdict::Unterminated => {
+                tracing::warn!(
+                    events = self.events,
+                    "event stream ended without its terminal event; key released"
+                );
+                return Decision::Release(ReleaseReason::Unterminated);
             }
         }
         match recording.finish(status, stored_headers) {
@@ -304,6 +342,9 @@ fn fallback(reason: ReleaseReason) -> Problem {
         | ReleaseReason::TooLarge
         | ReleaseReason::BodyError
         | ReleaseReason::StreamError
+        | ReleaseReason::ErrorEvent
+        | ReleaseReason::Unterminated
+        | ReleaseReason::EventTooLarge
         | ReleaseReason::Encode => Problem::upstream_unavailable("the upstream response failed"),
     }
 }
