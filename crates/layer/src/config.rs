@@ -253,6 +253,10 @@ pub struct LayerConfig {
     pub max_stored_body: usize,
     /// Path prefix of operation resources (`Prefer: respond-async`).
     pub operations_path: String,
+    /// The request header the client's key is read from (default
+    /// `Idempotency-Key`; e.g. `x-idempotency-key` for clients or proxies
+    /// that only pass prefixed headers).
+    pub key_header: HeaderName,
 }
 
 impl Default for LayerConfig {
@@ -271,6 +275,7 @@ impl Default for LayerConfig {
             completion_timeout: Duration::from_secs(600),
             max_stored_body: 32 * 1024 * 1024,
             operations_path: "/idemgate/operations/".to_owned(),
+            key_header: crate::key::IDEMPOTENCY_KEY,
         }
     }
 }

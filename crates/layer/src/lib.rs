@@ -57,6 +57,7 @@
 
 pub mod config;
 pub mod key;
+mod latency;
 pub mod live;
 pub mod operations;
 pub mod problem;

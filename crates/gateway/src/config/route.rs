@@ -88,6 +88,8 @@ pub struct RouteConfig {
     pub body_limit: usize,
     /// Statuses that release the key instead of storing DONE.
     pub retryable_statuses: Vec<u16>,
+    /// Header the client's key is read from.
+    pub key_header: HeaderName,
     /// Header the key is forwarded upstream under.
     pub upstream_key_header: HeaderName,
     /// Header naming the tenant; `None`: the `Authorization` credential.
@@ -148,6 +150,7 @@ impl RouteConfig {
             // little slack lets the body error arrive first.
             completion_timeout: self.timeouts.total + Duration::from_secs(1),
             operations_path,
+            key_header: self.key_header.clone(),
             ..LayerConfig::default()
         }
     }
@@ -279,6 +282,10 @@ pub(super) fn route(at: &str, r: RawRoute, d: &RouteDefaults) -> Result<RouteCon
             v
         }
     };
+    let key_header = header(
+        &field("key_header"),
+        r.key_header.as_deref().unwrap_or("idempotency-key"),
+    )?;
     let upstream_key_header = header(
         &field("upstream_key_header"),
         r.upstream_key_header
@@ -339,6 +346,7 @@ pub(super) fn route(at: &str, r: RawRoute, d: &RouteDefaults) -> Result<RouteCon
         timeouts,
         body_limit,
         retryable_statuses,
+        key_header,
         upstream_key_header,
         tenant_header,
         fingerprint_ignore,

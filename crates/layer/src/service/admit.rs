@@ -22,7 +22,7 @@ use idemgate_engine::{ClientKey, Fingerprint, Record, ScopedKey};
 use super::inner::IdempotencyContext;
 use super::traceparent::ensure_traceparent;
 use crate::config::{DeriveTemplate, KeyMode};
-use crate::key::{KeyRefusal, client_key, derive_key, tenant_of};
+use crate::key::{KeyRefusal, client_key_in, derive_key, tenant_of};
 use crate::problem::Problem;
 use crate::refusal::{Log, refuse};
 use crate::replay::replay_stored;
@@ -72,7 +72,7 @@ impl Keyed {
         if !cfg.protects(req.method()) {
             return Err(NotKeyed::Forward(req));
         }
-        let source = match (client_key(req.headers()), &cfg.key_mode) {
+        let source = match (client_key_in(req.headers(), &cfg.key_header), &cfg.key_mode) {
             (Err(refusal), _) => return Err(rejected(shared, key_problem(&refusal))),
             (Ok(Some(key)), _) => KeySource::Given(key),
             (Ok(None), KeyMode::Derive(template)) => KeySource::Derived(template),
