@@ -20,7 +20,7 @@ use http_body_util::BodyExt;
 use idemgate_engine::{ClientKey, Fingerprint, Record, ScopedKey};
 
 use super::inner::IdempotencyContext;
-use super::traceparent::ensure_traceparent;
+use super::traceparent::{caller_traceparent, ensure_traceparent};
 use crate::config::{DeriveTemplate, KeyMode};
 use crate::key::{KeyRefusal, client_key_in, derive_key, tenant_of};
 use crate::problem::Problem;
@@ -46,6 +46,10 @@ pub(super) struct Keyed {
     pub(super) prefer_async: bool,
     /// The W3C trace id, given or made.
     trace_id: String,
+    /// The caller's valid `traceparent`, if it sent one: the request span
+    /// records it so a trace exporter can parent the span under the
+    /// caller's.
+    caller_traceparent: Option<String>,
 }
 
 /// Why admission did not key a request.
@@ -115,6 +119,7 @@ impl Keyed {
             Fingerprint::of_request(parts.method.as_str(), path, &body, &cfg.fingerprint_ignore);
         let skip = events_to_skip(&parts.headers);
         let prefer_async = prefers_async(&parts.headers);
+        let caller_traceparent = caller_traceparent(&parts.headers);
         let trace_id = ensure_traceparent(&mut parts.headers);
         Ok(Self {
             parts,
@@ -124,6 +129,7 @@ impl Keyed {
             skip,
             prefer_async,
             trace_id,
+            caller_traceparent,
         })
     }
 
@@ -131,12 +137,21 @@ impl Keyed {
     /// execution included): the client's key, the trace id and the route;
     /// never the tenant, the credential or a body.
     pub(super) fn span(&self) -> tracing::Span {
-        tracing::info_span!(
-            "idempotency",
-            idempotency_key = %self.scoped.key,
-            trace_id = %self.trace_id,
-            route = %self.scoped.namespace,
-        )
+        match &self.caller_traceparent {
+            Some(traceparent) => tracing::info_span!(
+                "idempotency",
+                idempotency_key = %self.scoped.key,
+                trace_id = %self.trace_id,
+                route = %self.scoped.namespace,
+                traceparent = %traceparent,
+            ),
+            None => tracing::info_span!(
+                "idempotency",
+                idempotency_key = %self.scoped.key,
+                trace_id = %self.trace_id,
+                route = %self.scoped.namespace,
+            ),
+        }
     }
 
     /// The request to give the inner service, with the key in its extensions.
