@@ -1,7 +1,8 @@
 //! Liveness and readiness on the admin listener, over real HTTP: `/healthz`
 //! says the process serves and never asks the store; `/readyz` says the
 //! store answers and the gateway is not draining. The store is a real
-//! Redis behind a fault proxy, so "unreachable" is a refused connection.
+//! Redis behind a fault proxy, so "unreachable" is a refused connection
+//! and "hanging" a stalled one.
 
 mod support;
 
@@ -69,6 +70,12 @@ async fn readyz_follows_the_store_and_healthz_never_does() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     assert!(ready, "/readyz never recovered");
+
+    // A store that accepts but never answers: not ready either.
+    proxy.stall(true);
+    assert_eq!(status(&client, format!("{}/readyz", gw.admin)).await, 503);
+    assert_eq!(status(&client, format!("{}/healthz", gw.admin)).await, 200);
+    proxy.stall(false);
 
     let _ = gw.stop.send(());
     let _ = gw.task.await;

@@ -409,9 +409,8 @@ impl Telemetry {
     }
 
     /// Ends every key's requests-per-key count now, observing each total
-    /// in the histogram (the gateway calls it at shutdown, so the last
-    /// minutes are not lost; otherwise a key is observed once it has been
-    /// quiet for five to ten minutes).
+    /// in the histogram (otherwise a key is observed once it has been quiet
+    /// for five to ten minutes): for a final scrape, and for tests.
     pub fn finish_keys(&self) {
         let done = self
             .inner
