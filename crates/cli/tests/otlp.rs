@@ -213,10 +213,10 @@ impl Gateway {
             let mut started = Some(started_tx);
             for line in std::io::BufReader::new(std::fs::File::from(pipe)).lines() {
                 let Ok(line) = line else { break };
-                if line.contains("gateway started") {
-                    if let Some(tx) = started.take() {
-                        let _ = tx.send(line.clone());
-                    }
+                if line.contains("gateway started")
+                    && let Some(tx) = started.take()
+                {
+                    let _ = tx.send(line.clone());
                 }
                 all.push(line);
             }

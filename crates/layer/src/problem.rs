@@ -279,7 +279,7 @@ fn whole_seconds(after: Duration) -> u64 {
 /// Milliseconds for `retry-after-ms`: rounded up, at least 1.
 fn whole_millis(after: Duration) -> u64 {
     let ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
-    let up = ms.saturating_add(u64::from(after.subsec_nanos() % 1_000_000 > 0));
+    let up = ms.saturating_add(u64::from(!after.subsec_nanos().is_multiple_of(1_000_000)));
     up.max(1)
 }
 

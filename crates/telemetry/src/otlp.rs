@@ -199,10 +199,10 @@ impl TraceIdLayer {
         S: Subscriber + for<'a> LookupSpan<'a>,
     {
         NEXT_TRACE_ID.with(|c| c.set(None));
-        if let Some(span) = ctx.span(id) {
-            if let Some(RequestedTraceId(t)) = span.extensions_mut().remove::<RequestedTraceId>() {
-                NEXT_TRACE_ID.with(|c| c.set(Some(t)));
-            }
+        if let Some(span) = ctx.span(id)
+            && let Some(RequestedTraceId(t)) = span.extensions_mut().remove::<RequestedTraceId>()
+        {
+            NEXT_TRACE_ID.with(|c| c.set(Some(t)));
         }
     }
 }
@@ -285,12 +285,11 @@ struct TraceIdVisitor(Option<TraceId>);
 
 impl TraceIdVisitor {
     fn parse(&mut self, s: &str) {
-        if s.len() == 32 {
-            if let Ok(t) = TraceId::from_hex(s) {
-                if t != TraceId::INVALID {
-                    self.0 = Some(t);
-                }
-            }
+        if s.len() == 32
+            && let Ok(t) = TraceId::from_hex(s)
+            && t != TraceId::INVALID
+        {
+            self.0 = Some(t);
         }
     }
 }
