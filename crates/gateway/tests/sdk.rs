@@ -201,6 +201,9 @@ async fn the_key_header_is_configurable_per_route() {
     assert_eq!(r.status(), 400);
     let v = json(r).await;
     assert_eq!(v["error"]["code"], "missing-key");
+    // The refusal names the header this route reads.
+    let detail = v["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("x-idempotency-key"), "{v}");
     assert_eq!(sim.executions_for("std-1"), 0);
 
     // A malformed key in the configured header is refused like any other.

@@ -22,7 +22,7 @@ use idemgate_engine::{ClientKey, Fingerprint, Record, ScopedKey};
 use super::inner::IdempotencyContext;
 use super::traceparent::{caller_traceparent, ensure_traceparent};
 use crate::config::{DeriveTemplate, KeyMode};
-use crate::key::{KeyRefusal, client_key_in, derive_key, tenant_of};
+use crate::key::{IDEMPOTENCY_KEY, KeyRefusal, client_key_in, derive_key, tenant_of};
 use crate::problem::Problem;
 use crate::refusal::{Log, refuse};
 use crate::replay::replay_stored;
@@ -77,11 +77,16 @@ impl Keyed {
             return Err(NotKeyed::Forward(req));
         }
         let source = match (client_key_in(req.headers(), &cfg.key_header), &cfg.key_mode) {
-            (Err(refusal), _) => return Err(rejected(shared, key_problem(&refusal))),
+            (Err(refusal), _) => {
+                return Err(rejected(shared, key_problem(&refusal, &cfg.key_header)));
+            }
             (Ok(Some(key)), _) => KeySource::Given(key),
             (Ok(None), KeyMode::Derive(template)) => KeySource::Derived(template),
             (Ok(None), KeyMode::Require) => {
-                return Err(rejected(shared, key_problem(&KeyRefusal::Missing)));
+                return Err(rejected(
+                    shared,
+                    key_problem(&KeyRefusal::Missing, &cfg.key_header),
+                ));
             }
             (Ok(None), KeyMode::Optional) => {
                 // Unprotected, but the route's size limit still holds where
@@ -109,7 +114,7 @@ impl Keyed {
                 &cfg.fingerprint_ignore,
                 SystemTime::now(),
             )
-            .map_err(|refusal| rejected(shared, key_problem(&refusal)))?,
+            .map_err(|refusal| rejected(shared, key_problem(&refusal, &cfg.key_header)))?,
         };
         let path = parts
             .uri
@@ -217,12 +222,17 @@ fn rejected(shared: &Shared, problem: Problem) -> NotKeyed {
     ))
 }
 
-fn key_problem(refusal: &KeyRefusal) -> Problem {
+fn key_problem(refusal: &KeyRefusal, header: &HeaderName) -> Problem {
+    let detail = refusal.to_string();
+    // The refusal names the standard header; a route may read another.
+    let detail = if *header == IDEMPOTENCY_KEY {
+        detail
+    } else {
+        detail.replace("Idempotency-Key", header.as_str())
+    };
     match refusal {
-        KeyRefusal::Missing | KeyRefusal::MissingDimension(_) => {
-            Problem::missing_key(refusal.to_string())
-        }
-        _ => Problem::malformed_key(refusal.to_string()),
+        KeyRefusal::Missing | KeyRefusal::MissingDimension(_) => Problem::missing_key(detail),
+        _ => Problem::malformed_key(detail),
     }
 }
 
