@@ -45,7 +45,8 @@ WORKDIR /var/lib/idemgate
 VOLUME ["/var/lib/idemgate"]
 EXPOSE 8080 9464
 
-# /healthz answers 200 when the store answers (503 otherwise). The slim image
+# /healthz answers 200 while the process serves (liveness: it never asks the
+# store, so a store outage does not restart the container). The slim image
 # has no curl or wget; bash's /dev/tcp sends the request, so no HTTP client
 # is installed for it. It probes 127.0.0.1:9464: keep the admin listener on
 # that port, or override the health check with the command.

@@ -77,7 +77,7 @@ pub(crate) struct ConfigArgs {
     /// Proxy listen address (default 127.0.0.1:8080).
     #[arg(long)]
     listen: Option<String>,
-    /// Admin listen address (default 127.0.0.1:9090).
+    /// Admin listen address (default 127.0.0.1:9464).
     #[arg(long)]
     admin_listen: Option<String>,
     /// Store URL: sqlite:PATH (default sqlite:idemgate.db), memory:,

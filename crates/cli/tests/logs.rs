@@ -61,10 +61,10 @@ async fn keyed_lines_carry_key_and_trace_id_and_never_content() {
         let mut started = Some(started_tx);
         for line in std::io::BufReader::new(std::fs::File::from(stderr_pipe)).lines() {
             let Ok(line) = line else { break };
-            if line.contains("gateway started") {
-                if let Some(tx) = started.take() {
-                    let _ = tx.send(line.clone());
-                }
+            if line.contains("gateway started")
+                && let Some(tx) = started.take()
+            {
+                let _ = tx.send(line.clone());
             }
             all.push(line);
         }

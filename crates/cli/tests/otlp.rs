@@ -1,6 +1,7 @@
 //! OTLP span export of a real `idemgate serve` process (cargo feature
 //! `otlp`), against a small OTLP/HTTP receiver in this test: the request
-//! span arrives with its idempotency key and the client's trace id, the
+//! span arrives with its idempotency key, the client's trace id and the
+//! client's span as its parent, the
 //! last batch is flushed on SIGTERM, and a collector that is down changes
 //! nothing for clients.
 #![cfg(feature = "otlp")]
@@ -28,6 +29,22 @@ fn trace_id_bytes() -> Vec<u8> {
         .step_by(2)
         .map(|i| u8::from_str_radix(&TRACE_ID[i..i + 2], 16).expect("a hex number"))
         .collect()
+}
+
+/// The parent span id of [`TRACEPARENT`] as an OTLP `Span` stores it:
+/// field 4 (`parent_span_id`, bytes: tag 0x22), length 8, the 8 bytes.
+fn parent_span_id_field() -> Vec<u8> {
+    let mut v = vec![0x22, 0x08];
+    v.extend(0x0123_4567_89ab_cdef_u64.to_be_bytes());
+    v
+}
+
+/// The trace id of [`TRACEPARENT`] as an OTLP `Span` stores it: field 1
+/// (`trace_id`, bytes: tag 0x0a), length 16, the 16 bytes.
+fn trace_id_field() -> Vec<u8> {
+    let mut v = vec![0x0a, 0x10];
+    v.extend(trace_id_bytes());
+    v
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
@@ -196,10 +213,10 @@ impl Gateway {
             let mut started = Some(started_tx);
             for line in std::io::BufReader::new(std::fs::File::from(pipe)).lines() {
                 let Ok(line) = line else { break };
-                if line.contains("gateway started") {
-                    if let Some(tx) = started.take() {
-                        let _ = tx.send(line.clone());
-                    }
+                if line.contains("gateway started")
+                    && let Some(tx) = started.take()
+                {
+                    let _ = tx.send(line.clone());
                 }
                 all.push(line);
             }
@@ -281,8 +298,12 @@ async fn request_span_is_exported_with_key_and_client_trace_id() {
     assert!(contains(&body, b"idempotency"), "span name");
     assert!(contains(&body, b"service.name"));
     assert!(contains(&body, b"idemgate"));
-    // The exported span is in the client's trace.
-    assert!(contains(&body, &trace_id_bytes()), "trace id {TRACE_ID}");
+    // The exported span is in the client's trace, a child of its span.
+    assert!(contains(&body, &trace_id_field()), "trace id {TRACE_ID}");
+    assert!(
+        contains(&body, &parent_span_id_field()),
+        "parent span id of {TRACEPARENT}"
+    );
     // Logs keep working beside the export.
     let (status, log) = gw.stop().await;
     assert!(status.success(), "exit {status:?}: {log}");

@@ -126,10 +126,9 @@ timeouts = {{ connect = "1s", first_byte = "15s", idle = "10s", total = "30s" }}
                 .get(format!("{}/healthz", self.admin_url()))
                 .send()
                 .await
+                && r.status() == 200
             {
-                if r.status() == 200 {
-                    return;
-                }
+                return;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -959,10 +958,9 @@ impl PrivatePostgres {
         assert!(ok, "pg_ctl start failed");
         if let Ok(pidfile) =
             std::fs::read_to_string(self.dir.path().join("data").join("postmaster.pid"))
+            && let Some(pid) = pidfile.lines().next()
         {
-            if let Some(pid) = pidfile.lines().next() {
-                watchdog(pid.trim(), "INT");
-            }
+            watchdog(pid.trim(), "INT");
         }
     }
 

@@ -23,10 +23,10 @@ async fn wait_ready(client: &reqwest::Client, url: &str, child: &mut Child) {
         if let Ok(Some(status)) = child.try_wait() {
             panic!("gateway exited early: {status}");
         }
-        if let Ok(r) = client.get(url).send().await {
-            if r.status() == 200 {
-                return;
-            }
+        if let Ok(r) = client.get(url).send().await
+            && r.status() == 200
+        {
+            return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -139,11 +139,11 @@ impl Retrier {
         let delay = asked.unwrap_or_else(|| {
             Delay::new(self.policy.backoff(self.failures - 1), DelaySource::Backoff)
         });
-        if let Some(deadline) = self.policy.deadline {
-            if self.started.elapsed().saturating_add(delay.duration) >= deadline {
-                self.push(outcome, None);
-                return Err(GiveUpReason::Deadline(deadline));
-            }
+        if let Some(deadline) = self.policy.deadline
+            && self.started.elapsed().saturating_add(delay.duration) >= deadline
+        {
+            self.push(outcome, None);
+            return Err(GiveUpReason::Deadline(deadline));
         }
         self.push(outcome, Some(delay));
         Ok(delay.duration)

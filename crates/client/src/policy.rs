@@ -181,12 +181,12 @@ pub(crate) fn server_delay(headers: &HeaderMap, now: SystemTime) -> Option<Delay
             .and_then(|v| v.to_str().ok())
             .map(str::trim)
     };
-    if let Some(ms) = text(RETRY_AFTER_MS).and_then(|v| v.parse::<f64>().ok()) {
-        if ms.is_finite() && ms >= 0.0 {
-            if let Ok(d) = Duration::try_from_secs_f64(ms / 1000.0) {
-                return Some(Delay::new(d, DelaySource::RetryAfterMs));
-            }
-        }
+    if let Some(ms) = text(RETRY_AFTER_MS).and_then(|v| v.parse::<f64>().ok())
+        && ms.is_finite()
+        && ms >= 0.0
+        && let Ok(d) = Duration::try_from_secs_f64(ms / 1000.0)
+    {
+        return Some(Delay::new(d, DelaySource::RetryAfterMs));
     }
     let value = text(RETRY_AFTER.as_str())?;
     if let Ok(secs) = value.parse::<u64>() {

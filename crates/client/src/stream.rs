@@ -249,10 +249,10 @@ impl EventStream {
         let before = self.queue.len();
         for (event, id_after) in events {
             let id = event.id.as_deref().and_then(|id| id.parse::<u64>().ok());
-            if let (Some(floor), Some(id)) = (self.floor, id) {
-                if id <= floor {
-                    continue;
-                }
+            if let (Some(floor), Some(id)) = (self.floor, id)
+                && id <= floor
+            {
+                continue;
             }
             self.queue.push_back((event, id_after));
         }

@@ -67,8 +67,9 @@ async fn a_timeout_shorter_than_the_generation_is_retried_with_the_same_key_and_
 #[tokio::test]
 async fn a_409_for_a_key_in_flight_is_retried_after_the_servers_delay() {
     let sim = sim().await;
-    // A 2 s lease, renewed while the call runs: the 409's Retry-After is
-    // the lease's remaining whole seconds, so always 1.
+    // A 2 s lease, renewed while the call runs: the 409 advises a poll in
+    // 1 s (`retry-after-ms: 1000`, which wins over `Retry-After`), the floor
+    // of the route's latency-based interval and never past the lease.
     let gw = Gateway::start(config(&sim.url(), "reject", |r| {
         r.pending_ttl = Some("2s".into());
     }))
@@ -126,7 +127,7 @@ async fn a_409_for_a_key_in_flight_is_retried_after_the_servers_delay() {
             a.delay,
             Some(Delay::new(
                 Duration::from_secs(1),
-                DelaySource::RetryAfterSeconds
+                DelaySource::RetryAfterMs
             )),
             "{a:?}"
         );

@@ -32,10 +32,10 @@ impl KeyedNotify {
         let _ = tokio::time::timeout(max, notify.notified()).await;
         // Drop the entry once nobody else holds it (the map's own Arc + ours).
         let mut map = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(n) = map.get(id) {
-            if Arc::strong_count(n) <= 2 {
-                map.remove(id);
-            }
+        if let Some(n) = map.get(id)
+            && Arc::strong_count(n) <= 2
+        {
+            map.remove(id);
         }
     }
 

@@ -336,32 +336,36 @@ fn attempt_json(a: &Attempt) -> serde_json::Value {
     })
 }
 
-/// The key `/healthz` reads: never written, so the answer is always "absent".
+/// The key `/readyz` reads: never written, so the answer is always "absent".
 fn probe_key() -> Option<ScopedKey> {
     ClientKey::parse("healthz-probe")
         .ok()
         .map(|k| ScopedKey::new("idemgate", "health", k))
 }
 
-async fn healthz(State(s): State<AdminState>) -> (StatusCode, &'static str) {
+/// Liveness: the process answers HTTP. It never touches the store, so a
+/// store outage does not get every replica restarted by its orchestrator
+/// (a restart cannot fix the store; readiness takes the replica out of
+/// the load balancer instead).
+async fn healthz() -> (StatusCode, &'static str) {
+    (StatusCode::OK, "ok\n")
+}
+
+/// Readiness: not draining, and the store answers a read within 2 s.
+async fn readyz(State(s): State<AdminState>) -> (StatusCode, &'static str) {
+    if !s.ready.load(Ordering::Relaxed) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n");
+    }
     let Some(key) = probe_key() else {
         return (StatusCode::INTERNAL_SERVER_ERROR, "probe key invalid\n");
     };
     match tokio::time::timeout(Duration::from_secs(2), s.store.get(&key)).await {
-        Ok(Ok(_)) => (StatusCode::OK, "ok\n"),
+        Ok(Ok(_)) => (StatusCode::OK, "ready\n"),
         Ok(Err(e)) => {
-            tracing::warn!(error = %e, "health check: store failed");
+            tracing::warn!(error = %e, "readiness check: store failed");
             (StatusCode::SERVICE_UNAVAILABLE, "store unavailable\n")
         }
         Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "store timed out\n"),
-    }
-}
-
-async fn readyz(State(s): State<AdminState>) -> (StatusCode, &'static str) {
-    if s.ready.load(Ordering::Relaxed) {
-        (StatusCode::OK, "ready\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
     }
 }
 

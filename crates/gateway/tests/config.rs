@@ -30,7 +30,7 @@ fn only_an_upstream_gives_the_documented_defaults() {
         };
         let c = load(None, &over).map_err(jail_err)?;
         assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
-        assert_eq!(c.admin_listen.to_string(), "127.0.0.1:9090");
+        assert_eq!(c.admin_listen.to_string(), "127.0.0.1:9464");
         assert_eq!(c.store, StoreUrl::Sqlite("idemgate.db".into()));
         assert_eq!(c.pending_ttl, Duration::from_secs(30));
         assert_eq!(c.done_ttl, Duration::from_secs(24 * 3600));

@@ -212,22 +212,9 @@ async fn ten_keys_three_sends_give_exact_figures() {
     );
     let ratio = sum(&text, "idempotency_hit_ratio", &[]);
     assert!((ratio - 20.0 / 30.0).abs() < 1e-9, "{ratio}");
-    assert_eq!(
-        sum(
-            &text,
-            "idempotency_requests_per_key",
-            &[("quantile", "0.5")]
-        ),
-        3.0
-    );
-    assert_eq!(
-        sum(
-            &text,
-            "idempotency_requests_per_key",
-            &[("quantile", "0.99")]
-        ),
-        3.0
-    );
+    // Requests per key is a histogram, observed as keys go quiet: no
+    // summary-style `quantile` label.
+    assert!(!text.contains("quantile="), "{text}");
     // The route label is the route id, on every idempotency series.
     assert!(present(&text, "idempotency_hit_total", &[("route", "obs")]));
 

@@ -323,6 +323,10 @@ pub struct LayerConfig {
     /// How event streams on this route end and fail; `None`: recognised
     /// from each request's path ([`StreamDialect::of_path`]).
     pub stream_dialect: Option<StreamDialect>,
+    /// The request header the client's key is read from (default
+    /// `Idempotency-Key`; e.g. `x-idempotency-key` for clients or proxies
+    /// that only pass prefixed headers).
+    pub key_header: HeaderName,
 }
 
 impl Default for LayerConfig {
@@ -342,6 +346,7 @@ impl Default for LayerConfig {
             max_stored_body: 32 * 1024 * 1024,
             operations_path: "/idemgate/operations/".to_owned(),
             stream_dialect: None,
+            key_header: crate::key::IDEMPOTENCY_KEY,
         }
     }
 }

@@ -69,12 +69,23 @@ pub enum KeyRefusal {
     MissingDimension(HeaderName),
 }
 
-/// The client's key, if it sent one.
+/// The client's key, if it sent one (in `Idempotency-Key`).
 ///
 /// # Errors
 /// [`KeyRefusal::Malformed`] or [`KeyRefusal::Repeated`].
 pub fn client_key(headers: &HeaderMap) -> Result<Option<ClientKey>, KeyRefusal> {
-    let mut values = headers.get_all(&IDEMPOTENCY_KEY).iter();
+    client_key_in(headers, &IDEMPOTENCY_KEY)
+}
+
+/// The client's key, if it sent one in the header `name`.
+///
+/// # Errors
+/// [`KeyRefusal::Malformed`] or [`KeyRefusal::Repeated`].
+pub fn client_key_in(
+    headers: &HeaderMap,
+    name: &HeaderName,
+) -> Result<Option<ClientKey>, KeyRefusal> {
+    let mut values = headers.get_all(name).iter();
     let Some(first) = values.next() else {
         return Ok(None);
     };

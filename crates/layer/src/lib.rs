@@ -58,6 +58,7 @@
 
 pub mod config;
 pub mod key;
+mod latency;
 pub mod live;
 pub mod operations;
 mod outcome;

@@ -3,6 +3,17 @@
 //!
 //! The `type` URI of each case is stable: clients and dashboards match on it,
 //! so a case is never renamed, only added.
+//!
+//! Beside the RFC 9457 fields every body carries an OpenAI-style `error`
+//! object (`message`, `type`, `code`): the OpenAI SDK reads
+//! `body.get("error", body)`, and the Anthropic SDK and LiteLLM read
+//! `error.message`, so without it an SDK user sees an empty or generic
+//! message. `code` is the problem's slug; `type` is the SDKs' error class
+//! for the status (`invalid_request_error`, …).
+//!
+//! A retryable problem sends `retry-after-ms` (read first by both SDKs)
+//! beside `Retry-After`, which is rounded up to whole seconds and never
+//! down to 0 (the SDKs ignore a 0 and fall back to their own backoff).
 
 use std::time::Duration;
 
@@ -19,6 +30,10 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 /// Header telling SDKs (OpenAI's and Anthropic's honour it) that a retry is
 /// the right move.
 pub const SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
+
+/// Header with the retry delay in milliseconds; the OpenAI and Anthropic
+/// SDKs read it before `Retry-After`.
+pub const RETRY_AFTER_MS: HeaderName = HeaderName::from_static("retry-after-ms");
 
 /// A problem response.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -231,15 +246,53 @@ impl Problem {
         &self.detail
     }
 
-    /// The JSON body.
+    /// The retry delay this problem advises, if it is retryable.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// The OpenAI/Anthropic error class for the status, the `error.type`
+    /// of the body.
+    pub fn error_type(&self) -> &'static str {
+        match self.status.as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            409 => "conflict_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            400..=499 => "invalid_request_error",
+            _ => "api_error",
+        }
+    }
+
+    /// The JSON body: the RFC 9457 fields, and the `error` object SDKs read.
     pub fn body(&self) -> serde_json::Value {
         serde_json::json!({
             "type": self.type_uri(),
             "title": self.title,
             "status": self.status.as_u16(),
             "detail": self.detail,
+            "error": {
+                "message": format!("{}: {}", self.title, self.detail),
+                "type": self.error_type(),
+                "code": self.slug,
+            },
         })
     }
+}
+
+/// Whole seconds for `Retry-After`: rounded up, at least 1.
+fn whole_seconds(after: Duration) -> u64 {
+    let up = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+    up.max(1)
+}
+
+/// Milliseconds for `retry-after-ms`: rounded up, at least 1.
+fn whole_millis(after: Duration) -> u64 {
+    let ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
+    let up = ms.saturating_add(u64::from(!after.subsec_nanos().is_multiple_of(1_000_000)));
+    up.max(1)
 }
 
 impl IntoResponse for Problem {
@@ -250,10 +303,8 @@ impl IntoResponse for Problem {
         let h = res.headers_mut();
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         if let Some(after) = self.retry_after {
-            h.insert(
-                header::RETRY_AFTER,
-                HeaderValue::from(after.as_secs().max(1)),
-            );
+            h.insert(header::RETRY_AFTER, HeaderValue::from(whole_seconds(after)));
+            h.insert(RETRY_AFTER_MS, HeaderValue::from(whole_millis(after)));
             h.insert(SHOULD_RETRY, HeaderValue::from_static("true"));
         }
         res
@@ -276,6 +327,80 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["type"], "https://idemgate.dev/problems/in-flight");
         assert_eq!(v["status"], 409);
+        assert_eq!(v["error"]["code"], "in-flight");
+        assert_eq!(v["error"]["type"], "conflict_error");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("still being processed")),
+            "{v}"
+        );
+    }
+
+    #[test]
+    fn retry_after_rounds_up_and_never_to_zero() {
+        let headers = |d: Duration| {
+            let res = Problem::in_flight(d).into_response();
+            let get = |n: &HeaderName| {
+                res.headers()
+                    .get(n)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned)
+            };
+            (get(&header::RETRY_AFTER), get(&RETRY_AFTER_MS))
+        };
+        let pair = |s: &str, ms: &str| (Some(s.to_owned()), Some(ms.to_owned()));
+        assert_eq!(headers(Duration::from_millis(1500)), pair("2", "1500"));
+        assert_eq!(headers(Duration::from_millis(200)), pair("1", "200"));
+        assert_eq!(headers(Duration::ZERO), pair("1", "1"));
+        assert_eq!(headers(Duration::from_micros(1_000_001)), pair("2", "1001"));
+        assert_eq!(headers(Duration::from_secs(3)), pair("3", "3000"));
+        // Problems that are not retryable advise nothing.
+        let res = Problem::key_mismatch().into_response();
+        assert!(res.headers().get(header::RETRY_AFTER).is_none());
+        assert!(res.headers().get(RETRY_AFTER_MS).is_none());
+    }
+
+    #[test]
+    fn every_problem_carries_the_error_object_sdks_read() {
+        let cases = [
+            (Problem::missing_key("x"), "invalid_request_error"),
+            (Problem::key_mismatch(), "invalid_request_error"),
+            (Problem::body_too_large(1), "request_too_large"),
+            (Problem::store_unavailable(), "api_error"),
+            (Problem::operation_not_found(), "not_found_error"),
+            (
+                Problem::new(
+                    StatusCode::UNAUTHORIZED,
+                    "unauthorized",
+                    "Unauthorized",
+                    "d",
+                ),
+                "authentication_error",
+            ),
+            (
+                Problem::new(StatusCode::FORBIDDEN, "admin-disabled", "Off", "d"),
+                "permission_error",
+            ),
+        ];
+        for (p, kind) in cases {
+            let v = p.body();
+            assert_eq!(v["error"]["type"], kind, "{v}");
+            assert_eq!(v["error"]["code"], p.slug(), "{v}");
+            assert!(
+                v["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains(p.detail())),
+                "{v}"
+            );
+        }
+        let m = Problem::key_mismatch().body();
+        assert!(
+            m["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("different request")),
+            "{m}"
+        );
     }
 
     #[test]

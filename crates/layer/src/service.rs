@@ -168,10 +168,11 @@ where
 /// keyed one, dispatched in its span.
 async fn handle<S: Inner>(shared: Arc<Shared>, inner: S, req: Request<Body>) -> Response {
     let cfg = &shared.config;
-    if req.method() == Method::GET && req.uri().path().starts_with(&cfg.operations_path) {
-        if let Some(res) = operations::get(&shared, req.uri().path(), req.headers()).await {
-            return res;
-        }
+    if req.method() == Method::GET
+        && req.uri().path().starts_with(&cfg.operations_path)
+        && let Some(res) = operations::get(&shared, req.uri().path(), req.headers()).await
+    {
+        return res;
     }
     let keyed = match Keyed::admit(&shared, req).await {
         Ok(keyed) => keyed,

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::LayerConfig;
+use crate::latency::RouteLatency;
 use crate::live::LiveEvents;
 use crate::telemetry::Metrics;
 
@@ -32,6 +33,8 @@ pub(crate) struct Shared {
     pub(crate) cancel: CancellationToken,
     /// The route's counters (labelled with the namespace).
     pub(crate) metrics: Metrics,
+    /// How long the route's executions take, for the 409's poll interval.
+    pub(crate) latency: RouteLatency,
 }
 
 impl Shared {
@@ -44,6 +47,7 @@ impl Shared {
             live,
             tracker: TaskTracker::new(),
             cancel: CancellationToken::new(),
+            latency: RouteLatency::default(),
         }
     }
 }

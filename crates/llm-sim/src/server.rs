@@ -147,13 +147,12 @@ impl SimHandle {
     /// streams, and waits (up to a few seconds) for connections to close.
     pub async fn shutdown(mut self) {
         self.sim.begin_shutdown();
-        if let Some(mut task) = self.task.take() {
-            if tokio::time::timeout(SHUTDOWN_GRACE, &mut task)
+        if let Some(mut task) = self.task.take()
+            && tokio::time::timeout(SHUTDOWN_GRACE, &mut task)
                 .await
                 .is_err()
-            {
-                task.abort();
-            }
+        {
+            task.abort();
         }
     }
 }

@@ -67,7 +67,7 @@ impl TimelineWriter {
     pub(crate) fn push(&self, entry: Entry) {
         if self.tx.try_send(entry).is_err() {
             let n = self.dropped.fetch_add(1, Ordering::Relaxed);
-            if n % 1000 == 0 {
+            if n.is_multiple_of(1000) {
                 tracing::warn!(
                     dropped = n + 1,
                     "timeline entries dropped: the background writer is behind"

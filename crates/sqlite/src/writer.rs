@@ -293,10 +293,10 @@ fn commit_batch(conn: &mut Connection, batch: &mut Vec<Op>, notify: &KeyedNotify
             Ok((outcomes, commit_time)) => {
                 let mut wake = Vec::new();
                 for (op, outcome) in batch.drain(..).zip(outcomes) {
-                    if !notify.is_empty() {
-                        if let Some(id) = op.wakes(&outcome) {
-                            wake.push(id.to_owned());
-                        }
+                    if !notify.is_empty()
+                        && let Some(id) = op.wakes(&outcome)
+                    {
+                        wake.push(id.to_owned());
                     }
                     op.answer(outcome);
                 }

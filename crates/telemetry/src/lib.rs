@@ -12,7 +12,7 @@
 //! # Layout
 //! - [`names`]: every metric name, in one place.
 //! - [`Telemetry`]: the process-wide counters and the derived series that
-//!   need state (the sliding hit ratio, requests-per-key quantiles),
+//!   need state (the sliding hit ratio, requests-per-key histogram),
 //!   refreshed at each scrape; [`RouteTelemetry`] is its handle for one
 //!   route; [`Snapshot`] the figures a dashboard polls.
 //! - [`InstrumentedStore`]: a [`Store`](idemgate_engine::Store) decorator
@@ -190,10 +190,14 @@ impl Telemetry {
     pub fn global() -> &'static Telemetry {
         let t = Self::shared();
         t.inner.handle.get_or_init(|| {
-            recorder_builder()
+            let handle = recorder_builder()
                 .install_recorder()
                 .map_err(|e| tracing::warn!(error = %e, "prometheus recorder not installed"))
-                .ok()
+                .ok();
+            if handle.is_some() {
+                describe_all();
+            }
+            handle
         });
         t
     }
@@ -299,11 +303,16 @@ impl Telemetry {
                 .record(outcome.is_hit(), now);
         }
         if let Some(id) = key_id {
-            self.inner
-                .keys
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .record(id, now);
+            let done = {
+                let mut keys = self
+                    .inner
+                    .keys
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                keys.record(id, now);
+                keys.take_finished(now)
+            };
+            observe_per_key(done);
         }
     }
 
@@ -364,7 +373,7 @@ impl Telemetry {
         }
     }
 
-    /// Updates the derived gauges (hit ratio, requests-per-key quantiles)
+    /// Updates the derived series (hit ratio, requests-per-key histogram)
     /// and renders everything in the Prometheus text format.
     pub fn render(&self) -> String {
         self.refresh(Instant::now());
@@ -390,16 +399,26 @@ impl Telemetry {
             .unwrap_or_else(PoisonError::into_inner)
             .ratio(now);
         metrics::gauge!(names::HIT_RATIO).set(ratio);
-        let keys = self
+        let mut keys = self
             .inner
             .keys
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        for (label, q) in [("0.5", 0.5), ("0.9", 0.9), ("0.99", 0.99)] {
-            metrics::gauge!(names::REQUESTS_PER_KEY, "quantile" => label)
-                .set(keys.quantile(q, now));
-        }
+        observe_per_key(keys.take_finished(now));
         metrics::gauge!(names::KEYS_TRACKED).set(keys.tracked(now) as f64);
+    }
+
+    /// Ends every key's requests-per-key count now, observing each total
+    /// in the histogram (otherwise a key is observed once it has been quiet
+    /// for five to ten minutes): for a final scrape, and for tests.
+    pub fn finish_keys(&self) {
+        let done = self
+            .inner
+            .keys
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .finish_all(Instant::now());
+        observe_per_key(done);
     }
 }
 
@@ -450,14 +469,49 @@ impl RouteTelemetry {
     }
 }
 
+/// Observes finished keys' totals in the requests-per-key histogram.
+fn observe_per_key(totals: Vec<u32>) {
+    for n in totals {
+        metrics::histogram!(names::REQUESTS_PER_KEY).record(f64::from(n));
+    }
+}
+
+/// Gives every metric its `# HELP` text, and sets the build info.
+fn describe_all() {
+    for (name, help) in names::HELP {
+        let name = *name;
+        let help = *help;
+        if name.ends_with("_total") {
+            metrics::describe_counter!(name, help);
+        } else if name.ends_with("_seconds") || name == names::REQUESTS_PER_KEY {
+            metrics::describe_histogram!(name, help);
+        } else {
+            metrics::describe_gauge!(name, help);
+        }
+    }
+    metrics::gauge!(names::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    // Registered empty, so the histogram is exported from the first scrape
+    // (its first observation comes only when a key goes quiet).
+    let _ = metrics::histogram!(names::REQUESTS_PER_KEY);
+}
+
+/// Buckets of the requests-per-key histogram: most keys are sent once or
+/// twice; a Fibonacci-like tail shows retry storms.
+const PER_KEY_BUCKETS: [f64; 10] = [1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 55.0, 89.0];
+
 fn recorder_builder() -> PrometheusBuilder {
     let latency = [
         0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
         0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
     ];
-    let builder = PrometheusBuilder::new();
-    builder
+    PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &latency)
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                Matcher::Full(names::REQUESTS_PER_KEY.into()),
+                &PER_KEY_BUCKETS,
+            )
+        })
         .unwrap_or_else(|_| PrometheusBuilder::new())
 }
 

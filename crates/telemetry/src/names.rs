@@ -11,7 +11,8 @@ pub const INFLIGHT_CONFLICT: &str = "idempotency_inflight_conflict_total";
 pub const HIT_RATIO: &str = "idempotency_hit_ratio";
 /// Keyed requests by `outcome`.
 pub const REQUESTS: &str = "idempotency_requests_total";
-/// Requests per key over the last ten minutes, by `quantile` (0.5, 0.9, 0.99).
+/// Requests per key: a histogram with one observation per key, its total
+/// once it has been quiet for five to ten minutes.
 pub const REQUESTS_PER_KEY: &str = "idempotency_requests_per_key";
 /// Keys seen in the requests-per-key window.
 pub const KEYS_TRACKED: &str = "idempotency_keys_tracked";
@@ -38,6 +39,9 @@ pub const UPSTREAM_TIMEOUTS: &str = "idemgate_upstream_timeouts_total";
 /// Upstream failures other than timeouts, by `phase` (connect, send, body).
 pub const UPSTREAM_ERRORS: &str = "idemgate_upstream_errors_total";
 
+/// Always 1, labelled with the `version` of the running build.
+pub const BUILD_INFO: &str = "idemgate_build_info";
+
 /// Every name above, for consistency checks (alerts, dashboards).
 pub const ALL: &[&str] = &[
     HIT,
@@ -56,4 +60,68 @@ pub const ALL: &[&str] = &[
     UPSTREAM_PHASE,
     UPSTREAM_TIMEOUTS,
     UPSTREAM_ERRORS,
+    BUILD_INFO,
+];
+
+/// The `# HELP` text of each name in [`ALL`].
+pub const HELP: &[(&str, &str)] = &[
+    (
+        HIT,
+        "Requests answered from a stored or live result without their own upstream call.",
+    ),
+    (
+        INFLIGHT_CONFLICT,
+        "Requests that met their idempotency key in flight (PENDING).",
+    ),
+    (
+        HIT_RATIO,
+        "Hits / keyed requests over a sliding five-minute window.",
+    ),
+    (REQUESTS, "Keyed requests by final outcome."),
+    (
+        REQUESTS_PER_KEY,
+        "Requests per idempotency key, observed once per key when it has been quiet for five to ten minutes.",
+    ),
+    (KEYS_TRACKED, "Keys counted in the requests-per-key window."),
+    (
+        FENCED,
+        "Completions refused because the lease had been taken over (the work ran twice).",
+    ),
+    (
+        TOKENS_SAVED,
+        "Tokens a replay did not pay for again (from the stored usage).",
+    ),
+    (
+        RELEASED,
+        "Executions whose key was released instead of stored, by reason.",
+    ),
+    (
+        STREAM_EVENTS_LOST,
+        "Events relayed on an upstream stream that then broke (not stored).",
+    ),
+    (
+        STORE_OPERATION,
+        "Idempotency store operation latency in seconds, by backend and op.",
+    ),
+    (
+        STORE_ERRORS,
+        "Idempotency store operations that failed, by backend and op.",
+    ),
+    (
+        UPSTREAM_QUEUE,
+        "Seconds a request waited for a slot under the route's concurrency limit.",
+    ),
+    (
+        UPSTREAM_PHASE,
+        "Upstream phase durations in seconds (connect, first_byte, total).",
+    ),
+    (UPSTREAM_TIMEOUTS, "Upstream timeouts by phase."),
+    (
+        UPSTREAM_ERRORS,
+        "Upstream failures other than timeouts, by phase.",
+    ),
+    (
+        BUILD_INFO,
+        "Always 1; the version label names the running idemgate build.",
+    ),
 ];

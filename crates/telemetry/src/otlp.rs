@@ -13,8 +13,13 @@
 //! The exported span of a request carries the request's W3C trace id (the
 //! one in its `trace_id` field, taken from the client's `traceparent` or
 //! generated), so a trace found by the id in a log line is the one the
-//! collector holds. Its parent is not the client's span: the span fields
-//! carry the trace id only.
+//! collector holds. When the client sent a valid `traceparent` (recorded in
+//! the span's `traceparent` field), the exported span is a child of the
+//! client's span: the W3C propagator (`TraceContextPropagator`) reads the
+//! field, and its context is made current while the exporting layer
+//! creates the span, which takes the current context as the parent of a
+//! span without a local one. A trace then shows client → gateway as one
+//! tree.
 //!
 //! Configuration follows the OpenTelemetry environment variables
 //! (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`,
@@ -22,11 +27,15 @@
 //! `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`); `service.name` is
 //! `idemgate` unless `OTEL_SERVICE_NAME` says otherwise.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 
+use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{SpanId, TraceId, TracerProvider as _};
+use opentelemetry::{Context as OtelContext, ContextGuard};
 use opentelemetry_otlp::{Protocol, WithExportConfig};
 use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SdkTracerProvider};
 use tracing::Subscriber;
 use tracing::span;
@@ -40,6 +49,10 @@ pub const SERVICE_NAME: &str = "idemgate";
 
 /// The span field whose value becomes the exported span's trace id.
 const TRACE_ID_FIELD: &str = "trace_id";
+
+/// The span field holding the caller's W3C `traceparent`, whose span
+/// becomes the exported span's parent.
+const TRACEPARENT_FIELD: &str = "traceparent";
 
 /// Why OTLP export could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -128,6 +141,7 @@ impl OtlpTraces {
         // starts it: it is the inner one.
         TraceIdLayer
             .and_then(tracing_opentelemetry::layer().with_tracer(tracer))
+            .and_then(ParentDone)
             .with_filter(filter)
     }
 
@@ -147,6 +161,9 @@ thread_local! {
     /// The trace id the next root span started on this thread takes; set by
     /// [`TraceIdLayer`] right before the exporting layer starts a span.
     static NEXT_TRACE_ID: Cell<Option<TraceId>> = const { Cell::new(None) };
+    /// The caller's context, current from [`TraceIdLayer`]'s `on_new_span`
+    /// to [`ParentDone`]'s, around the exporting layer's.
+    static PARENT: RefCell<Option<ContextGuard>> = const { RefCell::new(None) };
 }
 
 /// Random ids, except a root span's trace id when [`TraceIdLayer`] left one.
@@ -182,10 +199,10 @@ impl TraceIdLayer {
         S: Subscriber + for<'a> LookupSpan<'a>,
     {
         NEXT_TRACE_ID.with(|c| c.set(None));
-        if let Some(span) = ctx.span(id) {
-            if let Some(RequestedTraceId(t)) = span.extensions_mut().remove::<RequestedTraceId>() {
-                NEXT_TRACE_ID.with(|c| c.set(Some(t)));
-            }
+        if let Some(span) = ctx.span(id)
+            && let Some(RequestedTraceId(t)) = span.extensions_mut().remove::<RequestedTraceId>()
+        {
+            NEXT_TRACE_ID.with(|c| c.set(Some(t)));
         }
     }
 }
@@ -196,6 +213,7 @@ where
 {
     fn on_new_span(&self, attrs: &span::Attributes<'_>, id: &span::Id, ctx: Context<'_, S>) {
         NEXT_TRACE_ID.with(|c| c.set(None));
+        PARENT.with(|p| p.borrow_mut().take());
         if attrs.metadata().fields().field(TRACE_ID_FIELD).is_none() {
             return;
         }
@@ -203,6 +221,12 @@ where
         attrs.record(&mut visitor);
         if let (Some(t), Some(span)) = (visitor.0, ctx.span(id)) {
             span.extensions_mut().insert(RequestedTraceId(t));
+        }
+        let mut parent = TraceparentVisitor(None);
+        attrs.record(&mut parent);
+        if let Some(cx) = parent.0.and_then(|tp| caller_context(&tp)) {
+            let guard = cx.attach();
+            PARENT.with(|p| *p.borrow_mut() = Some(guard));
         }
     }
 
@@ -219,17 +243,53 @@ where
     }
 }
 
+/// Ends what [`TraceIdLayer`] made current for the exporting layer's
+/// `on_new_span` (it runs right after it, on the same thread).
+#[derive(Debug)]
+struct ParentDone;
+
+impl<S: Subscriber> Layer<S> for ParentDone {
+    fn on_new_span(&self, _attrs: &span::Attributes<'_>, _id: &span::Id, _ctx: Context<'_, S>) {
+        PARENT.with(|p| p.borrow_mut().take());
+    }
+}
+
+/// The caller's span as a remote parent, through the W3C propagator;
+/// `None` when the header holds no valid span context.
+fn caller_context(traceparent: &str) -> Option<OtelContext> {
+    use opentelemetry::trace::TraceContextExt as _;
+    let carrier = HashMap::from([(TRACEPARENT_FIELD.to_owned(), traceparent.to_owned())]);
+    let cx = TraceContextPropagator::new().extract(&carrier);
+    cx.span().span_context().is_valid().then_some(cx)
+}
+
+/// Reads the `traceparent` field.
+struct TraceparentVisitor(Option<String>);
+
+impl tracing::field::Visit for TraceparentVisitor {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == TRACEPARENT_FIELD {
+            self.0 = Some(value.to_owned());
+        }
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == TRACEPARENT_FIELD {
+            self.0 = Some(format!("{value:?}"));
+        }
+    }
+}
+
 /// Reads a 32-hex-digit, non-zero `trace_id` field.
 struct TraceIdVisitor(Option<TraceId>);
 
 impl TraceIdVisitor {
     fn parse(&mut self, s: &str) {
-        if s.len() == 32 {
-            if let Ok(t) = TraceId::from_hex(s) {
-                if t != TraceId::INVALID {
-                    self.0 = Some(t);
-                }
-            }
+        if s.len() == 32
+            && let Ok(t) = TraceId::from_hex(s)
+            && t != TraceId::INVALID
+        {
+            self.0 = Some(t);
         }
     }
 }
@@ -269,6 +329,23 @@ mod tests {
         assert_eq!(visit("00000000000000000000000000000000"), None);
         assert_eq!(visit("4bf92f3577b34da6"), None);
         assert_eq!(visit("zzf92f3577b34da6a3ce929d0e0e4736"), None);
+    }
+
+    #[test]
+    fn the_callers_context_comes_from_a_valid_traceparent_only() {
+        use opentelemetry::trace::TraceContextExt as _;
+        let cx = caller_context("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+            .expect("a valid traceparent");
+        let span = cx.span();
+        let sc = span.span_context();
+        assert_eq!(
+            sc.trace_id(),
+            TraceId::from(0x4bf9_2f35_77b3_4da6_a3ce_929d_0e0e_4736_u128)
+        );
+        assert_eq!(sc.span_id(), SpanId::from(0x00f0_67aa_0ba9_02b7_u64));
+        assert!(sc.is_remote());
+        assert!(caller_context("00-zz-00f067aa0ba902b7-01").is_none());
+        assert!(caller_context("").is_none());
     }
 
     #[test]

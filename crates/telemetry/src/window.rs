@@ -63,6 +63,12 @@ impl RatioWindow {
 /// Requests per key over a window, kept as two generations of half the
 /// window each (so old keys age out without a timer per key), bounded in
 /// the number of keys tracked.
+///
+/// A key lives in one generation at a time: a request for a key of the
+/// previous generation carries its count into the current one. A key that
+/// got no request for a whole generation ages out, and its total is
+/// *finished*: [`KeyCounts::take_finished`] hands those totals to the
+/// requests-per-key histogram, one observation per key.
 #[derive(Debug)]
 pub struct KeyCounts {
     half: Duration,
@@ -70,6 +76,7 @@ pub struct KeyCounts {
     current: HashMap<u64, u32>,
     previous: HashMap<u64, u32>,
     max_keys: usize,
+    finished: Vec<u32>,
 }
 
 impl KeyCounts {
@@ -81,16 +88,18 @@ impl KeyCounts {
             current: HashMap::new(),
             previous: HashMap::new(),
             max_keys,
+            finished: Vec::new(),
         }
     }
 
     fn rotate(&mut self, now: Instant) {
         let age = now.saturating_duration_since(self.generation_start);
         if age >= self.half * 2 {
-            self.previous.clear();
-            self.current.clear();
+            self.finished.extend(self.previous.drain().map(|(_, c)| c));
+            self.finished.extend(self.current.drain().map(|(_, c)| c));
             self.generation_start = now;
         } else if age >= self.half {
+            self.finished.extend(self.previous.drain().map(|(_, c)| c));
             self.previous = std::mem::take(&mut self.current);
             self.generation_start += self.half;
         }
@@ -100,10 +109,28 @@ impl KeyCounts {
     pub fn record(&mut self, id: u64, now: Instant) {
         self.rotate(now);
         if let Some(c) = self.current.get_mut(&id) {
-            *c += 1;
+            *c = c.saturating_add(1);
+        } else if let Some(c) = self.previous.remove(&id) {
+            self.current.insert(id, c.saturating_add(1));
         } else if self.current.len() < self.max_keys {
             self.current.insert(id, 1);
         }
+    }
+
+    /// The totals of keys that aged out since the last call (each key
+    /// once), after aging out what `now` says is over.
+    pub fn take_finished(&mut self, now: Instant) -> Vec<u32> {
+        self.rotate(now);
+        std::mem::take(&mut self.finished)
+    }
+
+    /// Ends every key now (at shutdown, or in tests): their totals join
+    /// the finished ones, and the counts start over.
+    pub fn finish_all(&mut self, now: Instant) -> Vec<u32> {
+        self.rotate(now);
+        self.finished.extend(self.previous.drain().map(|(_, c)| c));
+        self.finished.extend(self.current.drain().map(|(_, c)| c));
+        std::mem::take(&mut self.finished)
     }
 
     fn counts(&self, now: Instant) -> Vec<u32> {
@@ -197,6 +224,39 @@ mod tests {
         k.record(1, t0 + Duration::from_secs(301)); // next generation
         assert_eq!(k.quantile(0.5, t0 + Duration::from_secs(302)), 2.0);
         assert_eq!(k.tracked(t0 + Duration::from_secs(1300)), 0);
+    }
+
+    #[test]
+    fn a_key_is_finished_once_with_its_total_after_a_quiet_generation() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut k = KeyCounts::new(s(600), 1000, t0);
+        k.record(1, t0);
+        k.record(2, t0);
+        k.record(1, t0 + s(100));
+        // Key 1 comes back in the next generation: its count carries on.
+        k.record(1, t0 + s(320));
+        assert!(k.take_finished(t0 + s(320)).is_empty());
+        // Key 2 was quiet for a generation: finished with 1 request.
+        assert_eq!(k.take_finished(t0 + s(610)), vec![1]);
+        assert_eq!(k.take_finished(t0 + s(611)), Vec::<u32>::new());
+        // Key 1 goes quiet too: finished with all three.
+        assert_eq!(k.take_finished(t0 + s(910)), vec![3]);
+        assert_eq!(k.tracked(t0 + s(910)), 0);
+    }
+
+    #[test]
+    fn finish_all_ends_every_key() {
+        let t0 = Instant::now();
+        let mut k = KeyCounts::new(Duration::from_secs(600), 1000, t0);
+        for _ in 0..3 {
+            k.record(7, t0);
+        }
+        k.record(8, t0);
+        let mut done = k.finish_all(t0);
+        done.sort_unstable();
+        assert_eq!(done, vec![1, 3]);
+        assert_eq!(k.tracked(t0), 0);
     }
 
     #[test]

@@ -26,6 +26,8 @@ fn scripted_workload_renders_exact_figures() {
         t.inflight_conflict();
         t.request(Outcome::Conflict, Some(100));
     }
+    // The keys end (as at shutdown): one histogram observation each.
+    t.finish_keys();
     let text = t.render();
     assert_eq!(value(&text, "idempotency_hit_total"), Some(20.0), "{text}");
     assert_eq!(
@@ -48,15 +50,50 @@ fn scripted_workload_renders_exact_figures() {
     // 20 hits of 35 keyed requests.
     let ratio = value(&text, "idempotency_hit_ratio").unwrap();
     assert!((ratio - 20.0 / 35.0).abs() < 1e-9, "{ratio}");
-    // Ten keys were sent 3 times, one key 5 times: P50 = 3, P99 = 5.
+    // Ten keys were sent 3 times, one key 5 times: a histogram (summable
+    // across replicas), with no `quantile` label anywhere.
+    let bucket = |le: &str| {
+        value(
+            &text,
+            &format!("idempotency_requests_per_key_bucket{{le=\"{le}\"}}"),
+        )
+    };
+    assert_eq!(bucket("2"), Some(0.0), "{text}");
+    assert_eq!(bucket("3"), Some(10.0));
+    assert_eq!(bucket("5"), Some(11.0));
+    assert_eq!(bucket("+Inf"), Some(11.0));
     assert_eq!(
-        value(&text, "idempotency_requests_per_key{quantile=\"0.5\"}"),
-        Some(3.0)
+        value(&text, "idempotency_requests_per_key_count"),
+        Some(11.0)
     );
+    assert_eq!(value(&text, "idempotency_requests_per_key_sum"), Some(35.0));
+    assert!(!text.contains("quantile="), "{text}");
+    // The build, as a constant 1 labelled with the version.
     assert_eq!(
-        value(&text, "idempotency_requests_per_key{quantile=\"0.99\"}"),
-        Some(5.0)
+        value(
+            &text,
+            &format!(
+                "idemgate_build_info{{version=\"{}\"}}",
+                env!("CARGO_PKG_VERSION")
+            )
+        ),
+        Some(1.0),
+        "{text}"
     );
+    // Every family exported has its HELP text.
+    let families: std::collections::BTreeSet<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("# TYPE "))
+        .filter_map(|l| l.split(' ').nth(2))
+        .collect();
+    assert!(families.len() >= 8, "{text}");
+    for family in families {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(&format!("# HELP {family} ")) && l.len() > family.len() + 10),
+            "no HELP for {family}:\n{text}"
+        );
+    }
     // No key or tenant ever appears as a label.
     assert!(!text.contains("key=\""), "{text}");
 }

@@ -3,7 +3,7 @@
 //! Phase two of loading: the merged raw values ([`RawConfig`]) are checked
 //! once, here, and become typed values; the first malformed one is an
 //! error naming its field. Defaults run without a file (listen
-//! `127.0.0.1:8080`, admin `127.0.0.1:9090`, store `sqlite:idemgate.db`);
+//! `127.0.0.1:8080`, admin `127.0.0.1:9464`, store `sqlite:idemgate.db`);
 //! with only an `upstream`, one route `/` proxies POST requests with key
 //! mode `optional` and `on_inflight = "attach"`.
 
@@ -24,7 +24,7 @@ use super::secret::Secret;
 /// Default listen address of the proxy.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 /// Default listen address of the admin endpoints.
-pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9464";
 /// Default store URL: an SQLite file in the working directory.
 pub const DEFAULT_STORE: &str = "sqlite:idemgate.db";
 

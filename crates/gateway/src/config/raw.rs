@@ -114,6 +114,8 @@ pub struct RawRoute {
     pub body_limit: Option<RawSize>,
     /// Statuses that release the key instead of storing DONE.
     pub retryable_statuses: Option<Vec<u16>>,
+    /// Header the client's key is read from (default `Idempotency-Key`).
+    pub key_header: Option<String>,
     /// Header the client's key is forwarded under (default `Idempotency-Key`).
     pub upstream_key_header: Option<String>,
     /// Headers naming the tenant, in order: the first one present is

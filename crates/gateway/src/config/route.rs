@@ -89,6 +89,8 @@ pub struct RouteConfig {
     pub body_limit: usize,
     /// Statuses that release the key instead of storing DONE.
     pub retryable_statuses: Vec<u16>,
+    /// Header the client's key is read from.
+    pub key_header: HeaderName,
     /// Header the key is forwarded upstream under.
     pub upstream_key_header: HeaderName,
     /// Where the tenant of a request comes from.
@@ -144,6 +146,7 @@ impl RouteConfig {
             completion_timeout: self.timeouts.total + Duration::from_secs(1),
             operations_path,
             stream_dialect: self.stream_dialect,
+            key_header: self.key_header.clone(),
             ..LayerConfig::default()
         }
     }
@@ -275,6 +278,10 @@ pub(super) fn route(at: &str, r: RawRoute, d: &RouteDefaults) -> Result<RouteCon
             v
         }
     };
+    let key_header = header(
+        &field("key_header"),
+        r.key_header.as_deref().unwrap_or("idempotency-key"),
+    )?;
     let upstream_key_header = header(
         &field("upstream_key_header"),
         r.upstream_key_header
@@ -350,6 +357,7 @@ pub(super) fn route(at: &str, r: RawRoute, d: &RouteDefaults) -> Result<RouteCon
         timeouts,
         body_limit,
         retryable_statuses,
+        key_header,
         upstream_key_header,
         tenant,
         fingerprint_ignore,

@@ -24,9 +24,9 @@ use idemgate_engine::fingerprint::digest_body;
 use idemgate_engine::{ClientKey, Fingerprint, Record, ScopedKey};
 
 use super::inner::IdempotencyContext;
-use super::traceparent::ensure_traceparent;
+use super::traceparent::{caller_traceparent, ensure_traceparent};
 use crate::config::{DeriveTemplate, KeyMode};
-use crate::key::{KeyRefusal, client_key, derive_key, tenant_of};
+use crate::key::{IDEMPOTENCY_KEY, KeyRefusal, client_key_in, derive_key, tenant_of};
 use crate::problem::Problem;
 use crate::refusal::{Log, refuse};
 use crate::replay::replay_stored;
@@ -50,6 +50,10 @@ pub(super) struct Keyed {
     pub(super) prefer_async: bool,
     /// The W3C trace id, given or made.
     trace_id: String,
+    /// The caller's valid `traceparent`, if it sent one: the request span
+    /// records it so a trace exporter can parent the span under the
+    /// caller's.
+    caller_traceparent: Option<String>,
 }
 
 /// Why admission did not key a request.
@@ -76,12 +80,17 @@ impl Keyed {
         if !cfg.protects(req.method()) {
             return Err(NotKeyed::Forward(req));
         }
-        let source = match (client_key(req.headers()), &cfg.key_mode) {
-            (Err(refusal), _) => return Err(rejected(shared, key_problem(&refusal))),
+        let source = match (client_key_in(req.headers(), &cfg.key_header), &cfg.key_mode) {
+            (Err(refusal), _) => {
+                return Err(rejected(shared, key_problem(&refusal, &cfg.key_header)));
+            }
             (Ok(Some(key)), _) => KeySource::Given(key),
             (Ok(None), KeyMode::Derive(template)) => KeySource::Derived(template),
             (Ok(None), KeyMode::Require) => {
-                return Err(rejected(shared, key_problem(&KeyRefusal::Missing)));
+                return Err(rejected(
+                    shared,
+                    key_problem(&KeyRefusal::Missing, &cfg.key_header),
+                ));
             }
             (Ok(None), KeyMode::Optional) => {
                 // Unprotected, but the route's size limit still holds where
@@ -117,7 +126,7 @@ impl Keyed {
                 &digest,
                 SystemTime::now(),
             )
-            .map_err(|refusal| rejected(shared, key_problem(&refusal)))?,
+            .map_err(|refusal| rejected(shared, key_problem(&refusal, &cfg.key_header)))?,
         };
         let path = parts
             .uri
@@ -126,6 +135,7 @@ impl Keyed {
         let fingerprint = Fingerprint::of_digest(parts.method.as_str(), path, &digest);
         let skip = events_to_skip(&parts.headers);
         let prefer_async = prefers_async(&parts.headers);
+        let caller_traceparent = caller_traceparent(&parts.headers);
         let trace_id = ensure_traceparent(&mut parts.headers);
         Ok(Self {
             parts,
@@ -135,6 +145,7 @@ impl Keyed {
             skip,
             prefer_async,
             trace_id,
+            caller_traceparent,
         })
     }
 
@@ -142,12 +153,21 @@ impl Keyed {
     /// execution included): the client's key, the trace id and the route;
     /// never the tenant, the credential or a body.
     pub(super) fn span(&self) -> tracing::Span {
-        tracing::info_span!(
-            "idempotency",
-            idempotency_key = %self.scoped.key,
-            trace_id = %self.trace_id,
-            route = %self.scoped.namespace,
-        )
+        match &self.caller_traceparent {
+            Some(traceparent) => tracing::info_span!(
+                "idempotency",
+                idempotency_key = %self.scoped.key,
+                trace_id = %self.trace_id,
+                route = %self.scoped.namespace,
+                traceparent = %traceparent,
+            ),
+            None => tracing::info_span!(
+                "idempotency",
+                idempotency_key = %self.scoped.key,
+                trace_id = %self.trace_id,
+                route = %self.scoped.namespace,
+            ),
+        }
     }
 
     /// The request to give the inner service, with the key in its extensions.
@@ -213,12 +233,17 @@ fn rejected(shared: &Shared, problem: Problem) -> NotKeyed {
     ))
 }
 
-fn key_problem(refusal: &KeyRefusal) -> Problem {
+fn key_problem(refusal: &KeyRefusal, header: &HeaderName) -> Problem {
+    let detail = refusal.to_string();
+    // The refusal names the standard header; a route may read another.
+    let detail = if *header == IDEMPOTENCY_KEY {
+        detail
+    } else {
+        detail.replace("Idempotency-Key", header.as_str())
+    };
     match refusal {
-        KeyRefusal::Missing | KeyRefusal::MissingDimension(_) => {
-            Problem::missing_key(refusal.to_string())
-        }
-        _ => Problem::malformed_key(refusal.to_string()),
+        KeyRefusal::Missing | KeyRefusal::MissingDimension(_) => Problem::missing_key(detail),
+        _ => Problem::malformed_key(detail),
     }
 }
 

@@ -106,7 +106,7 @@ pub(super) async fn conflict(shared: &Shared, keyed: &Keyed, inflight: &InFlight
         shared,
         Outcome::Conflict,
         Log::Info("idempotency key in flight; request refused"),
-        Problem::in_flight(inflight.retry_after()),
+        Problem::in_flight(shared.latency.poll_interval(inflight.retry_after())),
     )
 }
 

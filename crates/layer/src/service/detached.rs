@@ -101,6 +101,7 @@ struct Detached {
 impl Detached {
     async fn run<S: Inner>(mut self, inner: S, request: Request<Body>, guard: LeaseGuard) {
         let shared = Arc::clone(&self.shared);
+        let started = tokio::time::Instant::now();
         let decision = {
             let work = self.execute(inner, request);
             tokio::select! {
@@ -111,6 +112,11 @@ impl Detached {
                 () = shared.cancel.cancelled() => Decision::Release(ReleaseReason::Shutdown),
             }
         };
+        // A shutdown cut the work short: its duration says nothing about
+        // the route.
+        if !matches!(decision, Decision::Release(ReleaseReason::Shutdown)) {
+            shared.latency.observe(started.elapsed());
+        }
         self.finish(decision, guard).await;
     }
 

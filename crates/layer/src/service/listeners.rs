@@ -102,11 +102,11 @@ impl Client {
 
     /// Sends a piece of the stream, if the client still listens.
     pub(super) fn send(&mut self, chunk: Chunk) {
-        if let Self::Streaming { status, body } = self {
-            if body.send(chunk).is_err() {
-                tracing::debug!("client went away; the execution goes on");
-                *self = Self::Gone { status: *status };
-            }
+        if let Self::Streaming { status, body } = self
+            && body.send(chunk).is_err()
+        {
+            tracing::debug!("client went away; the execution goes on");
+            *self = Self::Gone { status: *status };
         }
     }
 

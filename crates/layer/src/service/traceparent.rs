@@ -44,6 +44,15 @@ fn trace_id(headers: &HeaderMap) -> Option<&str> {
     valid.then_some(id)
 }
 
+/// The caller's `traceparent` when it is valid (see [`trace_id`]), as sent.
+pub(super) fn caller_traceparent(headers: &HeaderMap) -> Option<String> {
+    trace_id(headers)?;
+    headers
+        .get(TRACEPARENT)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
 /// The request's trace id. A valid `traceparent` is kept as it is (we
 /// export no spans, so the caller's span stays the upstream's parent);
 /// otherwise a new trace starts: a fresh `traceparent` replaces the missing
@@ -70,6 +79,17 @@ pub(super) fn ensure_traceparent(headers: &mut HeaderMap) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_callers_traceparent_only_when_valid() {
+        let mut h = HeaderMap::new();
+        assert_eq!(caller_traceparent(&h), None);
+        h.insert(TRACEPARENT, HeaderValue::from_static("00-zz-00-01"));
+        assert_eq!(caller_traceparent(&h), None);
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        h.insert(TRACEPARENT, HeaderValue::from_static(tp));
+        assert_eq!(caller_traceparent(&h).as_deref(), Some(tp));
+    }
 
     #[test]
     fn traceparent_parsing() {

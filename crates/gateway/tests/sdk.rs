@@ -1,0 +1,227 @@
+//! What the gateway's refusals look like to the tools people already use,
+//! over real HTTP in front of the simulated LLM: problems carry the
+//! `error` object the OpenAI and Anthropic SDKs read, a 409 for a key in
+//! flight advises a short poll (`Retry-After` and `retry-after-ms`) rather
+//! than the rest of the lease, and the key header's name is configurable.
+
+mod support;
+
+use support::TestGateway;
+
+use idemgate_gateway::GatewayConfig;
+use idemgate_gateway::config::{RawConfig, RawRoute, RawTimeouts};
+use idemgate_llm_sim::{SimConfig, SimHandle};
+
+fn config(upstream: &str, tweak: impl FnOnce(&mut RawRoute)) -> Result<GatewayConfig, String> {
+    let mut r = RawRoute {
+        prefix: Some("/v1".into()),
+        upstream: Some(upstream.into()),
+        key: Some("require".into()),
+        timeouts: Some(RawTimeouts {
+            connect: Some("1s".into()),
+            first_byte: Some("20s".into()),
+            idle: Some("20s".into()),
+            total: Some("30s".into()),
+        }),
+        ..RawRoute::default()
+    };
+    tweak(&mut r);
+    GatewayConfig::from_raw(RawConfig {
+        store: Some("memory:".into()),
+        shutdown_grace: Some("5s".into()),
+        routes: vec![r],
+        ..RawConfig::default()
+    })
+    .map_err(|e| e.to_string())
+}
+
+async fn sim() -> SimHandle {
+    idemgate_llm_sim::spawn(SimConfig::default())
+        .await
+        .expect("spawn the simulated upstream")
+}
+
+fn chat(text: &str) -> String {
+    serde_json::json!({
+        "model": "sim-1",
+        "messages": [{"role": "user", "content": text}],
+    })
+    .to_string()
+}
+
+fn post(client: &reqwest::Client, base: &str, body: String) -> reqwest::RequestBuilder {
+    client
+        .post(format!("{base}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(body)
+}
+
+fn header(r: &reqwest::Response, name: &str) -> Option<String> {
+    r.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+async fn json(r: reqwest::Response) -> serde_json::Value {
+    let bytes = r.bytes().await.expect("read the body");
+    serde_json::from_slice(&bytes).expect("a JSON body")
+}
+
+async fn stop(gw: TestGateway) {
+    gw.stop().await.expect("stop cleanly");
+}
+
+/// A key reused with another body: 422, and the `error` object names the
+/// reuse, beside the RFC 9457 fields.
+#[tokio::test]
+async fn a_reused_key_says_so_in_the_error_object() {
+    let sim = sim().await;
+    let gw = TestGateway::start(config(&sim.url(), |_| {}).expect("config")).await;
+    let client = reqwest::Client::new();
+    let first = post(&client, &gw.base, chat("one"))
+        .header("idempotency-key", "reuse-1")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(first.status(), 200);
+    let second = post(&client, &gw.base, chat("two"))
+        .header("idempotency-key", "reuse-1")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(second.status(), 422);
+    assert_eq!(
+        header(&second, "content-type").as_deref(),
+        Some("application/problem+json")
+    );
+    let v = json(second).await;
+    assert_eq!(v["type"], "https://idemgate.dev/problems/key-mismatch");
+    assert_eq!(v["status"], 422);
+    assert_eq!(v["error"]["code"], "key-mismatch");
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("different request"), "{v}");
+    // The gateway's own problems (no route) carry it too.
+    let none = client
+        .post(format!("{}/elsewhere", gw.base))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(none.status(), 404);
+    let v = json(none).await;
+    assert_eq!(v["error"]["code"], "no-route");
+    assert_eq!(v["error"]["type"], "not_found_error");
+    assert_eq!(sim.executions_for("reuse-1"), 1);
+    stop(gw).await;
+}
+
+/// An operation that finishes in 1.5 s: a duplicate meeting the next one
+/// in flight is told to poll again in 1 s (`retry-after-ms: 1000`), not at
+/// the end of the 30 s lease.
+#[tokio::test]
+async fn an_in_flight_409_advises_a_short_poll_not_the_lease() {
+    let sim = sim().await;
+    let cfg = config(&sim.url(), |r| {
+        r.on_inflight = Some("reject".into());
+        r.pending_ttl = Some("30s".into());
+    })
+    .expect("config");
+    let gw = TestGateway::start(cfg).await;
+    let client = reqwest::Client::new();
+    // One execution sets the route's latency estimate.
+    let seed = post(&client, &gw.base, chat("seed"))
+        .header("idempotency-key", "seed")
+        .header("x-sim-latency-ms", "1500")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(seed.status(), 200);
+
+    let owner = post(&client, &gw.base, chat("slow"))
+        .header("idempotency-key", "slow")
+        .header("x-sim-latency-ms", "3000")
+        .send();
+    let owner = tokio::spawn(owner);
+    // The upstream counts the execution when it starts: the key is held.
+    while sim.executions_for("slow") == 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let dup = post(&client, &gw.base, chat("slow"))
+        .header("idempotency-key", "slow")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(dup.status(), 409);
+    assert_eq!(header(&dup, "retry-after").as_deref(), Some("1"));
+    assert_eq!(header(&dup, "retry-after-ms").as_deref(), Some("1000"));
+    assert_eq!(header(&dup, "x-should-retry").as_deref(), Some("true"));
+    let v = json(dup).await;
+    assert_eq!(v["error"]["code"], "in-flight");
+    assert_eq!(v["error"]["type"], "conflict_error");
+
+    let done = owner.await.expect("join").expect("send");
+    assert_eq!(done.status(), 200);
+    assert_eq!(sim.executions_for("slow"), 1);
+    stop(gw).await;
+}
+
+/// `key_header = "x-idempotency-key"`: the key is read there (and replayed
+/// on it); `Idempotency-Key` alone no longer keys the request.
+#[tokio::test]
+async fn the_key_header_is_configurable_per_route() {
+    let sim = sim().await;
+    let cfg = config(&sim.url(), |r| {
+        r.key_header = Some("X-Idempotency-Key".into());
+    })
+    .expect("config");
+    let gw = TestGateway::start(cfg).await;
+    let client = reqwest::Client::new();
+    let mut replayed = Vec::new();
+    for _ in 0..2 {
+        let r = post(&client, &gw.base, chat("prefixed"))
+            .header("x-idempotency-key", "pfx-1")
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(r.status(), 200);
+        replayed.push(header(&r, "idempotent-replayed"));
+    }
+    assert_eq!(
+        replayed,
+        [Some("false".to_owned()), Some("true".to_owned())]
+    );
+    assert_eq!(sim.executions_for("pfx-1"), 1);
+
+    // On this route the standard header is not where the key is read.
+    let r = post(&client, &gw.base, chat("standard"))
+        .header("idempotency-key", "std-1")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 400);
+    let v = json(r).await;
+    assert_eq!(v["error"]["code"], "missing-key");
+    // The refusal names the header this route reads.
+    let detail = v["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("x-idempotency-key"), "{v}");
+    assert_eq!(sim.executions_for("std-1"), 0);
+
+    // A malformed key in the configured header is refused like any other.
+    let r = post(&client, &gw.base, chat("bad"))
+        .header("x-idempotency-key", "")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 400);
+    stop(gw).await;
+}
+
+#[test]
+fn a_bad_key_header_name_is_refused_naming_the_field() {
+    let err = config("http://127.0.0.1:9", |r| {
+        r.key_header = Some("not a header".into());
+    })
+    .expect_err("an invalid header name");
+    assert!(err.contains("key_header"), "{err}");
+}
