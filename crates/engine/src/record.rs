@@ -138,6 +138,10 @@ pub enum AttemptOutcome {
     Failed,
     /// The work finished after its lease had been taken over: not stored.
     Fenced,
+    /// The work failed after it was handed on (a request sent upstream, then
+    /// a timeout or a cut connection): it may have run, so an
+    /// outcome-unknown answer was stored instead of releasing the key.
+    OutcomeUnknown,
 }
 
 impl AttemptOutcome {
@@ -151,6 +155,7 @@ impl AttemptOutcome {
             Self::Mismatch => "mismatch",
             Self::Failed => "failed",
             Self::Fenced => "fenced",
+            Self::OutcomeUnknown => "outcome_unknown",
         }
     }
 }

@@ -194,6 +194,9 @@ impl Telemetry {
                 .install_recorder()
                 .map_err(|e| tracing::warn!(error = %e, "prometheus recorder not installed"))
                 .ok()
+                .inspect(|_| {
+                    metrics::describe_counter!(names::OUTCOME_UNKNOWN, names::OUTCOME_UNKNOWN_HELP);
+                })
         });
         t
     }
@@ -447,6 +450,11 @@ impl RouteTelemetry {
         let mut labels = self.labels();
         labels.push(Label::new("reason", reason));
         metrics::counter!(names::RELEASED, labels).increment(1);
+    }
+
+    /// Counts an execution that failed after its request was sent.
+    pub fn outcome_unknown(&self) {
+        metrics::counter!(names::OUTCOME_UNKNOWN, self.labels()).increment(1);
     }
 }
 

@@ -122,6 +122,9 @@ pub struct RawRoute {
     pub fingerprint_ignore: Option<Vec<String>>,
     /// Most concurrent upstream requests of this route.
     pub concurrency_limit: Option<usize>,
+    /// Longest wait for a concurrency slot (default 30 s); past it the
+    /// request is answered 503 and its key released, since nothing was sent.
+    pub queue_timeout: Option<String>,
     /// `fail_closed` (default) or `fail_open`.
     pub on_store_error: Option<String>,
     /// Renew the lease while the upstream call runs (default true, every
