@@ -142,6 +142,8 @@ pub enum AttemptOutcome {
     /// a timeout or a cut connection): it may have run, so an
     /// outcome-unknown answer was stored instead of releasing the key.
     OutcomeUnknown,
+    /// An operator forgot the key (its record was deleted).
+    Forgotten,
 }
 
 impl AttemptOutcome {
@@ -156,6 +158,7 @@ impl AttemptOutcome {
             Self::Failed => "failed",
             Self::Fenced => "fenced",
             Self::OutcomeUnknown => "outcome_unknown",
+            Self::Forgotten => "forgotten",
         }
     }
 }

@@ -97,6 +97,14 @@ impl Gateway {
         serde_json::from_slice(&bytes).expect("a JSON timeline")
     }
 
+    async fn forget(&self, key: &str, token: Option<&str>) -> reqwest::Response {
+        let mut req = reqwest::Client::new().delete(format!("{}/admin/keys/{key}", self.admin));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        req.send().await.expect("ask to forget the key")
+    }
+
     async fn stop(mut self) {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
@@ -337,6 +345,35 @@ async fn a_charging_route_keeps_a_first_byte_timeout_as_outcome_unknown() {
         sample(&m, "idempotency_outcome_unknown_total", "") >= 1.0,
         "{m}"
     );
+
+    // Only an operator clears it, with the admin token.
+    assert_eq!(gw.forget("charge-hang", None).await.status(), 401);
+    assert_eq!(gw.forget("charge-hang", Some("wrong")).await.status(), 401);
+    assert_eq!(sim.executions_for("charge-hang"), 1);
+    let forgot = gw.forget("charge-hang", Some(TOKEN)).await;
+    assert_eq!(forgot.status(), 200);
+    let again = gw
+        .post("charge-hang", "charge the card")
+        .send()
+        .await
+        .expect("send the retry after forget");
+    assert_eq!(again.status(), 200);
+    assert_eq!(replayed(&again).as_deref(), Some("false"));
+    assert_eq!(sim.executions_for("charge-hang"), 2);
+    let t = gw.timeline("charge-hang").await;
+    assert_eq!(
+        outcomes(&t),
+        ["outcome_unknown", "replayed", "forgotten", "executed"]
+    );
+
+    // Nothing to forget: 404, and the bad key is refused.
+    let missing = gw.forget("never-sent", Some(TOKEN)).await;
+    assert_eq!(missing.status(), 404);
+    assert_eq!(
+        problem_type(missing).await,
+        "https://idemgate.dev/problems/key-not-found"
+    );
+    assert_eq!(gw.forget("bad%01key", Some(TOKEN)).await.status(), 400);
     gw.stop().await;
 }
 

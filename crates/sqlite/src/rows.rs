@@ -119,7 +119,7 @@ impl RawAttempt {
 
 /// Inverse of [`AttemptOutcome::as_str`].
 fn outcome_from_str(s: &str) -> Option<AttemptOutcome> {
-    const ALL: [AttemptOutcome; 8] = [
+    const ALL: [AttemptOutcome; 9] = [
         AttemptOutcome::Executed,
         AttemptOutcome::Replayed,
         AttemptOutcome::Conflict,
@@ -128,6 +128,7 @@ fn outcome_from_str(s: &str) -> Option<AttemptOutcome> {
         AttemptOutcome::Failed,
         AttemptOutcome::Fenced,
         AttemptOutcome::OutcomeUnknown,
+        AttemptOutcome::Forgotten,
     ];
     ALL.into_iter().find(|o| o.as_str() == s)
 }
@@ -147,6 +148,7 @@ mod tests {
             AttemptOutcome::Failed,
             AttemptOutcome::Fenced,
             AttemptOutcome::OutcomeUnknown,
+            AttemptOutcome::Forgotten,
         ] {
             assert_eq!(outcome_from_str(o.as_str()), Some(o));
         }
