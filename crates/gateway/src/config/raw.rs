@@ -134,6 +134,10 @@ pub struct RawRoute {
     /// The longest generation expected on this route (e.g. `90s`), checked
     /// against `timeouts.total` and the client's timeout.
     pub longest_generation: Option<String>,
+    /// Every response on this route is an event stream (default false):
+    /// `idemgate check` then lets `first_byte` be shorter than
+    /// `longest_generation`, since a stream's headers come before it.
+    pub streaming: Option<bool>,
     /// The route charges, bills or has other side effects that must never
     /// repeat (default false): it then needs a durable store and
     /// `fail_closed`.

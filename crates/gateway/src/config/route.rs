@@ -111,6 +111,9 @@ pub struct RouteConfig {
     pub heartbeat: Option<Duration>,
     /// The longest generation expected on this route, if declared.
     pub longest_generation: Option<Duration>,
+    /// Whether every response on the route is an event stream (for
+    /// `idemgate check`).
+    pub streaming: bool,
     /// Whether the route charges or has side effects that must never repeat.
     pub charges: bool,
     /// The retry policy of this route's clients.
@@ -368,6 +371,7 @@ pub(super) fn route(at: &str, r: RawRoute, d: &RouteDefaults) -> Result<RouteCon
         on_store_error,
         heartbeat,
         longest_generation,
+        streaming: r.streaming.unwrap_or(false),
         charges: r.charges.unwrap_or(false),
         client_retry,
     })
