@@ -246,9 +246,10 @@ fn addressed<'a>(
     s: &'a AdminState,
     raw_key: &str,
     query: Option<&str>,
-) -> Result<(ScopedKey, &'a RouteName), Response<Body>> {
+) -> Result<(ScopedKey, &'a RouteName), Box<Response<Body>>> {
+    let refuse = |detail: &str| Err(Box::new(bad_request(detail)));
     let Ok(key) = ClientKey::parse(raw_key) else {
-        return Err(bad_request("the key is not a valid idempotency key"));
+        return refuse("the key is not a valid idempotency key");
     };
     let (mut tenant, mut credential, mut namespace) = (None, None, None);
     for (k, v) in url::form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
@@ -260,16 +261,16 @@ fn addressed<'a>(
         }
     }
     let tenant = match (tenant, credential) {
-        (Some(_), Some(_)) => return Err(bad_request("give `tenant` or `credential`, not both")),
+        (Some(_), Some(_)) => return refuse("give `tenant` or `credential`, not both"),
         (Some(t), None) if !t.is_empty() => t,
-        (Some(_), None) => return Err(bad_request("`tenant` is empty")),
+        (Some(_), None) => return refuse("`tenant` is empty"),
         // The tenant a request with this Authorization (or tenant header)
         // value lands in; the credential itself is neither kept nor logged.
         (None, Some(c)) => idemgate_layer::key::tenant_id(c.as_bytes()),
         (None, None) => idemgate_layer::key::ANONYMOUS.to_owned(),
     };
     let route = find_route(&s.routes, namespace.as_deref().filter(|n| !n.is_empty()))
-        .map_err(|e| e.response())?;
+        .map_err(|e| Box::new(e.response()))?;
     Ok((ScopedKey::new(tenant, route.id.clone(), key), route))
 }
 
@@ -296,7 +297,7 @@ async fn forget(
     }
     let (scoped, route) = match addressed(&s, &raw_key, query.as_deref()) {
         Ok(found) => found,
-        Err(refusal) => return refusal,
+        Err(refusal) => return *refusal,
     };
     let note = Attempt {
         at_ms: idemgate_engine::record::now_ms(),
@@ -346,7 +347,7 @@ async fn timeline(
     }
     let (scoped, route) = match addressed(&s, &raw_key, query.as_deref()) {
         Ok(found) => found,
-        Err(refusal) => return refusal,
+        Err(refusal) => return *refusal,
     };
     let (record, attempts) = match tokio::try_join!(s.store.get(&scoped), s.store.timeline(&scoped))
     {
