@@ -419,10 +419,13 @@ async fn other_routes_release_an_unknown_outcome_and_count_it() {
     gw.stop().await;
 }
 
-/// An upstream that reads the whole request and closes the connection
-/// without answering (a load balancer reclaiming it): it may have run.
-/// Returns its URL and how many requests it has read.
-async fn cutting_upstream() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+/// An upstream that reads the whole request, writes `reply` (nothing, or
+/// the start of a response) and closes the connection (a load balancer
+/// reclaiming it): it may have run. Returns its URL and how many requests
+/// it has read.
+async fn cutting_upstream(
+    reply: &'static [u8],
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -463,6 +466,7 @@ async fn cutting_upstream() -> (String, std::sync::Arc<std::sync::atomic::Atomic
                     }
                 }
                 counter.fetch_add(1, Ordering::SeqCst);
+                let _ = sock.write_all(reply).await;
                 let _ = sock.shutdown().await;
             });
         }
@@ -476,7 +480,7 @@ async fn cutting_upstream() -> (String, std::sync::Arc<std::sync::atomic::Atomic
 #[tokio::test]
 async fn a_charging_route_keeps_a_cut_connection_as_outcome_unknown() {
     use std::sync::atomic::Ordering;
-    let (url, read) = cutting_upstream().await;
+    let (url, read) = cutting_upstream(b"").await;
     let gw = Gateway::start(&url, |r| r.charges = Some(true)).await;
     let first = gw
         .post("charge-cut", "charge the card")
@@ -496,5 +500,40 @@ async fn a_charging_route_keeps_a_cut_connection_as_outcome_unknown() {
     assert_eq!(retry.status(), 502);
     assert_eq!(replayed(&retry).as_deref(), Some("true"));
     assert_eq!(read.load(Ordering::SeqCst), 1);
+    gw.stop().await;
+}
+
+/// The upstream answers 200 and breaks mid-body: it ran. A charging route
+/// keeps 502 `outcome-unknown` (the timeline says so, with that status);
+/// the retry is a replay and never reaches the upstream.
+#[tokio::test]
+async fn a_charging_route_keeps_a_body_cut_as_outcome_unknown() {
+    use std::sync::atomic::Ordering;
+    let (url, read) = cutting_upstream(
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"partial\":",
+    )
+    .await;
+    let gw = Gateway::start(&url, |r| r.charges = Some(true)).await;
+    let first = gw
+        .post("charge-body-cut", "charge the card")
+        .send()
+        .await
+        .expect("send the request");
+    assert_eq!(first.status(), 502);
+    assert_eq!(
+        problem_type(first).await,
+        "https://idemgate.dev/problems/outcome-unknown"
+    );
+    let retry = gw
+        .post("charge-body-cut", "charge the card")
+        .send()
+        .await
+        .expect("send the retry");
+    assert_eq!(retry.status(), 502);
+    assert_eq!(replayed(&retry).as_deref(), Some("true"));
+    assert_eq!(read.load(Ordering::SeqCst), 1);
+    let t = gw.timeline("charge-body-cut").await;
+    assert_eq!(outcomes(&t), ["outcome_unknown", "replayed"]);
+    assert_eq!(t["attempts"][0]["status"], 502);
     gw.stop().await;
 }

@@ -183,6 +183,15 @@ impl Detached {
                     return Decision::Release(ReleaseReason::TooLarge);
                 }
                 Ok(chunk) => buf.extend_from_slice(&chunk),
+                Err(e) if cfg.on_outcome_unknown == OutcomeUnknownMode::Store => {
+                    // The upstream answered, then broke: it ran, at least
+                    // in part; a charging route keeps that as the answer.
+                    tracing::warn!(error = %e, "response body failed after the request was sent");
+                    let res =
+                        Problem::upstream_unavailable("the response body broke before its end")
+                            .into_response();
+                    return self.outcome_unknown(res, "body");
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "response body failed; key released");
                     self.client.hold(
@@ -235,7 +244,6 @@ impl Detached {
                 let problem = Problem::outcome_unknown(status, phase);
                 let body = Bytes::from(problem.body().to_string());
                 let (parts, _) = problem.into_response().into_parts();
-                self.client.answered(status.as_u16());
                 let stored = StoredResponse {
                     status,
                     headers: kept_headers(&parts.headers, cfg),
@@ -313,6 +321,12 @@ impl Detached {
         let unknown = matches!(decision, Decision::StoreUnknown(_));
         match decision {
             Decision::Store(stored) | Decision::StoreUnknown(stored) => {
+                // The timeline notes the status of the stored answer.
+                let status = if unknown {
+                    Some(stored.status.as_u16())
+                } else {
+                    status
+                };
                 let outcome = match stored.encode() {
                     Ok(payload) => {
                         let written = if unknown {
