@@ -383,6 +383,7 @@ async fn a_charging_route_keeps_a_first_byte_timeout_as_outcome_unknown() {
 async fn other_routes_release_an_unknown_outcome_and_count_it() {
     let sim = sim().await;
     let gw = Gateway::start(&sim.url(), short_first_byte).await;
+    let before = gw.metrics().await;
     let first = gw
         .post("plain-hang", "just a chat")
         .header("x-sim-fail", "hang")
@@ -395,18 +396,20 @@ async fn other_routes_release_an_unknown_outcome_and_count_it() {
         "https://idemgate.dev/problems/upstream-timeout"
     );
     let m = gw.metrics().await;
+    let counted = |m: &str| sample(m, "idempotency_outcome_unknown_total", "");
+    assert_eq!(counted(&m), counted(&before) + 1.0, "{m}");
     assert!(
-        sample(&m, "idempotency_outcome_unknown_total", "") >= 1.0,
+        m.contains("# HELP idempotency_outcome_unknown_total"),
         "{m}"
     );
-    assert!(
+    let released = |m: &str| {
         sample(
-            &m,
+            m,
             "idempotency_released_total",
-            "reason=\"outcome_unknown\""
-        ) >= 1.0,
-        "{m}"
-    );
+            "reason=\"outcome_unknown\"",
+        )
+    };
+    assert_eq!(released(&m), released(&before) + 1.0, "{m}");
 
     let retry = gw
         .post("plain-hang", "just a chat")
