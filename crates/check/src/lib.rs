@@ -140,6 +140,10 @@ pub struct RoutePlan {
     pub total_timeout: Duration,
     /// The longest generation expected on this route, if declared.
     pub longest_generation: Option<Duration>,
+    /// Whether every response on the route is an event stream (its headers
+    /// come at once, before the generation); otherwise a JSON response's
+    /// headers come only when the generation ends.
+    pub streaming: bool,
     /// Key source.
     pub key: KeyPlan,
     /// Whether the route charges, bills or otherwise has side effects that
@@ -263,6 +267,7 @@ pub fn check(plan: &Plan) -> Vec<Finding> {
     for route in &plan.routes {
         done_ttl_covers_retry_window(route, &mut out);
         total_timeout_covers_generation(route, &mut out);
+        first_byte_covers_generation(route, &mut out);
         pending_ttl_vs_operation(route, &mut out);
         timeouts_are_layered(route, &mut out);
         key_template(route, &mut out);
@@ -367,6 +372,34 @@ fn done_ttl_covers_retry_window(r: &RoutePlan, out: &mut Vec<Finding>) {
 
 /// The total timeout must cover the longest legitimate generation,
 /// or every long answer is paid for and then thrown away.
+/// A JSON response's headers come when the generation is over, so on a
+/// route that answers JSON the first-byte timeout bounds the whole
+/// generation: shorter than the longest one, it cuts every long generation
+/// after the upstream has started (and billed) it. The outcome is then
+/// unknown: released for a paid retry, or kept as a 504 on a charging route.
+fn first_byte_covers_generation(r: &RoutePlan, out: &mut Vec<Finding>) {
+    let Some(g) = r.longest_generation else {
+        return;
+    };
+    if r.streaming || r.first_byte_timeout >= g {
+        return;
+    }
+    out.push(finding(
+        "first-byte-timeout-short",
+        Severity::Error,
+        r,
+        format!(
+            "first_byte timeout {} is shorter than the longest expected generation {} on a route that answers JSON: its response headers come only when the generation ends, so every long generation is cut mid-way with its outcome unknown",
+            secs(r.first_byte_timeout),
+            secs(g)
+        ),
+        format!(
+            "raise timeouts.first_byte above {} (or set `streaming = true` if the route only serves event streams)",
+            secs(g)
+        ),
+    ));
+}
+
 fn total_timeout_covers_generation(r: &RoutePlan, out: &mut Vec<Finding>) {
     match r.longest_generation {
         Some(g) if r.total_timeout < g => out.push(finding(
@@ -585,6 +618,7 @@ mod tests {
             first_byte_timeout: Duration::from_secs(30),
             total_timeout: Duration::from_secs(300),
             longest_generation: Some(Duration::from_secs(90)),
+            streaming: true,
             key: KeyPlan::Require,
             charges: true,
             fail_open: false,
@@ -644,6 +678,26 @@ mod tests {
         r.total_timeout = Duration::from_secs(60);
         r.first_byte_timeout = Duration::from_secs(20);
         assert_eq!(rules(&plan(r)), vec!["total-timeout-short"]);
+    }
+
+    #[test]
+    fn first_byte_shorter_than_the_generation_on_a_json_route_is_an_error() {
+        let mut r = good_route();
+        r.streaming = false;
+        let f = check(&plan(r.clone()));
+        assert_eq!(
+            f.iter().map(|f| (f.rule, f.severity)).collect::<Vec<_>>(),
+            vec![("first-byte-timeout-short", Severity::Error)]
+        );
+        assert!(f[0].message.contains("30s"), "{}", f[0].message);
+        assert!(f[0].fix.contains("1m 30s"), "{}", f[0].fix);
+        // Quiet once the first byte may wait as long as the generation.
+        r.first_byte_timeout = Duration::from_secs(90);
+        assert!(rules(&plan(r.clone())).is_empty());
+        // Quiet without a declared generation (that has its own finding).
+        r.first_byte_timeout = Duration::from_secs(30);
+        r.longest_generation = None;
+        assert_eq!(rules(&plan(r)), vec!["longest-generation-unknown"]);
     }
 
     #[test]

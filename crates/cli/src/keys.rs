@@ -1,5 +1,7 @@
 //! `idemgate keys show KEY`: one key's record and timeline, read from the
-//! store the gateway uses.
+//! store the gateway uses; `idemgate keys forget KEY`: the operator's way
+//! to clear a key (such as an outcome-unknown answer on a charging route,
+//! once the upstream's side has been checked) so the next retry runs.
 //!
 //! A record is addressed by (tenant, namespace, key). The tenant is given
 //! as the id the gateway logs (`--tenant`), or computed from the raw
@@ -16,7 +18,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use idemgate_engine::record::now_ms;
-use idemgate_engine::{Attempt, ClientKey, Record, RecordState, ScopedKey, Store};
+use idemgate_engine::{Attempt, AttemptOutcome, ClientKey, Record, RecordState, ScopedKey, Store};
 use idemgate_gateway::config::{self, RawConfig, RouteConfig, StoreUrl};
 use idemgate_gateway::{GatewayConfig, Overrides};
 use idemgate_layer::StoredResponse;
@@ -32,6 +34,10 @@ const EXIT_USAGE: u8 = 2;
 pub(crate) enum KeysCommand {
     /// Print a key's current state and the timeline of its attempts.
     Show(ShowArgs),
+    /// Delete a key's record (whatever its state), so the next request with
+    /// it runs again; the timeline keeps a `forgotten` entry. Exit 1 when
+    /// there was no record.
+    Forget(ShowArgs),
 }
 
 /// Flags of `idemgate keys show`.
@@ -70,6 +76,13 @@ pub(crate) async fn run(cmd: KeysCommand) -> anyhow::Result<ExitCode> {
             Ok(code) => Ok(code),
             Err(e) => {
                 eprintln!("idemgate keys show: {e:#}");
+                Ok(ExitCode::from(EXIT_USAGE))
+            }
+        },
+        KeysCommand::Forget(args) => match forget(&args).await {
+            Ok(code) => Ok(code),
+            Err(e) => {
+                eprintln!("idemgate keys forget: {e:#}");
                 Ok(ExitCode::from(EXIT_USAGE))
             }
         },
@@ -123,7 +136,7 @@ async fn open(
             Ok((Arc::new(store.clone()), Some(store)))
         }
         StoreUrl::Memory => anyhow::bail!(
-            "a memory: store lives inside the gateway process; ask the gateway instead (GET /admin/keys/{{key}}/timeline on the admin listener)"
+            "a memory: store lives inside the gateway process; ask the gateway instead (GET /admin/keys/{{key}}/timeline or DELETE /admin/keys/{{key}} on the admin listener)"
         ),
         other => {
             let store = idemgate_gateway::open_records(other)
@@ -154,7 +167,20 @@ async fn lookup(
     Ok((record, timeline))
 }
 
-async fn show(args: &ShowArgs) -> anyhow::Result<ExitCode> {
+/// Where a key lives: the store, the namespace, its route (when
+/// configured), and the candidate tenants in order (the first with anything
+/// stored wins).
+struct Address {
+    key: ClientKey,
+    url: StoreUrl,
+    namespace: String,
+    /// How long the timeline note of a forget is kept: the route's
+    /// `done_ttl`, or the default one for a namespace not configured.
+    done_ttl: Duration,
+    candidates: Vec<(String, &'static str)>,
+}
+
+fn address(args: &ShowArgs) -> anyhow::Result<Address> {
     let key = ClientKey::parse(&args.key).map_err(|e| anyhow::anyhow!("KEY: {e}"))?;
     let (url, routes) = deployment(args)?;
     let route = match &args.namespace {
@@ -201,6 +227,23 @@ async fn show(args: &ShowArgs) -> anyhow::Result<ExitCode> {
         )),
     }
 
+    Ok(Address {
+        key,
+        url,
+        namespace,
+        done_ttl: route.map_or(Duration::from_secs(24 * 3600), |r| r.done_ttl),
+        candidates,
+    })
+}
+
+async fn show(args: &ShowArgs) -> anyhow::Result<ExitCode> {
+    let Address {
+        key,
+        url,
+        namespace,
+        candidates,
+        ..
+    } = address(args)?;
     let (store, sqlite) = open(&url).await?;
     let mut found: Option<Found> = None;
     for (tenant, tenant_from) in &candidates {
@@ -241,6 +284,79 @@ async fn show(args: &ShowArgs) -> anyhow::Result<ExitCode> {
             found.tenant_from
         );
         Ok(ExitCode::from(EXIT_NOT_FOUND))
+    }
+}
+
+async fn forget(args: &ShowArgs) -> anyhow::Result<ExitCode> {
+    let Address {
+        key,
+        url,
+        namespace,
+        done_ttl,
+        candidates,
+    } = address(args)?;
+    let (store, sqlite) = open(&url).await?;
+    let note = Attempt {
+        at_ms: now_ms(),
+        replica: "idemgate keys forget".to_owned(),
+        outcome: AttemptOutcome::Forgotten,
+        status: None,
+        latency_us: 0,
+    };
+    let mut forgotten = None;
+    let mut failed = None;
+    for (tenant, tenant_from) in &candidates {
+        let scoped = ScopedKey::new(tenant.clone(), namespace.clone(), key.clone());
+        match store.forget(&scoped, &note, done_ttl).await {
+            Ok(true) => {
+                forgotten = Some((scoped, *tenant_from));
+                break;
+            }
+            Ok(false) => {}
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    if let Some(s) = sqlite {
+        s.close();
+    }
+    if let Some(e) = failed {
+        return Err(anyhow::Error::new(e).context("cannot forget the key"));
+    }
+    match (forgotten, args.format) {
+        (Some((scoped, _)), Format::Json) => {
+            println!(
+                "{}",
+                json!({
+                    "key": scoped.key.as_str(),
+                    "tenant": scoped.tenant,
+                    "namespace": scoped.namespace,
+                    "store": url.to_string(),
+                    "forgotten": true,
+                })
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        (Some((scoped, tenant_from)), Format::Text) => {
+            println!(
+                "forgot key `{}` in namespace `{}` for tenant {} ({tenant_from}); the next request with it runs again",
+                scoped.key.as_str(),
+                scoped.namespace,
+                scoped.tenant
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        (None, _) => {
+            let tenants: Vec<&str> = candidates.iter().map(|(t, _)| t.as_str()).collect();
+            eprintln!(
+                "no record for key `{}` in namespace `{namespace}` for tenant {}; check the credential or --tenant, and --namespace",
+                key.as_str(),
+                tenants.join(" or ")
+            );
+            Ok(ExitCode::from(EXIT_NOT_FOUND))
+        }
     }
 }
 

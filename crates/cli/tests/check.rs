@@ -135,7 +135,7 @@ fn total_timeout_shorter_than_the_longest_generation_is_an_error() {
     let r = check(
         &config(
             "",
-            "longest_generation = \"3m\"\n[routes.timeouts]\nfirst_byte = \"30s\"\ntotal = \"2m\"",
+            "longest_generation = \"3m\"\nstreaming = true\n[routes.timeouts]\nfirst_byte = \"30s\"\ntotal = \"2m\"",
         )
         .replace("longest_generation = \"90s\"\n", ""),
     );
@@ -147,6 +147,36 @@ fn total_timeout_shorter_than_the_longest_generation_is_an_error() {
         "{}",
         r.stdout
     );
+}
+
+/// The example configuration's old timeouts: a JSON answer's headers come
+/// when the generation ends, so a 60 s first byte cuts every 5 min one.
+#[test]
+fn first_byte_shorter_than_the_longest_generation_is_an_error_unless_streaming() {
+    let route = "longest_generation = \"5m\"\n{streaming}[routes.timeouts]\nfirst_byte = \"60s\"\ntotal = \"10m\"";
+    let json =
+        config("", &route.replace("{streaming}", "")).replace("longest_generation = \"90s\"\n", "");
+    let r = check(&json);
+    assert_eq!(r.code, Some(1), "{}", r.stdout);
+    assert_eq!(r.rules(), vec!["first-byte-timeout-short"], "{}", r.stdout);
+    assert!(
+        r.stdout
+            .contains("first_byte timeout 1m is shorter than the longest expected generation 5m"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains("raise timeouts.first_byte above 5m"),
+        "{}",
+        r.stdout
+    );
+
+    // A stream's headers come before the generation: no finding.
+    let streams = config("", &route.replace("{streaming}", "streaming = true\n"))
+        .replace("longest_generation = \"90s\"\n", "");
+    let r = check(&streams);
+    assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
+    assert_eq!(r.rules(), Vec::<String>::new(), "{}", r.stdout);
 }
 
 #[test]

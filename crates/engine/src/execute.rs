@@ -574,19 +574,35 @@ impl LeaseGuard {
     ///
     /// # Errors
     /// A store error; the guard then releases the key on drop.
-    pub async fn complete(
+    pub async fn complete(self, payload: Bytes, status: Option<u16>) -> Result<Fenced, StoreError> {
+        self.complete_as(AttemptOutcome::Executed, payload, status)
+            .await
+    }
+
+    /// Stores an answer that says the work's outcome is unknown (it failed
+    /// after being handed on, and may have run), as the key's final answer:
+    /// like [`LeaseGuard::complete`], with the attempt recorded as
+    /// [`AttemptOutcome::OutcomeUnknown`] so the timeline says why.
+    ///
+    /// # Errors
+    /// A store error; the guard then releases the key on drop.
+    pub async fn complete_unknown(
+        self,
+        payload: Bytes,
+        status: Option<u16>,
+    ) -> Result<Fenced, StoreError> {
+        self.complete_as(AttemptOutcome::OutcomeUnknown, payload, status)
+            .await
+    }
+
+    async fn complete_as(
         mut self,
+        outcome: AttemptOutcome,
         payload: Bytes,
         status: Option<u16>,
     ) -> Result<Fenced, StoreError> {
         self.stop_heartbeat();
-        let a = attempt(
-            &self.replica,
-            AttemptOutcome::Executed,
-            status,
-            self.at_ms,
-            self.started,
-        );
+        let a = attempt(&self.replica, outcome, status, self.at_ms, self.started);
         let written = self
             .store
             .complete(&self.lease, payload, self.done_ttl, &a)

@@ -326,6 +326,30 @@ impl Store for MemoryStore {
         })
     }
 
+    fn forget<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        attempt: &'a Attempt,
+        timeline_ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let now = self.shared.clock.now_ms();
+            let id = key.storage_id();
+            {
+                let mut map = self.shared.lock();
+                let Some(entry) = map.get_mut(&id) else {
+                    return Ok(false);
+                };
+                if entry.record.take().is_none() {
+                    return Ok(false);
+                }
+                push_attempt(entry, attempt, now.saturating_add(ms(timeline_ttl)));
+            }
+            self.shared.notify.notify(&id);
+            Ok(true)
+        })
+    }
+
     fn get<'a>(&'a self, key: &'a ScopedKey) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
         Box::pin(async move {
             let now = self.shared.clock.now_ms();

@@ -138,6 +138,12 @@ pub enum AttemptOutcome {
     Failed,
     /// The work finished after its lease had been taken over: not stored.
     Fenced,
+    /// The work failed after it was handed on (a request sent upstream, then
+    /// a timeout or a cut connection): it may have run, so an
+    /// outcome-unknown answer was stored instead of releasing the key.
+    OutcomeUnknown,
+    /// An operator forgot the key (its record was deleted).
+    Forgotten,
 }
 
 impl AttemptOutcome {
@@ -151,6 +157,8 @@ impl AttemptOutcome {
             Self::Mismatch => "mismatch",
             Self::Failed => "failed",
             Self::Fenced => "fenced",
+            Self::OutcomeUnknown => "outcome_unknown",
+            Self::Forgotten => "forgotten",
         }
     }
 }

@@ -168,6 +168,23 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         timeline_ttl: Duration,
     ) -> BoxFuture<'a, Result<Fenced, StoreError>>;
 
+    /// Forgets the key: an operator's action, e.g. to clear an
+    /// outcome-unknown answer once the upstream's side has been checked.
+    ///
+    /// # Behavior
+    /// Deletes the record whatever its state (PENDING or DONE), appends
+    /// `attempt` to the timeline (kept for `timeline_ttl`) in the same step,
+    /// and returns whether there was a record. The next claim acquires the
+    /// key with a new fence, so a PENDING owner that was forgotten is
+    /// fenced ([`Fenced::Stale`]) when it completes. With no record, writes
+    /// nothing and returns `false`.
+    fn forget<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        attempt: &'a Attempt,
+        timeline_ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
     /// Reads the record.
     ///
     /// # Behavior

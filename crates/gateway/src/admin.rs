@@ -1,6 +1,9 @@
 //! The admin listener: health, readiness, `/metrics`, the dashboard (`/`,
-//! polling `/admin/stats`), and the timeline of one key
-//! (`GET /admin/keys/{key}/timeline`, behind the admin token).
+//! polling `/admin/stats`), the timeline of one key
+//! (`GET /admin/keys/{key}/timeline`) and the operator's forget
+//! (`DELETE /admin/keys/{key}`: clears a key, such as an outcome-unknown
+//! answer on a charging route, once the upstream's side has been checked),
+//! both behind the admin token.
 //!
 //! The token is compared in constant time: both sides are hashed (so their
 //! lengths do not show either) and the digests compared with `subtle`.
@@ -14,9 +17,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
-use axum::routing::get;
+use axum::routing::{delete, get};
 use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
-use idemgate_engine::{Attempt, ClientKey, RecordState, ScopedKey, Store};
+use idemgate_engine::{Attempt, AttemptOutcome, ClientKey, RecordState, ScopedKey, Store};
 use idemgate_layer::StoredResponse;
 use idemgate_telemetry::Telemetry;
 use sha2::{Digest, Sha256};
@@ -32,6 +35,8 @@ pub(crate) struct RouteName {
     pub(crate) id: String,
     /// Its path prefix.
     pub(crate) prefix: String,
+    /// How long its keys' timelines are kept (its `done_ttl`).
+    pub(crate) done_ttl: Duration,
 }
 
 /// What the admin endpoints look at.
@@ -58,6 +63,7 @@ pub(crate) fn router(state: AdminState) -> Router {
         .route("/", get(dashboard))
         .route("/admin/stats", get(stats))
         .route("/admin/keys/{key}/timeline", get(timeline))
+        .route("/admin/keys/{key}", delete(forget))
         .with_state(state)
 }
 
@@ -234,6 +240,101 @@ fn find_route<'a>(
     }
 }
 
+/// The record a key endpoint names: `{key}` and
+/// `?tenant=…|credential=…&namespace=…`, or the refusal.
+fn addressed<'a>(
+    s: &'a AdminState,
+    raw_key: &str,
+    query: Option<&str>,
+) -> Result<(ScopedKey, &'a RouteName), Box<Response<Body>>> {
+    let refuse = |detail: &str| Err(Box::new(bad_request(detail)));
+    let Ok(key) = ClientKey::parse(raw_key) else {
+        return refuse("the key is not a valid idempotency key");
+    };
+    let (mut tenant, mut credential, mut namespace) = (None, None, None);
+    for (k, v) in url::form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+        match k.as_ref() {
+            "tenant" => tenant = Some(v.into_owned()),
+            "credential" => credential = Some(v.into_owned()),
+            "namespace" => namespace = Some(v.into_owned()),
+            _ => {}
+        }
+    }
+    let tenant = match (tenant, credential) {
+        (Some(_), Some(_)) => return refuse("give `tenant` or `credential`, not both"),
+        (Some(t), None) if !t.is_empty() => t,
+        (Some(_), None) => return refuse("`tenant` is empty"),
+        // The tenant a request with this Authorization (or tenant header)
+        // value lands in; the credential itself is neither kept nor logged.
+        (None, Some(c)) => idemgate_layer::key::tenant_id(c.as_bytes()),
+        (None, None) => idemgate_layer::key::ANONYMOUS.to_owned(),
+    };
+    let route = find_route(&s.routes, namespace.as_deref().filter(|n| !n.is_empty()))
+        .map_err(|e| Box::new(e.response()))?;
+    Ok((ScopedKey::new(tenant, route.id.clone(), key), route))
+}
+
+fn store_unavailable(detail: &str) -> Response<Body> {
+    problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store-unavailable",
+        "Store unavailable",
+        detail,
+    )
+}
+
+/// `DELETE /admin/keys/{key}?tenant=…|credential=…&namespace=…`: forgets
+/// the key (its record, whatever its state; the timeline notes it). 200
+/// with what was forgotten, 404 `key-not-found` when there was no record.
+async fn forget(
+    State(s): State<AdminState>,
+    Path(raw_key): Path<String>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Response<Body> {
+    if let Some(refusal) = refuse_unauthorized(&s, &headers) {
+        return refusal;
+    }
+    let (scoped, route) = match addressed(&s, &raw_key, query.as_deref()) {
+        Ok(found) => found,
+        Err(refusal) => return *refusal,
+    };
+    let note = Attempt {
+        at_ms: idemgate_engine::record::now_ms(),
+        replica: "admin".to_owned(),
+        outcome: AttemptOutcome::Forgotten,
+        status: None,
+        latency_us: 0,
+    };
+    match s.store.forget(&scoped, &note, route.done_ttl).await {
+        Ok(true) => {
+            tracing::warn!(idempotency_key = %scoped.key.as_str(), namespace = %scoped.namespace, "key forgotten by an operator");
+            let body = serde_json::json!({
+                "key": scoped.key.as_str(),
+                "tenant": scoped.tenant,
+                "namespace": scoped.namespace,
+                "forgotten": true,
+            });
+            let mut resp = Response::new(Body::from(body.to_string()));
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            resp
+        }
+        Ok(false) => problem(
+            StatusCode::NOT_FOUND,
+            "key-not-found",
+            "Key not found",
+            "no record for this key (check the tenant or credential, and the namespace)",
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "forget failed");
+            store_unavailable("the store could not be written")
+        }
+    }
+}
+
 /// `GET /admin/keys/{key}/timeline?tenant=…|credential=…&namespace=…`
 async fn timeline(
     State(s): State<AdminState>,
@@ -244,43 +345,16 @@ async fn timeline(
     if let Some(refusal) = refuse_unauthorized(&s, &headers) {
         return refusal;
     }
-    let Ok(key) = ClientKey::parse(&raw_key) else {
-        return bad_request("the key is not a valid idempotency key");
+    let (scoped, route) = match addressed(&s, &raw_key, query.as_deref()) {
+        Ok(found) => found,
+        Err(refusal) => return *refusal,
     };
-    let (mut tenant, mut credential, mut namespace) = (None, None, None);
-    for (k, v) in url::form_urlencoded::parse(query.as_deref().unwrap_or("").as_bytes()) {
-        match k.as_ref() {
-            "tenant" => tenant = Some(v.into_owned()),
-            "credential" => credential = Some(v.into_owned()),
-            "namespace" => namespace = Some(v.into_owned()),
-            _ => {}
-        }
-    }
-    let tenant = match (tenant, credential) {
-        (Some(_), Some(_)) => return bad_request("give `tenant` or `credential`, not both"),
-        (Some(t), None) if !t.is_empty() => t,
-        (Some(_), None) => return bad_request("`tenant` is empty"),
-        // The tenant a request with this credential (or tenant header)
-        // value lands in; the credential itself is neither kept nor logged.
-        (None, Some(c)) => idemgate_layer::key::tenant_id(c.as_bytes()),
-        (None, None) => idemgate_layer::key::ANONYMOUS.to_owned(),
-    };
-    let route = match find_route(&s.routes, namespace.as_deref().filter(|n| !n.is_empty())) {
-        Ok(r) => r,
-        Err(e) => return e.response(),
-    };
-    let scoped = ScopedKey::new(tenant, route.id.clone(), key);
     let (record, attempts) = match tokio::try_join!(s.store.get(&scoped), s.store.timeline(&scoped))
     {
         Ok(found) => found,
         Err(e) => {
             tracing::warn!(error = %e, "timeline lookup failed");
-            return problem(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store-unavailable",
-                "Store unavailable",
-                "the store could not be read",
-            );
+            return store_unavailable("the store could not be read");
         }
     };
     let mut attempts = attempts;
@@ -440,10 +514,12 @@ mod tests {
             RouteName {
                 id: "chat".into(),
                 prefix: "/v1".into(),
+                done_ttl: Duration::from_secs(60),
             },
             RouteName {
                 id: "msgs".into(),
                 prefix: "/anthropic".into(),
+                done_ttl: Duration::from_secs(60),
             },
         ];
         let id = |n: Option<&str>| find_route(&routes, n).map(|r| r.id.clone()).ok();

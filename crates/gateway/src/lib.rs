@@ -52,7 +52,7 @@ pub mod telemetry;
 
 pub use config::{ConfigError, GatewayConfig, Overrides, RouteConfig, StoreUrl};
 pub use error::GatewayError;
-pub use idemgate_layer::RetryableFailure;
+pub use idemgate_layer::{OutcomeUnknown, RetryableFailure};
 pub use proxy::{Proxy, UpstreamBodyError};
 pub use serve::{bind_and_serve, serve};
 pub use stores::open_records;

@@ -88,6 +88,7 @@ fn route_plan(route: &RouteConfig) -> RoutePlan {
         first_byte_timeout: route.timeouts.first_byte,
         total_timeout: route.timeouts.total,
         longest_generation: route.longest_generation,
+        streaming: route.streaming,
         key: match &route.key_mode {
             KeyMode::Require => KeyPlan::Require,
             KeyMode::Optional => KeyPlan::Optional,

@@ -7,8 +7,9 @@
 //!
 //! | phase | how | outcome |
 //! |---|---|---|
+//! | queue | `queue_timeout` on the wait for a concurrency slot | 503 `upstream-busy`, retryable |
 //! | connect | `connect_timeout` on the client | 504 problem, retryable |
-//! | first byte | `tokio::time::timeout` around sending (resolves at response headers) | 504 problem, retryable |
+//! | first byte | `tokio::time::timeout` around sending (resolves at response headers) | 504 problem, outcome unknown |
 //! | idle | a timeout on each body chunk | body error |
 //! | total | one deadline for the whole body (`timeout_at` on each chunk) | body error |
 //!
@@ -21,9 +22,18 @@
 //! `identity`, also covers upstreams (and CDNs in front of them) that
 //! compress whatever they are asked.
 //!
-//! A refused connection is a 502 problem, retryable. Synthetic 502/504
-//! responses carry a [`RetryableFailure`] marker so the layer releases the
-//! key whatever the route's retryable statuses say.
+//! A refused connection is a 502 problem, retryable. Synthetic responses for
+//! failures *before* sending carry a [`RetryableFailure`] marker, so the
+//! layer releases the key whatever the route's retryable statuses say: the
+//! upstream saw nothing. Failures *after* sending (first-byte timeout, any
+//! other error from the send, such as a connection cut before the response)
+//! carry an [`OutcomeUnknown`] marker instead: the upstream may have run the
+//! work, and the layer decides by route (a charging route keeps the answer).
+//!
+//! The moment of sending is also told to the layer through the request's
+//! [`SendSignal`], so the layer's own deadline, like every clock here,
+//! starts after the queue: a request queued behind a long one is not cut
+//! for time it spent waiting.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -33,6 +43,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
+use axum::response::IntoResponse;
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt, TryStreamExt};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
@@ -43,7 +54,7 @@ use tokio::time::Instant;
 use tower::Service;
 use url::Url;
 
-use idemgate_layer::{IdempotencyContext, RetryableFailure};
+use idemgate_layer::{IdempotencyContext, OutcomeUnknown, Problem, RetryableFailure, SendSignal};
 use idemgate_telemetry::names;
 
 use crate::config::{RouteConfig, Timeouts};
@@ -84,6 +95,8 @@ struct Inner {
     /// Bounds concurrent upstream requests; the permit lives as long as the
     /// response body, so a long stream holds its slot until it ends.
     limit: Option<Arc<Semaphore>>,
+    /// Longest wait for a slot of `limit`.
+    queue_timeout: Duration,
 }
 
 /// Headers that belong to one connection, never forwarded (RFC 9110 §7.6.1).
@@ -139,6 +152,7 @@ impl Proxy {
                 key_header: route.upstream_key_header.clone(),
                 body_limit: route.body_limit,
                 limit: route.concurrency_limit.map(|n| Arc::new(Semaphore::new(n))),
+                queue_timeout: route.queue_timeout,
             }),
         })
     }
@@ -150,8 +164,15 @@ impl Proxy {
         let route = inner.route.to_string();
         let queued = Instant::now();
         let permit: Option<OwnedSemaphorePermit> = match &inner.limit {
-            // The semaphore is never closed; if it were, run unlimited.
-            Some(sem) => Arc::clone(sem).acquire_owned().await.ok(),
+            Some(sem) => {
+                match tokio::time::timeout(inner.queue_timeout, Arc::clone(sem).acquire_owned())
+                    .await
+                {
+                    // The semaphore is never closed; if it were, run unlimited.
+                    Ok(permit) => permit.ok(),
+                    Err(_) => return inner.queue_timed_out(),
+                }
+            }
             None => None,
         };
         let queue_wait = queued.elapsed();
@@ -197,7 +218,10 @@ impl Proxy {
             }
         };
 
-        // Every upstream clock starts here, after the queue.
+        // Every upstream clock starts here, after the queue; the layer's too.
+        if let Some(signal) = parts.extensions.get::<SendSignal>() {
+            signal.sent();
+        }
         let sent = Instant::now();
         let deadline = sent + inner.timeouts.total;
         let first_byte = inner.timeouts.first_byte.min(inner.timeouts.total);
@@ -205,7 +229,13 @@ impl Proxy {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => return inner.send_failed(&e),
             Err(_) => {
-                return inner.timed_out("first_byte", first_byte);
+                let mut resp = inner.timed_out("first_byte", first_byte);
+                // Sent, no answer: the upstream may be doing the work.
+                resp.extensions_mut().remove::<RetryableFailure>();
+                resp.extensions_mut().insert(OutcomeUnknown {
+                    phase: "first_byte",
+                });
+                return resp;
             }
         };
         metrics::histogram!(names::UPSTREAM_PHASE, "route" => route.clone(), "phase" => "first_byte")
@@ -335,7 +365,25 @@ impl Inner {
             "Upstream unavailable",
             &format!("the upstream failed before answering ({phase})"),
         );
-        resp.extensions_mut().insert(RetryableFailure { phase });
+        if e.is_connect() {
+            resp.extensions_mut().insert(RetryableFailure { phase });
+        } else {
+            // The connection failed after the request went out (for
+            // example, cut before the response): it may have run.
+            resp.extensions_mut().insert(OutcomeUnknown { phase });
+        }
+        resp
+    }
+
+    /// No slot freed within the queue timeout: nothing was sent, so the key
+    /// is released and a retry is safe.
+    fn queue_timed_out(&self) -> Response<Body> {
+        metrics::counter!(names::UPSTREAM_TIMEOUTS, "route" => self.route.to_string(), "phase" => "queue")
+            .increment(1);
+        tracing::warn!(route = %self.route, queue_timeout_ms = self.queue_timeout.as_millis() as u64, "no upstream slot within the queue timeout");
+        let mut resp = Problem::upstream_busy(self.queue_timeout).into_response();
+        resp.extensions_mut()
+            .insert(RetryableFailure { phase: "queue" });
         resp
     }
 

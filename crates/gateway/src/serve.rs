@@ -207,6 +207,7 @@ async fn run(
             .map(|r| crate::admin::RouteName {
                 id: r.id.clone(),
                 prefix: r.prefix.clone(),
+                done_ttl: r.done_ttl,
             })
             .collect(),
     });

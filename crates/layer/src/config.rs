@@ -286,6 +286,39 @@ pub enum StoreErrorMode {
     FailOpen,
 }
 
+/// When a detached execution's `completion_timeout` starts counting.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum CompletionClock {
+    /// When the inner service is called. Right for a handler that does its
+    /// work at once.
+    #[default]
+    Call,
+    /// When the inner service reports, through the
+    /// [`SendSignal`](crate::SendSignal) request extension, that it sent the
+    /// request on. Right for a proxy that may first wait for a concurrency
+    /// slot: time in its queue never eats the upstream's budget. If the
+    /// signal is dropped unfired (nothing was sent), the clock starts then.
+    Sent,
+}
+
+/// What a failure *after* the request was sent (marked
+/// [`OutcomeUnknown`](crate::OutcomeUnknown) by the inner service) does to
+/// the key: the work may have run, so a retry may repeat it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum OutcomeUnknownMode {
+    /// Release the key: the retry runs again (counted as outcome unknown).
+    #[default]
+    Release,
+    /// Store an `outcome-unknown` problem as the key's final answer; every
+    /// retry replays it until an operator forgets the key. For routes that
+    /// charge.
+    Store,
+}
+
 /// Configuration of one protected route.
 #[derive(Clone, Debug)]
 pub struct LayerConfig {
@@ -315,6 +348,10 @@ pub struct LayerConfig {
     /// Longest a detached execution may take (the route's total timeout);
     /// past it the key is released.
     pub completion_timeout: Duration,
+    /// When `completion_timeout` starts counting.
+    pub completion_clock: CompletionClock,
+    /// What a failure after the request was sent does to the key.
+    pub on_outcome_unknown: OutcomeUnknownMode,
     /// Largest response body (or event stream) that is stored; a bigger
     /// one is passed to the client but not stored, and the key released.
     pub max_stored_body: usize,
@@ -343,6 +380,8 @@ impl Default for LayerConfig {
             stored_headers: Vec::new(),
             on_store_error: StoreErrorMode::FailClosed,
             completion_timeout: Duration::from_secs(600),
+            completion_clock: CompletionClock::Call,
+            on_outcome_unknown: OutcomeUnknownMode::Release,
             max_stored_body: 32 * 1024 * 1024,
             operations_path: "/idemgate/operations/".to_owned(),
             stream_dialect: None,

@@ -72,13 +72,14 @@ pub mod stored;
 pub mod telemetry;
 
 pub use config::{
-    DerivePart, DeriveTemplate, InflightMode, KeyMode, LayerConfig, StoreErrorMode, StreamDialect,
-    TenantSource,
+    CompletionClock, DerivePart, DeriveTemplate, InflightMode, KeyMode, LayerConfig,
+    OutcomeUnknownMode, StoreErrorMode, StreamDialect, TenantSource,
 };
 pub use live::{InProcessLive, LiveEvents};
 pub use problem::Problem;
 pub use replay::IDEMPOTENT_REPLAYED;
 pub use service::{
-    Idempotency, IdempotencyContext, IdempotencyLayer, RetryableFailure, ShutdownReport,
+    Idempotency, IdempotencyContext, IdempotencyLayer, OutcomeUnknown, RetryableFailure,
+    SendSignal, ShutdownReport,
 };
 pub use stored::{StoredBody, StoredResponse, StreamUsage, Usage};

@@ -182,6 +182,37 @@ impl Problem {
         p
     }
 
+    /// 503 `upstream-busy`: no upstream slot freed within the route's queue
+    /// timeout; nothing was sent, the key was released, and a retry is safe.
+    pub fn upstream_busy(queued: Duration) -> Self {
+        let mut p = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "upstream-busy",
+            "Upstream busy",
+            format!(
+                "no upstream slot freed within the queue timeout of {queued:?}; the request was not sent"
+            ),
+        );
+        p.retry_after = Some(Duration::from_secs(1));
+        p
+    }
+
+    /// `outcome-unknown`: the request was sent upstream and then failed
+    /// (`status` 504 for a timeout, 502 for a cut connection), so the work
+    /// may have run. On a charging route it is the key's final answer:
+    /// every retry gets it until an operator forgets the key. No
+    /// `Retry-After`: retrying cannot help.
+    pub fn outcome_unknown(status: StatusCode, phase: &str) -> Self {
+        Self::new(
+            status,
+            "outcome-unknown",
+            "Outcome unknown",
+            format!(
+                "the request was sent upstream and then failed ({phase}); it may have run, so it is not run again until an operator forgets this idempotency key"
+            ),
+        )
+    }
+
     /// 503 `shutting-down`: the server stopped before the work finished;
     /// the key was released.
     pub fn shutting_down() -> Self {
@@ -416,6 +447,8 @@ mod tests {
             Problem::store_unavailable(),
             Problem::upstream_timeout("connect"),
             Problem::upstream_unavailable("x"),
+            Problem::upstream_busy(Duration::from_secs(1)),
+            Problem::outcome_unknown(StatusCode::GATEWAY_TIMEOUT, "first_byte"),
             Problem::shutting_down(),
             Problem::stored_result_unreadable(),
             Problem::internal(),

@@ -52,7 +52,7 @@ mod traceparent;
 
 use admit::{Keyed, NotKeyed};
 use inner::Inner;
-pub use inner::{IdempotencyContext, RetryableFailure};
+pub use inner::{IdempotencyContext, OutcomeUnknown, RetryableFailure, SendSignal};
 
 /// What a graceful shutdown found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

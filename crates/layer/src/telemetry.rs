@@ -35,6 +35,9 @@ pub(crate) enum ReleaseReason {
     RetryableFailure,
     /// The inner service answered a status configured as retryable.
     RetryableStatus,
+    /// The inner service marked its response `OutcomeUnknown` (the request
+    /// was sent, then failed) and the route releases such keys.
+    OutcomeUnknown,
     /// The response was too large to store; the client still got it whole.
     TooLarge,
     /// The response body failed before its end.
@@ -54,11 +57,12 @@ pub(crate) enum ReleaseReason {
 impl ReleaseReason {
     /// Every reason.
     #[cfg(test)]
-    const ALL: [Self; 11] = [
+    const ALL: [Self; 12] = [
         Self::CompletionTimeout,
         Self::Shutdown,
         Self::RetryableFailure,
         Self::RetryableStatus,
+        Self::OutcomeUnknown,
         Self::TooLarge,
         Self::BodyError,
         Self::StreamError,
@@ -75,6 +79,7 @@ impl ReleaseReason {
             Self::Shutdown => "shutdown",
             Self::RetryableFailure => "retryable_failure",
             Self::RetryableStatus => "retryable_status",
+            Self::OutcomeUnknown => "outcome_unknown",
             Self::TooLarge => "too_large",
             Self::BodyError => "body_error",
             Self::StreamError => "stream_error",
@@ -138,6 +143,12 @@ impl Metrics {
         self.route.released(reason.as_str());
     }
 
+    /// An execution that failed after its request was sent (whether its key
+    /// was then released or stored as `outcome-unknown`).
+    pub(crate) fn outcome_unknown(&self) {
+        self.route.outcome_unknown();
+    }
+
     /// Events relayed on a stream that then broke: not stored.
     pub(crate) fn events_lost(&self, n: usize) {
         self.route
@@ -172,6 +183,7 @@ mod tests {
                 "shutdown",
                 "retryable_failure",
                 "retryable_status",
+                "outcome_unknown",
                 "too_large",
                 "body_error",
                 "stream_error",

@@ -1164,6 +1164,14 @@ impl Store for DownStore {
     ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
         Box::pin(async move { Err(down()) })
     }
+    fn forget<'a>(
+        &'a self,
+        _: &'a ScopedKey,
+        _: &'a Attempt,
+        _: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move { Err(down()) })
+    }
     fn get<'a>(&'a self, _: &'a ScopedKey) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
         Box::pin(async move { Err(down()) })
     }

@@ -40,6 +40,9 @@ pub(crate) struct Sql {
     pub(crate) renew: Arc<str>,
     pub(crate) complete: Arc<str>,
     pub(crate) release: Arc<str>,
+    /// Deletes the record whatever its state: `$1` id, `$2` entry, `$3`
+    /// keep-for ms.
+    pub(crate) forget: Arc<str>,
     pub(crate) get: Arc<str>,
     pub(crate) record_attempt: Arc<str>,
     /// Appends many entries (of any keys) in one statement: the background
@@ -123,6 +126,15 @@ impl Sql {
              {trim} \
              SELECT count(*) AS applied FROM gone",
             keep_until = after_ms("$5"),
+            trim = trim("(SELECT id FROM gone)"),
+        );
+        let forget = format!(
+            "WITH gone AS (DELETE FROM {rec} WHERE id = $1 RETURNING id), \
+             tl AS (INSERT INTO {tl} (id, entry, keep_until) \
+                    SELECT id, $2::jsonb, {keep_until} FROM gone), \
+             {trim} \
+             SELECT count(*) AS applied FROM gone",
+            keep_until = after_ms("$3"),
             trim = trim("(SELECT id FROM gone)"),
         );
         let get = format!(
@@ -209,6 +221,7 @@ impl Sql {
             renew: renew.into(),
             complete: complete.into(),
             release: release.into(),
+            forget: forget.into(),
             get: get.into(),
             record_attempt: record_attempt.into(),
             record_attempts: record_attempts.into(),

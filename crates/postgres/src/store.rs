@@ -622,6 +622,32 @@ impl Store for PostgresStore {
         })
     }
 
+    fn forget<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        attempt: &'a Attempt,
+        timeline_ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let entry = attempt_json(attempt)?;
+            let row = self
+                .bounded("forget", async {
+                    sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.forget)))
+                        .bind(key.storage_id())
+                        .bind(entry)
+                        .bind(ttl_param(timeline_ttl))
+                        .fetch_one(&self.inner.pool)
+                        .await
+                })
+                .await?;
+            let removed = applied(&row)? == Fenced::Applied;
+            if removed {
+                self.inner.notify.notify(&key.storage_id());
+            }
+            Ok(removed)
+        })
+    }
+
     fn get<'a>(&'a self, key: &'a ScopedKey) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
         Box::pin(async move {
             let row = self

@@ -94,6 +94,16 @@ push(KEYS[2], ARGV[3], ARGV[4], ARGV[5])
 return 1
 ";
 
+/// Any state → absent (an operator's forget). KEYS: record, timeline.
+/// ARGV: attempt JSON, timeline max, timeline ttl ms. Returns 1 if there was
+/// a record, 0 otherwise. The fence counter key stays, so the next claim
+/// still gets a greater fence.
+const FORGET: &str = r"
+if redis.call('DEL', KEYS[1]) == 0 then return 0 end
+push(KEYS[2], ARGV[1], ARGV[2], ARGV[3])
+return 1
+";
+
 /// Timeline append. KEYS: timeline. ARGV: attempt JSON, max, ttl ms.
 const RECORD: &str = r"
 push(KEYS[1], ARGV[1], ARGV[2], ARGV[3])
@@ -120,6 +130,7 @@ pub(crate) struct Scripts {
     pub(crate) renew: Script,
     pub(crate) complete: Script,
     pub(crate) release: Script,
+    pub(crate) forget: Script,
     pub(crate) record: Script,
     pub(crate) record_many: Script,
 }
@@ -132,6 +143,7 @@ impl Scripts {
             renew: with_helpers(RENEW),
             complete: with_helpers(COMPLETE),
             release: with_helpers(RELEASE),
+            forget: with_helpers(FORGET),
             record: with_helpers(RECORD),
             record_many: Script::new(RECORD_MANY),
         }

@@ -459,6 +459,33 @@ impl Store for RedisStore {
         })
     }
 
+    fn forget<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        attempt: &'a Attempt,
+        timeline_ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let k = self.keys(key);
+            let removed: i64 = self
+                .invoke(
+                    "forget",
+                    self.scripts
+                        .forget
+                        .key(&k.rec)
+                        .key(&k.tl)
+                        .arg(attempt_json(attempt)?)
+                        .arg(MAX_TIMELINE)
+                        .arg(ttl_ms(timeline_ttl)),
+                )
+                .await?;
+            if removed == 1 {
+                self.notify.notify(&key.storage_id());
+            }
+            Ok(removed == 1)
+        })
+    }
+
     fn get<'a>(&'a self, key: &'a ScopedKey) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
         Box::pin(async move {
             let k = self.keys(key);

@@ -119,7 +119,7 @@ impl RawAttempt {
 
 /// Inverse of [`AttemptOutcome::as_str`].
 fn outcome_from_str(s: &str) -> Option<AttemptOutcome> {
-    const ALL: [AttemptOutcome; 7] = [
+    const ALL: [AttemptOutcome; 9] = [
         AttemptOutcome::Executed,
         AttemptOutcome::Replayed,
         AttemptOutcome::Conflict,
@@ -127,6 +127,8 @@ fn outcome_from_str(s: &str) -> Option<AttemptOutcome> {
         AttemptOutcome::Mismatch,
         AttemptOutcome::Failed,
         AttemptOutcome::Fenced,
+        AttemptOutcome::OutcomeUnknown,
+        AttemptOutcome::Forgotten,
     ];
     ALL.into_iter().find(|o| o.as_str() == s)
 }
@@ -145,6 +147,8 @@ mod tests {
             AttemptOutcome::Mismatch,
             AttemptOutcome::Failed,
             AttemptOutcome::Fenced,
+            AttemptOutcome::OutcomeUnknown,
+            AttemptOutcome::Forgotten,
         ] {
             assert_eq!(outcome_from_str(o.as_str()), Some(o));
         }

@@ -415,6 +415,25 @@ impl Store for SqliteStore {
         })
     }
 
+    fn forget<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        attempt: &'a Attempt,
+        timeline_ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let id = key.storage_id();
+            self.inner
+                .write(|reply| Op::Forget {
+                    id,
+                    attempt: attempt.clone(),
+                    ttl_ms: ms(timeline_ttl),
+                    reply,
+                })
+                .await
+        })
+    }
+
     fn get<'a>(&'a self, key: &'a ScopedKey) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
         Box::pin(async move { self.inner.live_record(&key.storage_id()) })
     }

@@ -79,6 +79,14 @@ pub(crate) enum Op {
         ttl_ms: u64,
         reply: Reply<bool>,
     },
+    /// Deletes the record whatever its state; answers whether there was
+    /// one.
+    Forget {
+        id: String,
+        attempt: Attempt,
+        ttl_ms: u64,
+        reply: Reply<bool>,
+    },
     /// Best effort: nobody waits for it.
     Attempt {
         id: String,
@@ -118,6 +126,7 @@ impl Op {
             (Op::Complete { owner, .. } | Op::Release { owner, .. }, Outcome::Applied(true)) => {
                 Some(&owner.id)
             }
+            (Op::Forget { id, .. }, Outcome::Applied(true)) => Some(id),
             _ => None,
         }
     }
@@ -133,7 +142,10 @@ impl Op {
             (Op::Renew { reply, .. }, Outcome::Renewed(r)) => {
                 let _ = reply.send(Ok(r));
             }
-            (Op::Complete { reply, .. } | Op::Release { reply, .. }, Outcome::Applied(a)) => {
+            (
+                Op::Complete { reply, .. } | Op::Release { reply, .. } | Op::Forget { reply, .. },
+                Outcome::Applied(a),
+            ) => {
                 let _ = reply.send(Ok(a));
             }
             (Op::Purge { reply, .. }, Outcome::Purged(n)) => {
@@ -155,7 +167,7 @@ impl Op {
             Op::Renew { reply, .. } => {
                 let _ = reply.send(Err(e));
             }
-            Op::Complete { reply, .. } | Op::Release { reply, .. } => {
+            Op::Complete { reply, .. } | Op::Release { reply, .. } | Op::Forget { reply, .. } => {
                 let _ = reply.send(Err(e));
             }
             Op::Purge { reply, .. } => {
@@ -501,6 +513,20 @@ fn apply(
                 ])?;
             if changed == 1 {
                 append_attempt(tx, &owner.id, attempt, now.saturating_add(*ttl_ms))?;
+            }
+            Ok(Outcome::Applied(changed == 1))
+        }
+        Op::Forget {
+            id,
+            attempt,
+            ttl_ms,
+            ..
+        } => {
+            let changed = tx
+                .prepare_cached("DELETE FROM records WHERE id = ?1")?
+                .execute(params![id])?;
+            if changed == 1 {
+                append_attempt(tx, id, attempt, now.saturating_add(*ttl_ms))?;
             }
             Ok(Outcome::Applied(changed == 1))
         }

@@ -54,6 +54,14 @@ impl Store for OnTempFile {
     ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
         Box::pin(async move { self.store.release(lease, attempt, timeline_ttl).await })
     }
+    fn forget<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        attempt: &'a Attempt,
+        timeline_ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move { self.store.forget(key, attempt, timeline_ttl).await })
+    }
     fn get<'a>(&'a self, key: &'a ScopedKey) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
         Box::pin(async move { self.store.get(key).await })
     }

@@ -467,6 +467,11 @@ impl RouteTelemetry {
         labels.push(Label::new("reason", reason));
         metrics::counter!(names::RELEASED, labels).increment(1);
     }
+
+    /// Counts an execution that failed after its request was sent.
+    pub fn outcome_unknown(&self) {
+        metrics::counter!(names::OUTCOME_UNKNOWN, self.labels()).increment(1);
+    }
 }
 
 /// Observes finished keys' totals in the requests-per-key histogram.

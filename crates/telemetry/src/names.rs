@@ -22,6 +22,14 @@ pub const FENCED: &str = "idempotency_fenced_total";
 pub const TOKENS_SAVED: &str = "idempotency_tokens_saved_total";
 /// Executions whose key was released instead of stored, by `reason`.
 pub const RELEASED: &str = "idempotency_released_total";
+/// Executions that failed after their request was sent upstream (a
+/// first-byte timeout, a connection cut before the response): the work may
+/// have run. Counted whether the key was then released or, on a charging
+/// route, stored as an `outcome-unknown` answer.
+pub const OUTCOME_UNKNOWN: &str = "idempotency_outcome_unknown_total";
+/// Help text of [`OUTCOME_UNKNOWN`] (`# HELP` in the Prometheus export).
+pub const OUTCOME_UNKNOWN_HELP: &str =
+    "Executions that failed after the request was sent upstream, so the work may have run";
 /// SSE events lost when an upstream stream broke mid-way (not stored).
 pub const STREAM_EVENTS_LOST: &str = "idempotency_stream_events_lost_total";
 /// Store operation latency by `backend` and `op`.
@@ -34,7 +42,7 @@ pub const UPSTREAM_QUEUE: &str = "idemgate_upstream_queue_seconds";
 /// `first_byte` (request sent to response headers), `total` (request sent
 /// to the end of the body). Clocks start after the queue.
 pub const UPSTREAM_PHASE: &str = "idemgate_upstream_phase_seconds";
-/// Upstream timeouts by `phase` (connect, first_byte, idle, total).
+/// Upstream timeouts by `phase` (queue, connect, first_byte, idle, total).
 pub const UPSTREAM_TIMEOUTS: &str = "idemgate_upstream_timeouts_total";
 /// Upstream failures other than timeouts, by `phase` (connect, send, body).
 pub const UPSTREAM_ERRORS: &str = "idemgate_upstream_errors_total";
@@ -53,6 +61,7 @@ pub const ALL: &[&str] = &[
     FENCED,
     TOKENS_SAVED,
     RELEASED,
+    OUTCOME_UNKNOWN,
     STREAM_EVENTS_LOST,
     STORE_OPERATION,
     STORE_ERRORS,

@@ -15,12 +15,13 @@ use idemgate_engine::{
 use crate::names;
 
 /// The operations timed, as their `op` label.
-const OPS: [&str; 7] = [
+const OPS: [&str; 8] = [
     "claim",
     "renew",
     "complete",
     "release",
     "get",
+    "forget",
     "record_attempt",
     "timeline",
 ];
@@ -110,6 +111,20 @@ impl Store for InstrumentedStore {
             let t = Instant::now();
             let r = self.inner.release(lease, attempt, timeline_ttl).await;
             self.observe("release", t, &r);
+            r
+        })
+    }
+
+    fn forget<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        attempt: &'a Attempt,
+        timeline_ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let t = Instant::now();
+            let r = self.inner.forget(key, attempt, timeline_ttl).await;
+            self.observe("forget", t, &r);
             r
         })
     }

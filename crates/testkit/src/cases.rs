@@ -529,3 +529,67 @@ pub async fn heartbeat_outlives_pending_ttl(store: Arc<dyn Store>) {
     assert_eq!(long.await.unwrap().unwrap().value, 1);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// Forget deletes a DONE or a PENDING record and notes it in the timeline;
+/// the next claim acquires the key with a greater fence, and a forgotten
+/// owner is fenced. A key with no record is left alone.
+pub async fn forget_clears_the_key(store: Arc<dyn Store>) {
+    // Stamped when used: timelines are ordered by the attempts' own time.
+    let forgotten = || attempt(AttemptOutcome::Forgotten);
+    let key = fresh_key();
+    assert!(!store.forget(&key, &forgotten(), LONG).await.unwrap());
+    assert!(store.timeline(&key).await.unwrap().is_empty());
+
+    // DONE → absent.
+    let first = acquired(store.claim(&key, &fp("a"), LONG).await.unwrap());
+    let done = attempt(AttemptOutcome::OutcomeUnknown);
+    let w = store
+        .complete(&first, payload(b"unknown"), LONG, &done)
+        .await
+        .unwrap();
+    assert_eq!(w, Fenced::Applied);
+    assert!(store.forget(&key, &forgotten(), LONG).await.unwrap());
+    assert_eq!(store.get(&key).await.unwrap(), None);
+    let outcomes: Vec<_> = store
+        .timeline(&key)
+        .await
+        .unwrap()
+        .iter()
+        .map(|a| a.outcome)
+        .collect();
+    assert_eq!(
+        outcomes,
+        [AttemptOutcome::OutcomeUnknown, AttemptOutcome::Forgotten]
+    );
+
+    // PENDING → absent; the next owner's fence is greater, the old one is
+    // fenced.
+    let second = acquired(store.claim(&key, &fp("a"), LONG).await.unwrap());
+    assert!(second.fence > first.fence);
+    assert!(store.forget(&key, &forgotten(), LONG).await.unwrap());
+    let third = acquired(store.claim(&key, &fp("a"), LONG).await.unwrap());
+    assert!(third.fence > second.fence);
+    let ok = attempt(AttemptOutcome::Executed);
+    assert_eq!(
+        store
+            .complete(&second, payload(b"late"), LONG, &ok)
+            .await
+            .unwrap(),
+        Fenced::Stale
+    );
+    assert_eq!(
+        store
+            .complete(&third, payload(b"new"), LONG, &ok)
+            .await
+            .unwrap(),
+        Fenced::Applied
+    );
+    let rec = store.get(&key).await.unwrap().expect("DONE after forget");
+    assert_eq!(rec.payload().map(|p| p.to_vec()), Some(b"new".to_vec()));
+
+    // Another tenant's record with the same client key is untouched.
+    let other = ScopedKey::new("someone-else", key.namespace.clone(), key.key.clone());
+    acquired(store.claim(&other, &fp("a"), LONG).await.unwrap());
+    assert!(store.forget(&key, &forgotten(), LONG).await.unwrap());
+    assert!(store.get(&other).await.unwrap().is_some());
+}

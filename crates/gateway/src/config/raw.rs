@@ -126,6 +126,9 @@ pub struct RawRoute {
     pub fingerprint_ignore: Option<Vec<String>>,
     /// Most concurrent upstream requests of this route.
     pub concurrency_limit: Option<usize>,
+    /// Longest wait for a concurrency slot (default 30 s); past it the
+    /// request is answered 503 and its key released, since nothing was sent.
+    pub queue_timeout: Option<String>,
     /// `fail_closed` (default) or `fail_open`.
     pub on_store_error: Option<String>,
     /// Renew the lease while the upstream call runs (default true, every
@@ -135,6 +138,10 @@ pub struct RawRoute {
     /// The longest generation expected on this route (e.g. `90s`), checked
     /// against `timeouts.total` and the client's timeout.
     pub longest_generation: Option<String>,
+    /// Every response on this route is an event stream (default false):
+    /// `idemgate check` then lets `first_byte` be shorter than
+    /// `longest_generation`, since a stream's headers come before it.
+    pub streaming: Option<bool>,
     /// The route charges, bills or has other side effects that must never
     /// repeat (default false): it then needs a durable store and
     /// `fail_closed`.

@@ -15,8 +15,8 @@ use http::{HeaderName, Method};
 use idemgate_check::RetryPolicy;
 use idemgate_layer::config::default_retryable_statuses;
 use idemgate_layer::{
-    DerivePart, DeriveTemplate, InflightMode, KeyMode, LayerConfig, StoreErrorMode, StreamDialect,
-    TenantSource,
+    CompletionClock, DerivePart, DeriveTemplate, InflightMode, KeyMode, LayerConfig,
+    OutcomeUnknownMode, StoreErrorMode, StreamDialect, TenantSource,
 };
 use url::Url;
 
@@ -24,6 +24,10 @@ use super::client_retry::client_retry;
 use super::error::ConfigError;
 use super::parse::{duration, header, keyword, size, upstream_url};
 use super::raw::{RawRoute, RawTimeouts};
+
+/// Default `queue_timeout`: long enough to ride out a burst, short enough
+/// that a client hears "busy" well before its own timeout.
+pub(crate) const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Default body limit: 10 MiB.
 pub const DEFAULT_BODY_LIMIT: usize = 10 * 1024 * 1024;
@@ -99,6 +103,9 @@ pub struct RouteConfig {
     pub fingerprint_ignore: Vec<String>,
     /// Most concurrent upstream requests; `None`: unlimited.
     pub concurrency_limit: Option<usize>,
+    /// Longest wait for a concurrency slot; it is not part of the upstream
+    /// timeouts, which start when the request is sent.
+    pub queue_timeout: Duration,
     /// What to do when the store cannot be reached.
     pub on_store_error: StoreErrorMode,
     /// Lease renewal interval while the upstream call runs (`pending_ttl /
@@ -106,6 +113,9 @@ pub struct RouteConfig {
     pub heartbeat: Option<Duration>,
     /// The longest generation expected on this route, if declared.
     pub longest_generation: Option<Duration>,
+    /// Whether every response on the route is an event stream (for
+    /// `idemgate check`).
+    pub streaming: bool,
     /// Whether the route charges or has side effects that must never repeat.
     pub charges: bool,
     /// How event streams end and fail; `None`: from each request's path.
@@ -144,6 +154,14 @@ impl RouteConfig {
             // A detached execution ends with the upstream's total timeout; a
             // little slack lets the body error arrive first.
             completion_timeout: self.timeouts.total + Duration::from_secs(1),
+            // The proxy says when the request left its queue for the
+            // upstream; the layer's clock starts then, like the proxy's own.
+            completion_clock: CompletionClock::Sent,
+            on_outcome_unknown: if self.charges {
+                OutcomeUnknownMode::Store
+            } else {
+                OutcomeUnknownMode::Release
+            },
             operations_path,
             stream_dialect: self.stream_dialect,
             key_header: self.key_header.clone(),
@@ -322,6 +340,11 @@ pub(super) fn route(at: &str, r: RawRoute, d: &RouteDefaults) -> Result<RouteCon
         }
         other => other,
     };
+    let queue_timeout = duration(
+        &field("queue_timeout"),
+        r.queue_timeout.as_deref(),
+        DEFAULT_QUEUE_TIMEOUT,
+    )?;
     let on_store_error = match r.on_store_error.as_deref() {
         None => StoreErrorMode::FailClosed,
         Some(s) => keyword(&field("on_store_error"), s)?,
@@ -362,9 +385,11 @@ pub(super) fn route(at: &str, r: RawRoute, d: &RouteDefaults) -> Result<RouteCon
         tenant,
         fingerprint_ignore,
         concurrency_limit,
+        queue_timeout,
         on_store_error,
         heartbeat,
         longest_generation,
+        streaming: r.streaming.unwrap_or(false),
         charges: r.charges.unwrap_or(false),
         stream_dialect,
         client_retry,

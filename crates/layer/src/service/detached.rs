@@ -5,7 +5,9 @@
 //!
 //! It runs in a spawned task rather than in the client's request future so
 //! that a client that times out or disconnects does not cancel the work:
-//! the work finishes (bounded by `completion_timeout`), is stored DONE, and
+//! the work finishes (bounded by `completion_timeout`, counted from the call
+//! or, with `CompletionClock::Sent`, from when the inner service says it
+//! sent the request on), is stored DONE, and
 //! the client's retry is a replay instead of a second execution (and a
 //! second bill). A non-streaming result is stored *before* the client is
 //! answered, and a stream's end is sent only after it is stored, so a retry
@@ -15,20 +17,21 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
-use http::{Request, header};
+use futures_util::future::Either;
+use http::{Request, StatusCode, header};
 use idemgate_engine::{Fenced, LeaseGuard, ScopedKey};
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::admit::Keyed;
 use super::body::Chunk;
-use super::inner::{self, Inner, RetryableFailure};
+use super::inner::{self, Inner, OutcomeUnknown, RetryableFailure, SendSignal};
 use super::listeners::{Attachers, Client};
 use super::record::{Recorded, Recording, kept_headers};
-use crate::config::InflightMode;
-use crate::config::StreamDialect;
+use crate::config::{CompletionClock, InflightMode, OutcomeUnknownMode, StreamDialect};
 use crate::live::LiveStream;
 use crate::operations;
 use crate::outcome::{StreamJudge, StreamVerdict};
@@ -81,6 +84,9 @@ pub(super) async fn own<S: Inner>(
 enum Decision {
     /// Store this response (PENDING → DONE).
     Store(StoredResponse),
+    /// Store this `outcome-unknown` problem as the key's final answer
+    /// (PENDING → DONE, the attempt recorded as outcome unknown).
+    StoreUnknown(StoredResponse),
     /// Give the key back, for this reason.
     Release(ReleaseReason),
 }
@@ -99,14 +105,27 @@ struct Detached {
 }
 
 impl Detached {
-    async fn run<S: Inner>(mut self, inner: S, request: Request<Body>, guard: LeaseGuard) {
+    async fn run<S: Inner>(mut self, inner: S, mut request: Request<Body>, guard: LeaseGuard) {
         let shared = Arc::clone(&self.shared);
         let started = tokio::time::Instant::now();
+        let limit = shared.config.completion_timeout;
+        let deadline = match shared.config.completion_clock {
+            CompletionClock::Call => Either::Left(tokio::time::sleep(limit)),
+            CompletionClock::Sent => {
+                let (signal, sent) = SendSignal::new();
+                request.extensions_mut().insert(signal);
+                Either::Right(async move {
+                    // Unfired and dropped: nothing was sent; count from now.
+                    let from = sent.await.unwrap_or_else(|_| Instant::now());
+                    tokio::time::sleep_until(from + limit).await;
+                })
+            }
+        };
         let decision = {
             let work = self.execute(inner, request);
             tokio::select! {
                 d = work => d,
-                () = tokio::time::sleep(shared.config.completion_timeout) => {
+                () = deadline => {
                     Decision::Release(ReleaseReason::CompletionTimeout)
                 }
                 () = shared.cancel.cancelled() => Decision::Release(ReleaseReason::Shutdown),
@@ -129,6 +148,10 @@ impl Detached {
         self.client.answered(status.as_u16());
         let shared = Arc::clone(&self.shared);
         let cfg = &shared.config;
+        if let Some(unknown) = res.extensions().get::<OutcomeUnknown>().copied() {
+            self.attachers.not_streaming();
+            return self.outcome_unknown(res, unknown.phase);
+        }
         if let Some(failure) = res.extensions().get::<RetryableFailure>() {
             tracing::info!(phase = failure.phase, "upstream failed; key released");
             self.attachers.not_streaming();
@@ -168,6 +191,15 @@ impl Detached {
                     return Decision::Release(ReleaseReason::TooLarge);
                 }
                 Ok(chunk) => buf.extend_from_slice(&chunk),
+                Err(e) if cfg.on_outcome_unknown == OutcomeUnknownMode::Store => {
+                    // The upstream answered, then broke: it ran, at least
+                    // in part; a charging route keeps that as the answer.
+                    tracing::warn!(error = %e, "response body failed after the request was sent");
+                    let res =
+                        Problem::upstream_unavailable("the response body broke before its end")
+                            .into_response();
+                    return self.outcome_unknown(res, "body");
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "response body failed; key released");
                     self.client.hold(
@@ -188,6 +220,49 @@ impl Detached {
         self.client
             .hold(mark(Response::from_parts(parts, Body::from(body)), false));
         Decision::Store(stored)
+    }
+
+    /// The request was sent and then failed: the work may have run. A
+    /// charging route keeps an `outcome-unknown` problem as the key's final
+    /// answer (the client gets it now, every retry replayed); any other
+    /// releases the key and hands the client the inner service's response.
+    fn outcome_unknown(&mut self, res: Response, phase: &'static str) -> Decision {
+        let shared = Arc::clone(&self.shared);
+        let cfg = &shared.config;
+        shared.metrics.outcome_unknown();
+        match cfg.on_outcome_unknown {
+            OutcomeUnknownMode::Release => {
+                tracing::warn!(
+                    phase,
+                    "upstream failed after the request was sent; outcome unknown, key released"
+                );
+                self.client.hold(mark(res, false));
+                Decision::Release(ReleaseReason::OutcomeUnknown)
+            }
+            OutcomeUnknownMode::Store => {
+                tracing::warn!(
+                    phase,
+                    "upstream failed after the request was sent; outcome unknown, stored as the key's answer"
+                );
+                let status = if res.status() == StatusCode::GATEWAY_TIMEOUT {
+                    StatusCode::GATEWAY_TIMEOUT
+                } else {
+                    StatusCode::BAD_GATEWAY
+                };
+                let problem = Problem::outcome_unknown(status, phase);
+                let body = Bytes::from(problem.body().to_string());
+                let (parts, _) = problem.into_response().into_parts();
+                let stored = StoredResponse {
+                    status,
+                    headers: kept_headers(&parts.headers, cfg),
+                    usage: None,
+                    body: StoredBody::Bytes(body.clone()),
+                };
+                self.client
+                    .hold(mark(Response::from_parts(parts, Body::from(body)), false));
+                Decision::StoreUnknown(stored)
+            }
+        }
     }
 
     /// Relays an event stream: each event gets a sequential id, is sent to
@@ -286,23 +361,44 @@ impl Detached {
         let shared = Arc::clone(&self.shared);
         let metrics = &shared.metrics;
         let status = self.client.status();
+        let unknown = matches!(decision, Decision::StoreUnknown(_));
         match decision {
-            Decision::Store(stored) => {
+            Decision::Store(stored) | Decision::StoreUnknown(stored) => {
+                // The timeline notes the status of the stored answer.
+                let status = if unknown {
+                    Some(stored.status.as_u16())
+                } else {
+                    status
+                };
                 let outcome = match stored.encode() {
-                    Ok(payload) => match guard.complete(payload, status).await {
-                        Ok(Fenced::Applied) => {
-                            tracing::info!(status, "executed; result stored");
-                            Outcome::Executed
+                    Ok(payload) => {
+                        let written = if unknown {
+                            guard.complete_unknown(payload, status).await
+                        } else {
+                            guard.complete(payload, status).await
+                        };
+                        match written {
+                            Ok(Fenced::Applied) if unknown => {
+                                tracing::info!(
+                                    status,
+                                    "outcome unknown; stored as the key's answer"
+                                );
+                                Outcome::Failed
+                            }
+                            Ok(Fenced::Applied) => {
+                                tracing::info!(status, "executed; result stored");
+                                Outcome::Executed
+                            }
+                            Ok(Fenced::Stale) => {
+                                tracing::warn!("lease lost before completion; result not stored");
+                                Outcome::Fenced
+                            }
+                            Err(e) => {
+                                tracing::warn!(error = %e, "result not stored; key released");
+                                Outcome::StoreError
+                            }
                         }
-                        Ok(Fenced::Stale) => {
-                            tracing::warn!("lease lost before completion; result not stored");
-                            Outcome::Fenced
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "result not stored; key released");
-                            Outcome::StoreError
-                        }
-                    },
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "result cannot be encoded; key released");
                         release(guard, status).await;
@@ -345,6 +441,7 @@ fn fallback(reason: ReleaseReason) -> Problem {
         ReleaseReason::Shutdown => Problem::shutting_down(),
         ReleaseReason::RetryableFailure
         | ReleaseReason::RetryableStatus
+        | ReleaseReason::OutcomeUnknown
         | ReleaseReason::TooLarge
         | ReleaseReason::BodyError
         | ReleaseReason::StreamError
