@@ -116,6 +116,14 @@ impl Slot {
         matches!(self.state, RecordState::Pending { fence, .. } if fence == lease.fence)
             && self.token == lease.token
     }
+
+    /// Whether this is the DONE record that `lease` itself completed with
+    /// `payload`: a retried `complete` whose first reply was lost.
+    fn completed_by(&self, lease: &Lease, payload: &Bytes, now: u64) -> bool {
+        self.token == lease.token
+            && matches!(&self.state, RecordState::Done { payload: p, expires_at_ms }
+                if p == payload && *expires_at_ms > now)
+    }
 }
 
 impl Default for MemoryStore {
@@ -286,6 +294,14 @@ impl Store for MemoryStore {
                 let Some(entry) = map.get_mut(&id) else {
                     return Ok(Fenced::Stale);
                 };
+                if entry.fence == lease.fence
+                    && entry
+                        .record
+                        .as_ref()
+                        .is_some_and(|s| s.completed_by(lease, &payload, now))
+                {
+                    return Ok(Fenced::Applied);
+                }
                 let Some(slot) = entry.record.as_mut().filter(|s| s.owned_by(lease)) else {
                     return Ok(Fenced::Stale);
                 };

@@ -481,8 +481,26 @@ fn apply(
                 ])?;
             if changed == 1 {
                 append_attempt(tx, &owner.id, attempt, expires)?;
+                return Ok(Outcome::Applied(true));
             }
-            Ok(Outcome::Applied(changed == 1))
+            // The DONE row this very lease wrote with this payload: a retry
+            // of a complete whose reply was lost, acknowledged unchanged.
+            let again = tx
+                .prepare_cached(
+                    "SELECT count(*) FROM records WHERE id = ?1 AND done = 1 AND token = ?2
+                     AND fence = ?3 AND payload = ?4 AND expires_at > ?5",
+                )?
+                .query_row(
+                    params![
+                        owner.id,
+                        &token_bytes(owner.token)[..],
+                        int(owner.fence),
+                        &payload[..],
+                        int(now)
+                    ],
+                    |row| row.get::<_, i64>(0),
+                )?;
+            Ok(Outcome::Applied(again == 1))
         }
         Op::Release {
             owner,
