@@ -143,7 +143,10 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// If the record is PENDING with `lease`'s token and fence, replaces it by
     /// DONE holding `payload` (and the claim's fingerprint), expiring after
     /// `done_ttl`, appends `attempt` to the key's timeline in the same step,
-    /// and returns [`Fenced::Applied`]. Otherwise writes nothing and returns
+    /// and returns [`Fenced::Applied`]. If the record is the DONE record this
+    /// very lease wrote (same token and fence) holding the same `payload` —
+    /// a retry after the first call's reply was lost — writes nothing and
+    /// returns [`Fenced::Applied`]. Otherwise writes nothing and returns
     /// [`Fenced::Stale`]. A store acknowledges only once the write is durable
     /// to the store's own standard.
     fn complete<'a>(

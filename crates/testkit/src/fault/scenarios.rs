@@ -439,3 +439,26 @@ pub async fn slow_link_full_lifecycle(rig: Rig) {
     assert_eq!(rec.payload(), Some(&payload));
     assert_eq!(done_once(&rig, &key).await, (payload, 1));
 }
+
+/// The store's connections go silent (frozen, never closed) while the
+/// server itself is fine: after operations on them fail with temporary
+/// errors, the store must stop using them and open new connections.
+pub async fn frozen_connection_is_replaced(rig: Rig) {
+    warm_up(&rig).await;
+    let key = fresh_key();
+    let fa = fp("a");
+    settle(&rig).await;
+    assert!(rig.proxy.freeze_live() >= 1);
+    let (claim, failures) = until_ok("claim after the connection froze", || {
+        rig.store.claim(&key, &fa, LONG)
+    })
+    .await;
+    eprintln!("claim after a freeze: {failures} temporary errors first");
+    let lease = acquired(claim);
+    let w = rig
+        .store
+        .complete(&lease, Bytes::from_static(b"thawed"), LONG, &attempt())
+        .await
+        .expect("complete on a new connection");
+    assert_eq!(w, Fenced::Applied);
+}
