@@ -23,6 +23,9 @@ pub const TOKENS_SAVED: &str = "idempotency_tokens_saved_total";
 pub const RELEASED: &str = "idempotency_released_total";
 /// SSE events lost when an upstream stream broke mid-way (not stored).
 pub const STREAM_EVENTS_LOST: &str = "idempotency_stream_events_lost_total";
+/// Completion writes that failed with a temporary store error while the
+/// result was held in memory and the write retried.
+pub const COMPLETION_HELD: &str = "idempotency_completion_held_total";
 /// Store operation latency by `backend` and `op`.
 pub const STORE_OPERATION: &str = "idemgate_store_operation_seconds";
 /// Store operations that failed, by `backend` and `op`.
@@ -50,6 +53,7 @@ pub const ALL: &[&str] = &[
     TOKENS_SAVED,
     RELEASED,
     STREAM_EVENTS_LOST,
+    COMPLETION_HELD,
     STORE_OPERATION,
     STORE_ERRORS,
     UPSTREAM_QUEUE,

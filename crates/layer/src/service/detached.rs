@@ -245,7 +245,17 @@ impl Detached {
         match decision {
             Decision::Store(stored) => {
                 let outcome = match stored.encode() {
-                    Ok(payload) => match guard.complete(payload, status).await {
+                    Ok(payload) => match guard
+                        .complete_or_hold(payload, status, |e| {
+                            metrics.completion_held();
+                            tracing::warn!(
+                                key = %self.key.key,
+                                error = %e,
+                                "result not stored yet; held in memory, lease kept, retrying"
+                            );
+                        })
+                        .await
+                    {
                         Ok(Fenced::Applied) => {
                             tracing::info!(status, "executed; result stored");
                             Outcome::Executed
@@ -255,7 +265,11 @@ impl Detached {
                             Outcome::Fenced
                         }
                         Err(e) => {
-                            tracing::warn!(error = %e, "result not stored; key released");
+                            tracing::warn!(
+                                key = %self.key.key,
+                                error = %e,
+                                "result not stored before the lease ran out; key released"
+                            );
                             Outcome::StoreError
                         }
                     },
