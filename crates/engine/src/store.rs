@@ -3,8 +3,10 @@
 //! Each method is **one atomic step and, on a networked store, one round
 //! trip**: `claim` is an insert-or-read (a Lua script in Redis, one
 //! `INSERT … ON CONFLICT … RETURNING` in SQL), never a read followed by a
-//! write. Time is wall-clock milliseconds so that several processes sharing a
-//! store agree on lease expiry.
+//! write. Time is milliseconds since the epoch so that several processes
+//! sharing a store agree on lease expiry: the server's clock for networked
+//! stores, the process's wall-anchored monotonic clock
+//! ([`crate::record::monotonic_ms`]) for the in-process ones.
 //!
 //! The behaviour of every method is pinned down by the conformance suite in
 //! `idemgate-testkit`, which every store runs unchanged.

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use idemgate_engine::notify::KeyedNotify;
-use idemgate_engine::record::now_ms;
+use idemgate_engine::record::monotonic_ms;
 use idemgate_engine::{Attempt, MAX_TIMELINE, Record, StoreError};
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 use tokio::sync::oneshot;
@@ -337,7 +337,7 @@ fn try_batch(conn: &mut Connection, batch: &[Op]) -> Result<(Vec<Outcome>, Durat
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(BatchError::Transaction)?;
-    let now = now_ms();
+    let now = monotonic_ms();
     let mut fences = FenceCounter::read(&tx).map_err(BatchError::Transaction)?;
     let mut outcomes = Vec::with_capacity(batch.len());
     for (index, op) in batch.iter().enumerate() {
@@ -579,7 +579,7 @@ fn append_attempt(
 /// One bounded purge step in its own transaction.
 fn purge_step(conn: &mut Connection, limit: usize) -> rusqlite::Result<(usize, usize)> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let n = purge_in(&tx, now_ms(), limit)?;
+    let n = purge_in(&tx, monotonic_ms(), limit)?;
     tx.commit()?;
     Ok(n)
 }
