@@ -20,7 +20,7 @@
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -525,12 +525,19 @@ pub struct LeaseGuard {
     started: Instant,
     heartbeat: Option<JoinHandle<()>>,
     lost: Arc<AtomicBool>,
+    /// How long a lease lasts from its last renewal.
+    pending_ttl: Duration,
+    /// When the last renewal that applied was sent, in ms after `started`
+    /// (0: none yet). Measured on the monotonic clock of this process.
+    renewed_at: Arc<AtomicU64>,
     finished: bool,
 }
 
 impl LeaseGuard {
     fn start(store: Arc<dyn Store>, lease: Lease, policy: &Policy, replica: Arc<str>) -> Self {
         let lost = Arc::new(AtomicBool::new(false));
+        let renewed_at = Arc::new(AtomicU64::new(0));
+        let started = Instant::now();
         let heartbeat = policy.heartbeat.filter(|d| !d.is_zero()).and_then(|every| {
             let handle = tokio::runtime::Handle::try_current().ok()?;
             Some(handle.spawn(heartbeat(
@@ -539,6 +546,10 @@ impl LeaseGuard {
                 every,
                 policy.pending_ttl,
                 Arc::clone(&lost),
+                Renewals {
+                    started,
+                    at: Arc::clone(&renewed_at),
+                },
             )))
         });
         Self {
@@ -547,11 +558,22 @@ impl LeaseGuard {
             replica,
             done_ttl: policy.done_ttl,
             at_ms: now_ms(),
-            started: Instant::now(),
+            started,
             heartbeat,
             lost,
+            pending_ttl: policy.pending_ttl,
+            renewed_at,
             finished: false,
         }
+    }
+
+    /// Time left before the lease may lapse, as far as this process knows:
+    /// from the send of the last renewal that applied (or from the claim),
+    /// `pending_ttl` less a tenth of it as a safety margin.
+    pub fn lease_time_left(&self) -> Duration {
+        let renewed = Duration::from_millis(self.renewed_at.load(Ordering::Relaxed));
+        let lasts = self.pending_ttl.saturating_sub(self.pending_ttl / 10);
+        (self.started + renewed + lasts).saturating_duration_since(Instant::now())
     }
 
     /// The lease held.
@@ -607,6 +629,87 @@ impl LeaseGuard {
             .store
             .complete(&self.lease, payload, self.done_ttl, &a)
             .await?;
+        self.finished = true;
+        if written == Fenced::Stale {
+            let a = attempt(
+                &self.replica,
+                AttemptOutcome::Fenced,
+                status,
+                self.at_ms,
+                self.started,
+            );
+            record_best_effort(&*self.store, &self.lease.key, &a, self.done_ttl).await;
+        }
+        Ok(written)
+    }
+
+    /// Stores the result like [`LeaseGuard::complete`], but a temporary
+    /// store error does not lose it: the result stays in memory, the
+    /// heartbeat keeps the lease, and the write is tried again with backoff
+    /// (50 ms doubling to 1 s, never past the lease) while the lease has
+    /// time left ([`LeaseGuard::lease_time_left`]). `held` is
+    /// called with each temporary error before its retry, so the caller can
+    /// count and log it (and serve the held result meanwhile).
+    ///
+    /// A retry after a write whose reply was lost is safe: the store
+    /// acknowledges the DONE record this lease wrote with the same payload.
+    ///
+    /// # Errors
+    /// A permanent store error, or a temporary one once the lease has no
+    /// time left for another try; the guard then releases the key on drop.
+    pub async fn complete_or_hold(
+        self,
+        payload: Bytes,
+        status: Option<u16>,
+        held: impl FnMut(&StoreError),
+    ) -> Result<Fenced, StoreError> {
+        self.hold_as(AttemptOutcome::Executed, payload, status, held)
+            .await
+    }
+
+    /// [`LeaseGuard::complete_unknown`] with the holding and retrying of
+    /// [`LeaseGuard::complete_or_hold`].
+    ///
+    /// # Errors
+    /// As [`LeaseGuard::complete_or_hold`].
+    pub async fn complete_unknown_or_hold(
+        self,
+        payload: Bytes,
+        status: Option<u16>,
+        held: impl FnMut(&StoreError),
+    ) -> Result<Fenced, StoreError> {
+        self.hold_as(AttemptOutcome::OutcomeUnknown, payload, status, held)
+            .await
+    }
+
+    async fn hold_as(
+        mut self,
+        outcome: AttemptOutcome,
+        payload: Bytes,
+        status: Option<u16>,
+        mut held: impl FnMut(&StoreError),
+    ) -> Result<Fenced, StoreError> {
+        let a = attempt(&self.replica, outcome, status, self.at_ms, self.started);
+        let mut backoff = Duration::from_millis(50);
+        let written = loop {
+            match self
+                .store
+                .complete(&self.lease, payload.clone(), self.done_ttl, &a)
+                .await
+            {
+                Ok(written) => break written,
+                Err(e) if e.is_temporary() && !self.lease_time_left().is_zero() => {
+                    held(&e);
+                    tokio::time::sleep(backoff.min(self.lease_time_left())).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+                Err(e) => {
+                    self.stop_heartbeat();
+                    return Err(e);
+                }
+            }
+        };
+        self.stop_heartbeat();
         self.finished = true;
         if written == Fenced::Stale {
             let a = attempt(
@@ -681,17 +784,28 @@ impl Drop for LeaseGuard {
     }
 }
 
+/// Where the heartbeat notes its renewals for [`LeaseGuard::lease_time_left`].
+struct Renewals {
+    started: Instant,
+    at: Arc<AtomicU64>,
+}
+
 async fn heartbeat(
     store: Arc<dyn Store>,
     mut lease: Lease,
     every: Duration,
     pending_ttl: Duration,
     lost: Arc<AtomicBool>,
+    renewals: Renewals,
 ) {
     loop {
         tokio::time::sleep(every).await;
+        let sent = renewals.started.elapsed();
         match store.renew(&mut lease, pending_ttl).await {
-            Ok(Fenced::Applied) => {}
+            Ok(Fenced::Applied) => {
+                let ms = u64::try_from(sent.as_millis()).unwrap_or(u64::MAX);
+                renewals.at.fetch_max(ms, Ordering::Relaxed);
+            }
             Ok(Fenced::Stale) => {
                 lost.store(true, Ordering::Relaxed);
                 tracing::warn!(key = %lease.key.key, "lease lost: another owner took the key over");

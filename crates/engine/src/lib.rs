@@ -39,7 +39,7 @@ pub use execute::{
 };
 pub use fingerprint::Fingerprint;
 pub use key::{ClientKey, DerivedKey, KeyError, ScopedKey, natural_key};
-pub use memory::{Clock, ManualClock, MemoryStore, SystemClock};
+pub use memory::{Clock, ManualClock, MemoryStore, MonotonicClock, SystemClock};
 pub use record::{
     Attempt, AttemptOutcome, Claim, Fenced, Lease, MAX_TIMELINE, Record, RecordState,
 };

@@ -15,7 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::notify::KeyedNotify;
-use crate::record::{MAX_TIMELINE, ms, now_ms};
+use crate::record::{MAX_TIMELINE, monotonic_ms, ms, now_ms};
 use crate::{
     Attempt, BoxFuture, Claim, Fenced, Fingerprint, Lease, Record, RecordState, ScopedKey, Store,
     StoreError,
@@ -35,6 +35,18 @@ pub struct SystemClock;
 impl Clock for SystemClock {
     fn now_ms(&self) -> u64 {
         now_ms()
+    }
+}
+
+/// The wall clock read once, then advanced by elapsed time
+/// ([`crate::record::monotonic_ms`]): steps of the wall clock do not move
+/// lease expiry. The default of [`MemoryStore::new`].
+#[derive(Debug, Default, Clone, Copy)]
+pub struct MonotonicClock;
+
+impl Clock for MonotonicClock {
+    fn now_ms(&self) -> u64 {
+        monotonic_ms()
     }
 }
 
@@ -116,6 +128,14 @@ impl Slot {
         matches!(self.state, RecordState::Pending { fence, .. } if fence == lease.fence)
             && self.token == lease.token
     }
+
+    /// Whether this is the DONE record that `lease` itself completed with
+    /// `payload`: a retried `complete` whose first reply was lost.
+    fn completed_by(&self, lease: &Lease, payload: &Bytes, now: u64) -> bool {
+        self.token == lease.token
+            && matches!(&self.state, RecordState::Done { payload: p, expires_at_ms }
+                if p == payload && *expires_at_ms > now)
+    }
 }
 
 impl Default for MemoryStore {
@@ -125,9 +145,9 @@ impl Default for MemoryStore {
 }
 
 impl MemoryStore {
-    /// A store on the wall clock.
+    /// A store on the process's monotonic clock ([`MonotonicClock`]).
     pub fn new() -> Self {
-        Self::with_clock(Arc::new(SystemClock))
+        Self::with_clock(Arc::new(MonotonicClock))
     }
 
     /// A store reading time from `clock`.
@@ -286,6 +306,14 @@ impl Store for MemoryStore {
                 let Some(entry) = map.get_mut(&id) else {
                     return Ok(Fenced::Stale);
                 };
+                if entry.fence == lease.fence
+                    && entry
+                        .record
+                        .as_ref()
+                        .is_some_and(|s| s.completed_by(lease, &payload, now))
+                {
+                    return Ok(Fenced::Applied);
+                }
                 let Some(slot) = entry.record.as_mut().filter(|s| s.owned_by(lease)) else {
                     return Ok(Fenced::Stale);
                 };

@@ -16,6 +16,30 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// Milliseconds since the Unix epoch as read on this process's monotonic
+/// clock: the wall clock is read once, at the first call, and time then
+/// advances with [`std::time::Instant`].
+///
+/// Lease and record expiry of the in-process stores (memory, SQLite) use
+/// it, so that a step of the wall clock (an NTP correction, a VM resumed)
+/// neither expires a live lease early nor keeps a dead one: within one
+/// process, expiry follows elapsed time only.
+///
+/// The limit: processes sharing one SQLite file each anchor their clock
+/// when they first use it. They agree while the wall clock is not stepped
+/// between their starts; after a step, a process started later is off by
+/// the step from one started earlier, until the earlier one restarts.
+pub fn monotonic_ms() -> u64 {
+    static ANCHOR: std::sync::OnceLock<(u64, std::time::Instant)> = std::sync::OnceLock::new();
+    let (wall, at) = ANCHOR.get_or_init(|| (now_ms(), std::time::Instant::now()));
+    anchored_ms(*wall, *at, std::time::Instant::now())
+}
+
+/// `wall` (read at `at`) advanced by the monotonic time from `at` to `now`.
+fn anchored_ms(wall: u64, at: std::time::Instant, now: std::time::Instant) -> u64 {
+    wall.saturating_add(ms(now.saturating_duration_since(at)))
+}
+
 /// A duration in whole milliseconds, saturating.
 pub fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
@@ -181,3 +205,21 @@ pub struct Attempt {
 
 /// Most attempts a store keeps per key; older ones are dropped first.
 pub const MAX_TIMELINE: usize = 64;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn the_monotonic_clock_follows_elapsed_time_not_the_wall_clock() {
+        let at = Instant::now();
+        // Whatever the wall clock reads now, only the anchor and the
+        // monotonic elapsed time count.
+        assert_eq!(anchored_ms(1_000, at, at + Duration::from_secs(5)), 6_000);
+        assert_eq!(anchored_ms(1_000, at + Duration::from_secs(5), at), 1_000);
+        let a = monotonic_ms();
+        let b = monotonic_ms();
+        assert!(b >= a, "the monotonic clock went back");
+    }
+}

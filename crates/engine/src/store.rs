@@ -3,8 +3,10 @@
 //! Each method is **one atomic step and, on a networked store, one round
 //! trip**: `claim` is an insert-or-read (a Lua script in Redis, one
 //! `INSERT … ON CONFLICT … RETURNING` in SQL), never a read followed by a
-//! write. Time is wall-clock milliseconds so that several processes sharing a
-//! store agree on lease expiry.
+//! write. Time is milliseconds since the epoch so that several processes
+//! sharing a store agree on lease expiry: the server's clock for networked
+//! stores, the process's wall-anchored monotonic clock
+//! ([`crate::record::monotonic_ms`]) for the in-process ones.
 //!
 //! The behaviour of every method is pinned down by the conformance suite in
 //! `idemgate-testkit`, which every store runs unchanged.
@@ -143,7 +145,10 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// If the record is PENDING with `lease`'s token and fence, replaces it by
     /// DONE holding `payload` (and the claim's fingerprint), expiring after
     /// `done_ttl`, appends `attempt` to the key's timeline in the same step,
-    /// and returns [`Fenced::Applied`]. Otherwise writes nothing and returns
+    /// and returns [`Fenced::Applied`]. If the record is the DONE record this
+    /// very lease wrote (same token and fence) holding the same `payload` —
+    /// a retry after the first call's reply was lost — writes nothing and
+    /// returns [`Fenced::Applied`]. Otherwise writes nothing and returns
     /// [`Fenced::Stale`]. A store acknowledges only once the write is durable
     /// to the store's own standard.
     fn complete<'a>(

@@ -145,17 +145,17 @@ pub struct InProcessLive {
 
 impl LiveEvents for InProcessLive {
     fn publish(&self, stream: LiveStream) -> Box<dyn LivePublisher> {
-        Box::new(self.registry.publish(stream.key.storage_id()))
+        Box::new(self.registry.publish(stream.key.storage_id(), stream.fence))
     }
 
     fn join<'a>(
         &'a self,
         key: &'a ScopedKey,
-        _fence: u64,
+        fence: u64,
         deadline: Instant,
     ) -> BoxFuture<'a, Joined> {
         Box::pin(async move {
-            let Some(sub) = self.registry.get(&key.storage_id()) else {
+            let Some(sub) = self.registry.get(&key.storage_id(), fence) else {
                 return Joined::Unknown;
             };
             match sub.head(deadline).await {
@@ -208,24 +208,38 @@ enum End {
     Failed,
 }
 
+/// The live execution of one key: its owner's fence and its progress.
+type Entry = (u64, Arc<watch::Sender<LiveState>>);
+
 /// Map from storage id to the live execution of that key in this process.
+///
+/// Each entry carries its owner's fence, and a duplicate joins only the
+/// stream of the owner whose fence the record holds now: an owner whose
+/// lease was taken over may still be relaying its (unstorable) stream in
+/// this process, and a duplicate that joined it would get a result the
+/// store will never hold.
 #[derive(Debug, Clone, Default)]
 struct LiveRegistry {
     /// Held only to look up, insert or remove, never across an `.await`.
-    map: Arc<Mutex<HashMap<String, Arc<watch::Sender<LiveState>>>>>,
+    map: Arc<Mutex<HashMap<String, Entry>>>,
 }
 
 impl LiveRegistry {
-    /// Registers the execution of `id` (replacing a stale entry) and returns
-    /// its publisher.
-    fn publish(&self, id: String) -> Publisher {
+    /// Registers the execution of `id` by the owner with `fence` (replacing
+    /// the entry of an owner with a lower fence, never one with a higher
+    /// fence) and returns its publisher.
+    fn publish(&self, id: String, fence: u64) -> Publisher {
         let (tx, _) = watch::channel(LiveState {
             phase: Phase::Starting,
             events: Vec::new(),
             end: None,
         });
         let tx = Arc::new(tx);
-        self.lock().insert(id.clone(), Arc::clone(&tx));
+        let mut map = self.lock();
+        if map.get(&id).is_none_or(|(current, _)| *current <= fence) {
+            map.insert(id.clone(), (fence, Arc::clone(&tx)));
+        }
+        drop(map);
         Publisher {
             registry: self.clone(),
             id,
@@ -234,9 +248,14 @@ impl LiveRegistry {
         }
     }
 
-    /// The live execution of `id`, if this process runs one.
-    fn get(&self, id: &str) -> Option<Subscription> {
-        let tx = self.lock().get(id).cloned()?;
+    /// The live execution of `id` by the owner with `fence`, if this
+    /// process runs it.
+    fn get(&self, id: &str, fence: u64) -> Option<Subscription> {
+        let tx = self
+            .lock()
+            .get(id)
+            .filter(|(owner, _)| *owner == fence)
+            .map(|(_, tx)| Arc::clone(tx))?;
         Some(Subscription { rx: tx.subscribe() })
     }
 
@@ -245,7 +264,7 @@ impl LiveRegistry {
         self.lock().len()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<watch::Sender<LiveState>>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
         self.map.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -296,7 +315,10 @@ impl Publisher {
         self.ended = true;
         self.tx.send_modify(|s| s.end = Some(end));
         let mut map = self.registry.lock();
-        if map.get(&self.id).is_some_and(|t| Arc::ptr_eq(t, &self.tx)) {
+        if map
+            .get(&self.id)
+            .is_some_and(|(_, t)| Arc::ptr_eq(t, &self.tx))
+        {
             map.remove(&self.id);
         }
     }
@@ -413,11 +435,11 @@ mod tests {
     #[tokio::test]
     async fn subscriber_sees_events_so_far_then_live_ones_then_the_end() {
         let reg = LiveRegistry::default();
-        let p = Box::new(reg.publish("k".into()));
+        let p = Box::new(reg.publish("k".into(), 1));
         p.streaming(StatusCode::OK, HeaderMap::new());
         p.event(Bytes::from_static(b"a"));
         p.event(Bytes::from_static(b"b"));
-        let Head::Streaming { mut follow, .. } = reg.get("k").unwrap().head(deadline()).await
+        let Head::Streaming { mut follow, .. } = reg.get("k", 1).unwrap().head(deadline()).await
         else {
             panic!("expected a stream");
         };
@@ -440,38 +462,38 @@ mod tests {
         let (got, end) = waiter.await.unwrap();
         assert_eq!(got.concat(), b"c");
         assert_eq!(end, Next::End);
-        assert!(reg.get("k").is_none());
+        assert!(reg.get("k", 1).is_none());
         assert_eq!(reg.len(), 0);
     }
 
     #[tokio::test]
     async fn a_dropped_publisher_fails_its_subscribers_and_leaves() {
         let reg = LiveRegistry::default();
-        let p = Box::new(reg.publish("k".into()));
+        let p = Box::new(reg.publish("k".into(), 1));
         p.streaming(StatusCode::OK, HeaderMap::new());
-        let Head::Streaming { mut follow, .. } = reg.get("k").unwrap().head(deadline()).await
+        let Head::Streaming { mut follow, .. } = reg.get("k", 1).unwrap().head(deadline()).await
         else {
             panic!("expected a stream");
         };
         drop(p);
         let mut cursor = 0;
         assert_eq!(follow.next(&mut cursor).await, Next::Failed);
-        assert!(reg.get("k").is_none());
+        assert!(reg.get("k", 1).is_none());
     }
 
     #[tokio::test]
     async fn non_streaming_and_failed_heads() {
         let reg = LiveRegistry::default();
-        let p = Box::new(reg.publish("a".into()));
-        let sub = reg.get("a").unwrap();
+        let p = Box::new(reg.publish("a".into(), 1));
+        let sub = reg.get("a", 1).unwrap();
         p.not_streaming();
         assert!(matches!(sub.head(deadline()).await, Head::NotStreaming));
-        let q = Box::new(reg.publish("b".into()));
-        let sub = reg.get("b").unwrap();
+        let q = Box::new(reg.publish("b".into(), 1));
+        let sub = reg.get("b", 1).unwrap();
         q.fail();
         assert!(matches!(sub.head(deadline()).await, Head::Gone));
-        let _r = Box::new(reg.publish("c".into()));
-        let sub = reg.get("c").unwrap();
+        let _r = Box::new(reg.publish("c".into(), 1));
+        let sub = reg.get("c", 1).unwrap();
         let soon = Instant::now() + Duration::from_millis(10);
         assert!(matches!(sub.head(soon).await, Head::Gone));
     }
@@ -479,11 +501,36 @@ mod tests {
     #[tokio::test]
     async fn a_replaced_entry_is_not_removed_by_the_old_publisher() {
         let reg = LiveRegistry::default();
-        let old = Box::new(reg.publish("k".into()));
-        let new = Box::new(reg.publish("k".into()));
+        let old = Box::new(reg.publish("k".into(), 1));
+        let new = Box::new(reg.publish("k".into(), 2));
         old.fail();
-        assert!(reg.get("k").is_some());
+        assert!(reg.get("k", 2).is_some());
         new.complete();
-        assert!(reg.get("k").is_none());
+        assert!(reg.get("k", 2).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_duplicate_joins_only_the_owner_holding_the_current_fence() {
+        let reg = LiveRegistry::default();
+        // The owner whose lease was taken over (fence 1) is still relaying
+        // here; the record is PENDING under fence 2, run elsewhere.
+        let stale = Box::new(reg.publish("k".into(), 1));
+        stale.streaming(StatusCode::OK, HeaderMap::new());
+        assert!(reg.get("k", 2).is_none(), "joined a stale owner's stream");
+        assert!(reg.get("k", 1).is_some());
+        // The new owner runs here too: its stream replaces the stale one,
+        // and a stale owner starting late does not replace it back.
+        let current = Box::new(reg.publish("k".into(), 2));
+        let late = Box::new(reg.publish("k".into(), 1));
+        assert!(reg.get("k", 1).is_none());
+        assert!(reg.get("k", 2).is_some());
+        late.fail();
+        stale.fail();
+        assert!(
+            reg.get("k", 2).is_some(),
+            "a stale owner removed the current stream"
+        );
+        current.complete();
+        assert!(reg.get("k", 2).is_none());
     }
 }

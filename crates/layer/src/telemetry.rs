@@ -149,6 +149,12 @@ impl Metrics {
         self.route.outcome_unknown();
     }
 
+    /// A completion write that failed with a temporary store error: the
+    /// result is held in memory and the write retried.
+    pub(crate) fn completion_held(&self) {
+        self.route.completion_held();
+    }
+
     /// Events relayed on a stream that then broke: not stored.
     pub(crate) fn events_lost(&self, n: usize) {
         self.route

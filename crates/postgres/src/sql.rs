@@ -108,14 +108,20 @@ impl Sql {
             exp = after_ms("$4"),
             m = ms("expires_at"),
         );
+        // `again`: the DONE row this very lease wrote with this payload — a
+        // retry of a complete whose reply was lost — counts as applied and
+        // writes nothing. It reads the statement's snapshot, so it never
+        // sees the row `done` updates.
         let complete = format!(
             "WITH done AS (\
                UPDATE {rec} SET state = 'D', payload = $4, expires_at = {exp} \
                WHERE {owned} RETURNING id, expires_at), \
              tl AS (INSERT INTO {tl} (id, entry, keep_until) \
                     SELECT id, $6::jsonb, expires_at FROM done), \
-             {trim} \
-             SELECT count(*) AS applied FROM done",
+             {trim}, \
+             again AS (SELECT 1 FROM {rec} WHERE id = $1 AND token = $2 AND fence = $3 \
+                       AND state = 'D' AND payload = $4 AND expires_at > now()) \
+             SELECT (SELECT count(*) FROM done) + (SELECT count(*) FROM again) AS applied",
             exp = after_ms("$5"),
             trim = trim("(SELECT id FROM done)"),
         );

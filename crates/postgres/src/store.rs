@@ -150,6 +150,7 @@ impl PostgresStore {
         let connect = PgConnectOptions::from_str(url)
             .map_err(map_error)?
             .application_name("idemgate");
+        let check = opts.operation_timeout;
         let pool = PgPoolOptions::new()
             .max_connections(opts.max_connections.max(1))
             .acquire_timeout(opts.operation_timeout)
@@ -157,6 +158,21 @@ impl PostgresStore {
             // connection instead fails one operation with `Unavailable`
             // and is discarded.
             .test_before_acquire(false)
+            // The pool pings every connection it gets back, without a
+            // bound: a connection that went silent would hold its slot
+            // forever. This bounded ping comes first and closes such a
+            // connection (the pool's own ping then finds a live one fast).
+            .after_release(move |conn, _| {
+                Box::pin(async move {
+                    match tokio::time::timeout(check, sqlx::Connection::ping(conn)).await {
+                        Ok(pinged) => pinged.map(|()| true),
+                        Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            "the connection did not answer a ping in time",
+                        ))),
+                    }
+                })
+            })
             .connect_with(connect)
             .await
             .map_err(map_error)?;
@@ -304,9 +320,9 @@ impl PostgresStore {
         ] {
             loop {
                 let done = self
-                    .bounded("purge", async {
+                    .bounded("purge", async |c: &mut PgConnection| {
                         sqlx::query(AssertSqlSafe(Arc::clone(stmt)))
-                            .execute(&self.inner.pool)
+                            .execute(&mut *c)
                             .await
                     })
                     .await?
@@ -385,18 +401,34 @@ impl PostgresStore {
         )
     }
 
+    /// Runs `run` on a pooled connection within the operation bound,
+    /// waiting for the connection included. A connection whose statement
+    /// overran the bound is closed instead of going back to the pool: it
+    /// may have gone silent, and the pool's own check of a returned
+    /// connection would then wait on it forever, holding its slot.
     async fn bounded<T>(
         &self,
         what: &'static str,
-        run: impl Future<Output = Result<T, sqlx::Error>>,
+        run: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
     ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.inner.opts.operation_timeout, run).await {
-            Ok(r) => r.map_err(map_error),
-            Err(_) => Err(StoreError::new(
+        let timed_out = || {
+            StoreError::new(
                 StoreErrorKind::Unavailable,
                 BACKEND,
                 format!("{what} did not finish in time"),
-            )),
+            )
+        };
+        let deadline = tokio::time::Instant::now() + self.inner.opts.operation_timeout;
+        let mut conn = tokio::time::timeout_at(deadline, self.inner.pool.acquire())
+            .await
+            .map_err(|_| timed_out())?
+            .map_err(map_error)?;
+        match tokio::time::timeout_at(deadline, run(&mut conn)).await {
+            Ok(r) => r.map_err(map_error),
+            Err(_) => {
+                conn.close_on_drop();
+                Err(timed_out())
+            }
         }
     }
 
@@ -407,7 +439,7 @@ impl PostgresStore {
         token: u128,
         pending_ttl: Duration,
     ) -> Result<Option<PgRow>, StoreError> {
-        self.bounded("claim", async {
+        self.bounded("claim", async |c: &mut PgConnection| {
             sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.claim)))
                 .bind(key.storage_id())
                 .bind(&key.tenant)
@@ -416,7 +448,7 @@ impl PostgresStore {
                 .bind(&fingerprint.0[..])
                 .bind(token.to_be_bytes().to_vec())
                 .bind(ttl_param(pending_ttl))
-                .fetch_optional(&self.inner.pool)
+                .fetch_optional(&mut *c)
                 .await
         })
         .await
@@ -547,13 +579,13 @@ impl Store for PostgresStore {
                 return Ok(Fenced::Stale);
             };
             let row = self
-                .bounded("renew", async {
+                .bounded("renew", async |c: &mut PgConnection| {
                     sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.renew)))
                         .bind(lease.key.storage_id())
                         .bind(lease.token.to_be_bytes().to_vec())
                         .bind(fence)
                         .bind(ttl_param(pending_ttl))
-                        .fetch_optional(&self.inner.pool)
+                        .fetch_optional(&mut *c)
                         .await
                 })
                 .await?;
@@ -581,7 +613,9 @@ impl Store for PostgresStore {
             };
             let query = self.complete_query(lease, fence, payload, done_ttl, attempt)?;
             let row = self
-                .bounded("complete", query.fetch_one(&self.inner.pool))
+                .bounded("complete", async move |c: &mut PgConnection| {
+                    query.fetch_one(c).await
+                })
                 .await?;
             let written = applied(&row)?;
             if written == Fenced::Applied {
@@ -603,14 +637,14 @@ impl Store for PostgresStore {
             };
             let entry = attempt_json(attempt)?;
             let row = self
-                .bounded("release", async {
+                .bounded("release", async |c: &mut PgConnection| {
                     sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.release)))
                         .bind(lease.key.storage_id())
                         .bind(lease.token.to_be_bytes().to_vec())
                         .bind(fence)
                         .bind(entry)
                         .bind(ttl_param(timeline_ttl))
-                        .fetch_one(&self.inner.pool)
+                        .fetch_one(&mut *c)
                         .await
                 })
                 .await?;
@@ -631,12 +665,12 @@ impl Store for PostgresStore {
         Box::pin(async move {
             let entry = attempt_json(attempt)?;
             let row = self
-                .bounded("forget", async {
+                .bounded("forget", async |c: &mut PgConnection| {
                     sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.forget)))
                         .bind(key.storage_id())
                         .bind(entry)
                         .bind(ttl_param(timeline_ttl))
-                        .fetch_one(&self.inner.pool)
+                        .fetch_one(c)
                         .await
                 })
                 .await?;
@@ -651,10 +685,10 @@ impl Store for PostgresStore {
     fn get<'a>(&'a self, key: &'a ScopedKey) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
         Box::pin(async move {
             let row = self
-                .bounded("get", async {
+                .bounded("get", async |c: &mut PgConnection| {
                     sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.get)))
                         .bind(key.storage_id())
-                        .fetch_optional(&self.inner.pool)
+                        .fetch_optional(&mut *c)
                         .await
                 })
                 .await?;
@@ -678,12 +712,12 @@ impl Store for PostgresStore {
                 });
                 return Ok(());
             }
-            self.bounded("record_attempt", async {
+            self.bounded("record_attempt", async |c: &mut PgConnection| {
                 sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.record_attempt)))
                     .bind(key.storage_id())
                     .bind(entry)
                     .bind(ttl_param(ttl))
-                    .execute(&self.inner.pool)
+                    .execute(&mut *c)
                     .await
             })
             .await?;
@@ -697,10 +731,10 @@ impl Store for PostgresStore {
     ) -> BoxFuture<'a, Result<Vec<Attempt>, StoreError>> {
         Box::pin(async move {
             let rows = self
-                .bounded("timeline", async {
+                .bounded("timeline", async |c: &mut PgConnection| {
                     sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.timeline)))
                         .bind(key.storage_id())
-                        .fetch_all(&self.inner.pool)
+                        .fetch_all(&mut *c)
                         .await
                 })
                 .await?;

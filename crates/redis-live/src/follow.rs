@@ -90,6 +90,15 @@ impl RemoteFollow {
                 });
             }
             if e.seq < next_seq {
+                if let Kind::End { complete } = e.kind {
+                    // The client's cursor (its `Last-Event-ID`) is beyond
+                    // the end of the stream: nothing more to send.
+                    if !chunk.is_empty() {
+                        break;
+                    }
+                    self.backlog.clear();
+                    return Some(if complete { Next::End } else { Next::Failed });
+                }
                 // Already handed out (or the head).
                 self.backlog.pop_front();
                 continue;
@@ -177,7 +186,13 @@ impl RemoteFollow {
                 self.backlog.extend(entries);
                 true
             }
-            Ok(Some(_)) => false,
+            Ok(Some(_)) => match self.ended_before(cursor).await {
+                Some(end) => {
+                    self.backlog.push_back(end);
+                    true
+                }
+                None => false,
+            },
             Ok(None) => {
                 tracing::warn!("live stream reply not understood");
                 self.lost = true;
@@ -189,6 +204,25 @@ impl RemoteFollow {
                 false
             }
         }
+    }
+}
+
+impl RemoteFollow {
+    /// The stream's end marker when the stream ended at or before `cursor`:
+    /// reads after a cursor beyond the end never return it, since its
+    /// entry id is lower.
+    async fn ended_before(&self, cursor: usize) -> Option<Entry> {
+        let mut cmd = redis::cmd("XREVRANGE");
+        cmd.arg(&self.key)
+            .arg(id(self.fence, MAX_SEQ))
+            .arg(id(self.fence, 0))
+            .arg("COUNT")
+            .arg(1);
+        let reply = self.inner.shared().query::<Value>(&cmd).await.ok()?;
+        let last = entry::range(&reply)?.into_iter().next()?;
+        let within = last.seq <= u64::try_from(cursor).unwrap_or(u64::MAX);
+        (within && last.fence == self.fence && matches!(last.kind, Kind::End { .. }))
+            .then_some(last)
     }
 }
 

@@ -140,6 +140,28 @@ async fn follow_from_cursor_then_live(url: &str) {
     assert_eq!(other.local_streams(), 0);
 }
 
+/// A follower whose cursor (the client's `Last-Event-ID`) is beyond the
+/// end of a finished stream gets the end at once, as on the owner's replica.
+async fn cursor_beyond_the_end(url: &str) {
+    let p = prefix();
+    let (owner, other) = (replica(url, &p).await, replica(url, &p).await);
+    let key = ScopedKey::new("t", "ns", ClientKey::mint());
+    let publisher = owner.publish(stream(&key, 1000));
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", "text/event-stream".parse().unwrap());
+    publisher.streaming(StatusCode::OK, headers);
+    for n in 1..=3 {
+        publisher.event(event(n));
+    }
+    let mut follow = join(&other, &key, 1000).await;
+    publisher.complete();
+    let mut cursor = 10;
+    let (bytes, end) = read_all(&mut follow, &mut cursor).await;
+    assert!(bytes.is_empty());
+    assert_eq!(end, Next::End);
+    assert_eq!(cursor, 10);
+}
+
 async fn takeover(url: &str) {
     let p = prefix();
     let (old_owner, new_owner, other) = (
@@ -208,6 +230,16 @@ async fn unknown_and_dropped(url: &str) {
 #[tokio::test]
 async fn a_follower_on_another_replica_reads_from_its_cursor_then_live_to_the_end() {
     follow_from_cursor_then_live(REDIS).await;
+}
+
+#[tokio::test]
+async fn a_cursor_beyond_the_end_ends_the_follow() {
+    cursor_beyond_the_end(REDIS).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_cursor_beyond_the_end() {
+    cursor_beyond_the_end(cluster().await).await;
 }
 
 #[tokio::test]

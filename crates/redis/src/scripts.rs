@@ -74,12 +74,19 @@ return es
 
 /// PENDING → DONE. KEYS: record, timeline. ARGV: token, fence, payload,
 /// done_ttl ms, attempt JSON, timeline max. Returns 1 if applied, 0 if stale.
+///
+/// The DONE record keeps the owner's token and fence, so that a retry of a
+/// complete whose reply was lost is recognised: the same lease and the same
+/// payload on the DONE record it wrote return 1 without writing again.
 const COMPLETE: &str = r"
-if not owned(KEYS[1], ARGV[1], ARGV[2]) then return 0 end
+local cur = redis.call('HMGET', KEYS[1], 'st', 'tok', 'fence', 'body')
+if cur[1] == 'D' and cur[2] == ARGV[1] and cur[3] == ARGV[2] and cur[4] == ARGV[3] then
+  return 1
+end
+if not (cur[1] == 'P' and cur[2] == ARGV[1] and cur[3] == ARGV[2]) then return 0 end
 local ttl = tonumber(ARGV[4])
 local es = string.format('%.0f', now_ms() + ttl)
 redis.call('HSET', KEYS[1], 'st', 'D', 'exp', es, 'body', ARGV[3])
-redis.call('HDEL', KEYS[1], 'tok')
 redis.call('PEXPIRE', KEYS[1], ttl)
 push(KEYS[2], ARGV[5], ARGV[6], ttl)
 return 1

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idemgate_engine::notify::KeyedNotify;
-use idemgate_engine::record::{ms, now_ms};
+use idemgate_engine::record::{monotonic_ms, ms};
 use idemgate_engine::{
     Attempt, BoxFuture, Claim, Fenced, Fingerprint, Lease, Record, ScopedKey, Store, StoreError,
 };
@@ -250,7 +250,7 @@ impl Inner {
     }
 
     fn live_record(&self, id: &str) -> Result<Option<Record>, StoreError> {
-        let now = int(now_ms());
+        let now = int(monotonic_ms());
         self.read(|conn| {
             let raw = conn
                 .prepare_cached(&format!(
@@ -461,7 +461,7 @@ impl Store for SqliteStore {
     ) -> BoxFuture<'a, Result<Vec<Attempt>, StoreError>> {
         Box::pin(async move {
             let id = key.storage_id();
-            let now = int(now_ms());
+            let now = int(monotonic_ms());
             self.inner.read(|conn| {
                 let raws = conn
                     .prepare_cached(&format!(

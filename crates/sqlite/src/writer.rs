@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use idemgate_engine::notify::KeyedNotify;
-use idemgate_engine::record::now_ms;
+use idemgate_engine::record::monotonic_ms;
 use idemgate_engine::{Attempt, MAX_TIMELINE, Record, StoreError};
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 use tokio::sync::oneshot;
@@ -349,7 +349,7 @@ fn try_batch(conn: &mut Connection, batch: &[Op]) -> Result<(Vec<Outcome>, Durat
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(BatchError::Transaction)?;
-    let now = now_ms();
+    let now = monotonic_ms();
     let mut fences = FenceCounter::read(&tx).map_err(BatchError::Transaction)?;
     let mut outcomes = Vec::with_capacity(batch.len());
     for (index, op) in batch.iter().enumerate() {
@@ -493,8 +493,26 @@ fn apply(
                 ])?;
             if changed == 1 {
                 append_attempt(tx, &owner.id, attempt, expires)?;
+                return Ok(Outcome::Applied(true));
             }
-            Ok(Outcome::Applied(changed == 1))
+            // The DONE row this very lease wrote with this payload: a retry
+            // of a complete whose reply was lost, acknowledged unchanged.
+            let again = tx
+                .prepare_cached(
+                    "SELECT count(*) FROM records WHERE id = ?1 AND done = 1 AND token = ?2
+                     AND fence = ?3 AND payload = ?4 AND expires_at > ?5",
+                )?
+                .query_row(
+                    params![
+                        owner.id,
+                        &token_bytes(owner.token)[..],
+                        int(owner.fence),
+                        &payload[..],
+                        int(now)
+                    ],
+                    |row| row.get::<_, i64>(0),
+                )?;
+            Ok(Outcome::Applied(again == 1))
         }
         Op::Release {
             owner,
@@ -587,7 +605,7 @@ fn append_attempt(
 /// One bounded purge step in its own transaction.
 fn purge_step(conn: &mut Connection, limit: usize) -> rusqlite::Result<(usize, usize)> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let n = purge_in(&tx, now_ms(), limit)?;
+    let n = purge_in(&tx, monotonic_ms(), limit)?;
     tx.commit()?;
     Ok(n)
 }

@@ -461,6 +461,12 @@ impl RouteTelemetry {
         self.telemetry.count_events_lost(self.labels(), events);
     }
 
+    /// Counts a completion write that failed with a temporary store error
+    /// and will be retried, its result held in memory.
+    pub fn completion_held(&self) {
+        metrics::counter!(names::COMPLETION_HELD, self.labels()).increment(1);
+    }
+
     /// Counts an execution whose key was released instead of stored.
     pub fn released(&self, reason: &'static str) {
         let mut labels = self.labels();

@@ -32,6 +32,9 @@ pub const OUTCOME_UNKNOWN_HELP: &str =
     "Executions that failed after the request was sent upstream, so the work may have run";
 /// SSE events lost when an upstream stream broke mid-way (not stored).
 pub const STREAM_EVENTS_LOST: &str = "idempotency_stream_events_lost_total";
+/// Completion writes that failed with a temporary store error while the
+/// result was held in memory and the write retried.
+pub const COMPLETION_HELD: &str = "idempotency_completion_held_total";
 /// Store operation latency by `backend` and `op`.
 pub const STORE_OPERATION: &str = "idemgate_store_operation_seconds";
 /// Store operations that failed, by `backend` and `op`.
@@ -63,6 +66,7 @@ pub const ALL: &[&str] = &[
     RELEASED,
     OUTCOME_UNKNOWN,
     STREAM_EVENTS_LOST,
+    COMPLETION_HELD,
     STORE_OPERATION,
     STORE_ERRORS,
     UPSTREAM_QUEUE,

@@ -186,6 +186,62 @@ pub async fn fenced_complete_and_release(store: Arc<dyn Store>) {
     assert_eq!(rec.payload().map(|p| p.to_vec()), Some(b"b".to_vec()));
 }
 
+/// A complete retried with its own lease and payload (its first reply was
+/// lost) is acknowledged as applied without writing again: the record and
+/// its timeline are unchanged. A different payload, another token or an
+/// older lease of the key stays `Stale`.
+pub async fn complete_retry_is_idempotent(store: Arc<dyn Store>) {
+    let key = fresh_key();
+    let ok = attempt(AttemptOutcome::Executed);
+    let a = acquired(store.claim(&key, &fp("a"), SHORT_TTL).await.unwrap());
+    tokio::time::sleep(PAST_SHORT_TTL).await;
+    let b = acquired(store.claim(&key, &fp("a"), LONG).await.unwrap());
+    assert_eq!(
+        store.complete(&b, payload(b"b"), LONG, &ok).await.unwrap(),
+        Fenced::Applied
+    );
+    let done = store.get(&key).await.unwrap().expect("done");
+    for _ in 0..2 {
+        assert_eq!(
+            store.complete(&b, payload(b"b"), LONG, &ok).await.unwrap(),
+            Fenced::Applied,
+            "a retried complete of the same lease and payload"
+        );
+    }
+    assert_eq!(store.get(&key).await.unwrap(), Some(done.clone()));
+    let executed = store
+        .timeline(&key)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|t| t.outcome == AttemptOutcome::Executed)
+        .count();
+    assert_eq!(executed, 1, "the retry appended to the timeline");
+    assert_eq!(
+        store.complete(&b, payload(b"c"), LONG, &ok).await.unwrap(),
+        Fenced::Stale,
+        "same lease, another payload"
+    );
+    let forged = Lease {
+        token: b.token ^ 1,
+        ..b.clone()
+    };
+    assert_eq!(
+        store
+            .complete(&forged, payload(b"b"), LONG, &ok)
+            .await
+            .unwrap(),
+        Fenced::Stale,
+        "another token, same fence and payload"
+    );
+    assert_eq!(
+        store.complete(&a, payload(b"b"), LONG, &ok).await.unwrap(),
+        Fenced::Stale,
+        "the lease taken over, same payload"
+    );
+    assert_eq!(store.get(&key).await.unwrap(), Some(done));
+}
+
 /// DONE expires after `done_ttl`; the key is then claimable.
 pub async fn done_expiry(store: Arc<dyn Store>) {
     let key = fresh_key();

@@ -372,10 +372,18 @@ impl Detached {
                 };
                 let outcome = match stored.encode() {
                     Ok(payload) => {
+                        let held = |e: &idemgate_engine::StoreError| {
+                            metrics.completion_held();
+                            tracing::warn!(
+                                key = %self.key.key,
+                                error = %e,
+                                "result not stored yet; held in memory, lease kept, retrying"
+                            );
+                        };
                         let written = if unknown {
-                            guard.complete_unknown(payload, status).await
+                            guard.complete_unknown_or_hold(payload, status, held).await
                         } else {
-                            guard.complete(payload, status).await
+                            guard.complete_or_hold(payload, status, held).await
                         };
                         match written {
                             Ok(Fenced::Applied) if unknown => {
@@ -394,7 +402,11 @@ impl Detached {
                                 Outcome::Fenced
                             }
                             Err(e) => {
-                                tracing::warn!(error = %e, "result not stored; key released");
+                                tracing::warn!(
+                                    key = %self.key.key,
+                                    error = %e,
+                                    "result not stored before the lease ran out; key released"
+                                );
                                 Outcome::StoreError
                             }
                         }

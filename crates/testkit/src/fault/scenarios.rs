@@ -268,6 +268,59 @@ pub async fn cut_between_claim_and_complete(rig: Rig) {
     assert_eq!(done_once(&rig, &key).await, (payload, 1));
 }
 
+/// (3) A complete reaches the server and is applied, but its reply is
+/// lost (replies stalled, then the connection cut). The caller saw a
+/// temporary error, so it retries with the same lease and payload: the
+/// retry must be idempotent — acknowledged as applied, the record DONE
+/// once with the first payload, one `Executed` attempt — not `Stale`,
+/// which would tell the caller that another owner took over.
+pub async fn complete_reply_lost_retry_is_idempotent(rig: Rig) {
+    warm_up(&rig).await;
+    let key = fresh_key();
+    let executed = attempt();
+    let lease = acquired(rig.store.claim(&key, &fp("a"), LONG).await.expect("claim"));
+    let payload = Bytes::from_static(b"{\"charged\":1}");
+    hold_next_reply(&rig).await;
+    let first = {
+        let (store, lease, payload, executed) = (
+            Arc::clone(&rig.store),
+            lease.clone(),
+            payload.clone(),
+            executed.clone(),
+        );
+        tokio::spawn(async move { store.complete(&lease, payload, LONG, &executed).await })
+    };
+    let applied = eventually(|| {
+        let (direct, key) = (Arc::clone(&rig.direct), key.clone());
+        async move {
+            direct
+                .get(&key)
+                .await
+                .is_ok_and(|r| r.is_some_and(|r| r.is_done()))
+        }
+    })
+    .await;
+    assert!(applied, "the stalled complete never reached the server");
+    assert!(rig.proxy.cut().await >= 1);
+    rig.proxy.heal();
+    let err = first
+        .await
+        .expect("complete task")
+        .expect_err("a complete whose reply was lost succeeded");
+    assert!(err.is_temporary(), "complete with a lost reply: {err}");
+    let (retry, _) = until_ok("complete retried after a lost reply", || {
+        rig.store.complete(&lease, payload.clone(), LONG, &executed)
+    })
+    .await;
+    assert_eq!(done_once(&rig, &key).await, (payload, 1));
+    assert_eq!(
+        retry,
+        Fenced::Applied,
+        "retrying an applied complete with its own lease and payload must be \
+         acknowledged, not reported as fenced by another owner"
+    );
+}
+
 /// (4) Heartbeats fail while the server is unreachable (connections
 /// reset, new ones refused), for less than the lease: meanwhile nobody
 /// else can take the key, and once the server is back the heartbeat
@@ -385,4 +438,27 @@ pub async fn slow_link_full_lifecycle(rig: Rig) {
     let rec = existing(s.claim(&key, &fp("a"), LONG).await.expect("replay"));
     assert_eq!(rec.payload(), Some(&payload));
     assert_eq!(done_once(&rig, &key).await, (payload, 1));
+}
+
+/// The store's connections go silent (frozen, never closed) while the
+/// server itself is fine: after operations on them fail with temporary
+/// errors, the store must stop using them and open new connections.
+pub async fn frozen_connection_is_replaced(rig: Rig) {
+    warm_up(&rig).await;
+    let key = fresh_key();
+    let fa = fp("a");
+    settle(&rig).await;
+    assert!(rig.proxy.freeze_live() >= 1);
+    let (claim, failures) = until_ok("claim after the connection froze", || {
+        rig.store.claim(&key, &fa, LONG)
+    })
+    .await;
+    eprintln!("claim after a freeze: {failures} temporary errors first");
+    let lease = acquired(claim);
+    let w = rig
+        .store
+        .complete(&lease, Bytes::from_static(b"thawed"), LONG, &attempt())
+        .await
+        .expect("complete on a new connection");
+    assert_eq!(w, Fenced::Applied);
 }

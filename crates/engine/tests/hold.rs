@@ -1,0 +1,352 @@
+//! `LeaseGuard::complete_or_hold`: a result is not thrown away because the
+//! store blinked when it was written. The store here is the memory store
+//! behind a switch that makes `complete` (and, in one case, `renew`) fail
+//! with temporary errors, or apply the write and then lose its reply.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use idemgate_engine::{
+    Attempt, AttemptOutcome, Begin, BoxFuture, Claim, ClientKey, Engine, Fenced, Fingerprint,
+    Lease, LeaseGuard, MemoryStore, Policy, Record, ScopedKey, Store, StoreError, StoreErrorKind,
+};
+
+/// How `complete` misbehaves.
+#[derive(Debug, Default)]
+struct Faults {
+    /// `complete` fails before writing.
+    complete_down: AtomicBool,
+    /// `complete` writes, then fails as if its reply was lost (once).
+    lose_next_reply: AtomicBool,
+    /// `renew` fails.
+    renew_down: AtomicBool,
+    completes: AtomicUsize,
+}
+
+#[derive(Debug)]
+struct Blinking {
+    inner: MemoryStore,
+    faults: Arc<Faults>,
+}
+
+fn unavailable() -> StoreError {
+    StoreError::new(StoreErrorKind::Unavailable, "blinking", "store blinked")
+}
+
+impl Store for Blinking {
+    fn backend(&self) -> &'static str {
+        "blinking"
+    }
+    fn claim<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        fingerprint: &'a Fingerprint,
+        pending_ttl: Duration,
+    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        self.inner.claim(key, fingerprint, pending_ttl)
+    }
+    fn renew<'a>(
+        &'a self,
+        lease: &'a mut Lease,
+        pending_ttl: Duration,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        if self.faults.renew_down.load(Ordering::SeqCst) {
+            return Box::pin(async { Err(unavailable()) });
+        }
+        self.inner.renew(lease, pending_ttl)
+    }
+    fn complete<'a>(
+        &'a self,
+        lease: &'a Lease,
+        payload: Bytes,
+        done_ttl: Duration,
+        attempt: &'a Attempt,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(async move {
+            self.faults.completes.fetch_add(1, Ordering::SeqCst);
+            if self.faults.complete_down.load(Ordering::SeqCst) {
+                return Err(unavailable());
+            }
+            let written = self
+                .inner
+                .complete(lease, payload, done_ttl, attempt)
+                .await?;
+            if self.faults.lose_next_reply.swap(false, Ordering::SeqCst) {
+                return Err(unavailable());
+            }
+            Ok(written)
+        })
+    }
+    fn release<'a>(
+        &'a self,
+        lease: &'a Lease,
+        attempt: &'a Attempt,
+        timeline_ttl: Duration,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        self.inner.release(lease, attempt, timeline_ttl)
+    }
+    fn get<'a>(&'a self, key: &'a ScopedKey) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+        self.inner.get(key)
+    }
+    fn record_attempt<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        attempt: &'a Attempt,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.inner.record_attempt(key, attempt, ttl)
+    }
+    fn timeline<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+    ) -> BoxFuture<'a, Result<Vec<Attempt>, StoreError>> {
+        self.inner.timeline(key)
+    }
+    fn forget<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        attempt: &'a Attempt,
+        timeline_ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.inner.forget(key, attempt, timeline_ttl)
+    }
+}
+
+struct Setup {
+    store: Arc<Blinking>,
+    faults: Arc<Faults>,
+    engine: Engine,
+    key: ScopedKey,
+}
+
+fn setup(pending_ttl: Duration) -> Setup {
+    let faults = Arc::new(Faults::default());
+    let store = Arc::new(Blinking {
+        inner: MemoryStore::new(),
+        faults: Arc::clone(&faults),
+    });
+    let policy = Policy {
+        pending_ttl,
+        heartbeat: Some(pending_ttl / 4),
+        ..Policy::default()
+    };
+    let engine = Engine::new(Arc::clone(&store) as Arc<dyn Store>).with_policy(policy);
+    let key = ScopedKey::new("t", "hold", ClientKey::parse(&rand_key()).unwrap());
+    Setup {
+        store,
+        faults,
+        engine,
+        key,
+    }
+}
+
+fn rand_key() -> String {
+    format!("k-{}", Lease::new_token())
+}
+
+fn fp() -> Fingerprint {
+    Fingerprint([7; 32])
+}
+
+async fn owner(s: &Setup) -> LeaseGuard {
+    match s.engine.begin(&s.key, &fp()).await.expect("begin") {
+        Begin::Owner(guard) => guard,
+        other => panic!("expected to own the key, got {other:?}"),
+    }
+}
+
+async fn executed(s: &Setup) -> usize {
+    s.store
+        .timeline(&s.key)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|a| a.outcome == AttemptOutcome::Executed)
+        .count()
+}
+
+/// The store refuses the completion for longer than the lease lasts
+/// unrenewed; the heartbeat keeps the lease meanwhile, nobody else can
+/// take the key, and the result lands once the store is back.
+#[tokio::test]
+async fn a_result_is_held_across_a_blink_longer_than_the_lease() {
+    let s = setup(Duration::from_millis(400));
+    let guard = owner(&s).await;
+    s.faults.complete_down.store(true, Ordering::SeqCst);
+    let held = Arc::new(AtomicUsize::new(0));
+    let writing = {
+        let held = Arc::clone(&held);
+        tokio::spawn(
+            guard.complete_or_hold(Bytes::from_static(b"r"), Some(200), move |e| {
+                assert!(e.is_temporary());
+                held.fetch_add(1, Ordering::SeqCst);
+            }),
+        )
+    };
+    // Wait past twice the lease while the completion keeps failing.
+    for _ in 0..200 {
+        if s.faults.completes.load(Ordering::SeqCst) >= 6 || writing.is_finished() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(
+        !writing.is_finished(),
+        "the owner gave up while its lease was kept"
+    );
+    match s.store.claim(&s.key, &fp(), Duration::from_secs(1)).await {
+        Ok(Claim::Existing(rec)) => assert!(!rec.is_done()),
+        other => panic!("the held key was taken over: {other:?}"),
+    }
+    s.faults.complete_down.store(false, Ordering::SeqCst);
+    let written = writing.await.unwrap().expect("completed after the blink");
+    assert_eq!(written, Fenced::Applied);
+    assert!(held.load(Ordering::SeqCst) >= 6);
+    let rec = s.store.get(&s.key).await.unwrap().expect("a record");
+    assert_eq!(rec.payload(), Some(&Bytes::from_static(b"r")));
+    assert_eq!(executed(&s).await, 1);
+}
+
+/// The write lands but its reply is lost: the retry is acknowledged, the
+/// record is DONE once.
+#[tokio::test]
+async fn a_lost_reply_is_retried_into_one_completion() {
+    let s = setup(Duration::from_secs(5));
+    let guard = owner(&s).await;
+    s.faults.lose_next_reply.store(true, Ordering::SeqCst);
+    let mut held = 0;
+    let written = guard
+        .complete_or_hold(Bytes::from_static(b"once"), Some(200), |_| held += 1)
+        .await
+        .expect("completed");
+    assert_eq!(written, Fenced::Applied);
+    assert_eq!(held, 1);
+    assert_eq!(s.faults.completes.load(Ordering::SeqCst), 2);
+    assert_eq!(executed(&s).await, 1);
+}
+
+/// When neither the completion nor the heartbeat gets through, the owner
+/// gives up before its lease may lapse, with the store's temporary error;
+/// the key is released once the store is back.
+#[tokio::test]
+async fn the_owner_gives_up_before_the_lease_may_lapse() {
+    let s = setup(Duration::from_millis(500));
+    let guard = owner(&s).await;
+    s.faults.complete_down.store(true, Ordering::SeqCst);
+    s.faults.renew_down.store(true, Ordering::SeqCst);
+    let mut held = 0;
+    let err = guard
+        .complete_or_hold(Bytes::from_static(b"r"), Some(200), |_| held += 1)
+        .await
+        .expect_err("completed while the store was down");
+    assert!(err.is_temporary());
+    assert!(held >= 1);
+    // Still within the lease: nobody else took the key.
+    assert!(
+        s.store
+            .get(&s.key)
+            .await
+            .unwrap()
+            .is_some_and(|r| !r.is_done())
+    );
+    s.faults.renew_down.store(false, Ordering::SeqCst);
+    s.faults.complete_down.store(false, Ordering::SeqCst);
+    let mut released = false;
+    for _ in 0..100 {
+        if s.store.get(&s.key).await.unwrap().is_none() {
+            released = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(released, "the key was not given back");
+}
+
+/// A permanent error is not retried.
+#[tokio::test]
+async fn a_permanent_error_is_not_retried() {
+    #[derive(Debug)]
+    struct Refusing(MemoryStore);
+    impl Store for Refusing {
+        fn backend(&self) -> &'static str {
+            "refusing"
+        }
+        fn claim<'a>(
+            &'a self,
+            key: &'a ScopedKey,
+            fingerprint: &'a Fingerprint,
+            pending_ttl: Duration,
+        ) -> BoxFuture<'a, Result<Claim, StoreError>> {
+            self.0.claim(key, fingerprint, pending_ttl)
+        }
+        fn renew<'a>(
+            &'a self,
+            lease: &'a mut Lease,
+            pending_ttl: Duration,
+        ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+            self.0.renew(lease, pending_ttl)
+        }
+        fn complete<'a>(
+            &'a self,
+            _: &'a Lease,
+            _: Bytes,
+            _: Duration,
+            _: &'a Attempt,
+        ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+            Box::pin(async { Err(StoreError::new(StoreErrorKind::Rejected, "refusing", "no")) })
+        }
+        fn release<'a>(
+            &'a self,
+            lease: &'a Lease,
+            attempt: &'a Attempt,
+            ttl: Duration,
+        ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+            self.0.release(lease, attempt, ttl)
+        }
+        fn get<'a>(
+            &'a self,
+            key: &'a ScopedKey,
+        ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+            self.0.get(key)
+        }
+        fn record_attempt<'a>(
+            &'a self,
+            key: &'a ScopedKey,
+            attempt: &'a Attempt,
+            ttl: Duration,
+        ) -> BoxFuture<'a, Result<(), StoreError>> {
+            self.0.record_attempt(key, attempt, ttl)
+        }
+        fn timeline<'a>(
+            &'a self,
+            key: &'a ScopedKey,
+        ) -> BoxFuture<'a, Result<Vec<Attempt>, StoreError>> {
+            self.0.timeline(key)
+        }
+        fn forget<'a>(
+            &'a self,
+            key: &'a ScopedKey,
+            attempt: &'a Attempt,
+            timeline_ttl: Duration,
+        ) -> BoxFuture<'a, Result<bool, StoreError>> {
+            self.0.forget(key, attempt, timeline_ttl)
+        }
+    }
+    let engine = Engine::new(Arc::new(Refusing(MemoryStore::new())));
+    let key = ScopedKey::new("t", "hold", ClientKey::parse(&rand_key()).unwrap());
+    let Begin::Owner(guard) = engine.begin(&key, &fp()).await.expect("begin") else {
+        panic!("expected to own the key");
+    };
+    let mut held = 0;
+    let err = guard
+        .complete_or_hold(Bytes::from_static(b"r"), None, |_| held += 1)
+        .await
+        .expect_err("a refused completion");
+    assert_eq!(err.kind(), StoreErrorKind::Rejected);
+    assert_eq!(held, 0);
+}

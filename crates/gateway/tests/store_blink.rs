@@ -1,0 +1,139 @@
+//! A result is never thrown away because the store blinked: a real gateway
+//! whose Redis store (the shared server on 127.0.0.1:6379, under a random
+//! key prefix) is reached through a [`FaultProxy`]. The store becomes
+//! unreachable while the upstream is generating, so the answer arrives
+//! while the completion cannot be written; the store comes back later.
+//! The client still gets its answer, the record ends DONE, the retry is a
+//! replay, and the upstream ran once.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use idemgate_gateway::GatewayConfig;
+use idemgate_gateway::config::{RawConfig, RawRoute, RawTimeouts};
+use idemgate_llm_sim::SimConfig;
+use idemgate_testkit::FaultProxy;
+use tokio::sync::oneshot;
+
+fn config(store: &str, upstream: &str) -> GatewayConfig {
+    let r = RawRoute {
+        prefix: Some("/v1".into()),
+        upstream: Some(upstream.into()),
+        key: Some("require".into()),
+        on_inflight: Some("wait".into()),
+        inflight_wait: Some("30s".into()),
+        timeouts: Some(RawTimeouts {
+            connect: Some("1s".into()),
+            first_byte: Some("10s".into()),
+            idle: Some("5s".into()),
+            total: Some("30s".into()),
+        }),
+        ..RawRoute::default()
+    };
+    GatewayConfig::from_raw(RawConfig {
+        store: Some(store.into()),
+        shutdown_grace: Some("5s".into()),
+        routes: vec![r],
+        ..RawConfig::default()
+    })
+    .unwrap_or_else(|e| panic!("config: {e}"))
+}
+
+fn request(client: &reqwest::Client, base: &str, key: &str) -> reqwest::RequestBuilder {
+    let body = serde_json::json!({
+        "model": "sim-1",
+        "messages": [{"role": "user", "content": format!("tell me about {key}")}],
+    });
+    client
+        .post(format!("{base}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .header("authorization", "Bearer tenant-a")
+        .header("idempotency-key", key)
+        // The answer comes 1.5 s after the request reaches the upstream.
+        .header("x-sim-latency-ms", "1500")
+        .body(body.to_string())
+}
+
+fn replayed(r: &reqwest::Response) -> Option<String> {
+    r.headers()
+        .get("idempotent-replayed")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_answer_survives_a_store_outage_when_it_arrives() {
+    let sim = idemgate_llm_sim::spawn(SimConfig::default()).await.unwrap();
+    let proxy = FaultProxy::start("127.0.0.1:6379".parse().unwrap())
+        .await
+        .expect("start the proxy");
+    let prefix = format!("igblink{:08x}", rand::random::<u32>());
+    let store = format!("redis://{}/?prefix={prefix}", proxy.addr());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = oneshot::channel::<()>();
+    let gateway = tokio::spawn(idemgate_gateway::serve(
+        listener,
+        admin,
+        config(&store, &sim.url()),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let client = reqwest::Client::new();
+    let key = format!("{prefix}-blink");
+
+    let first = {
+        let (client, base, key) = (client.clone(), base.clone(), key.clone());
+        tokio::spawn(async move { request(&client, &base, &key).send().await })
+    };
+    // Once the upstream has the request, the store goes away: live
+    // connections are cut, new ones refused, until well after the answer.
+    let mut reached = false;
+    for _ in 0..500 {
+        if sim.executions_for(&key) >= 1 {
+            reached = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(reached, "the request never reached the upstream");
+    proxy.set_refusing(true);
+    proxy.cut().await;
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    assert!(
+        !first.is_finished(),
+        "the client was answered while the result could not be stored"
+    );
+    proxy.heal();
+    proxy.set_refusing(false);
+
+    let first = first.await.unwrap().expect("the first request");
+    assert_eq!(first.status(), 200);
+    assert_eq!(replayed(&first).as_deref(), Some("false"));
+    let first_body = first.bytes().await.unwrap();
+
+    let retry = request(&client, &base, &key).send().await.unwrap();
+    assert_eq!(retry.status(), 200);
+    assert_eq!(
+        replayed(&retry).as_deref(),
+        Some("true"),
+        "the retry ran the work again"
+    );
+    assert_eq!(retry.bytes().await.unwrap(), first_body);
+    assert_eq!(
+        sim.executions_for(&key),
+        1,
+        "the upstream ran more than once"
+    );
+
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(30), gateway)
+        .await
+        .expect("gateway did not stop")
+        .unwrap()
+        .unwrap();
+    sim.shutdown().await;
+}
