@@ -27,19 +27,22 @@
 
 pub mod execute;
 pub mod fingerprint;
+pub mod guard;
+pub mod inflight;
 pub mod key;
 pub mod memory;
 pub mod notify;
+pub mod policy;
 pub mod record;
 pub mod store;
 
-pub use execute::{
-    Begin, BeginError, Engine, ExecuteError, Executed, InFlight, LeaseGuard, OnInflight, Origin,
-    Policy, Settled, Unstored,
-};
+pub use execute::{Begin, BeginError, Engine, ExecuteError, Executed, Origin, Unstored};
 pub use fingerprint::Fingerprint;
+pub use guard::LeaseGuard;
+pub use inflight::{InFlight, Settled};
 pub use key::{ClientKey, DerivedKey, KeyError, ScopedKey, natural_key};
 pub use memory::{Clock, ManualClock, MemoryStore, MonotonicClock, SystemClock};
+pub use policy::{OnInflight, Policy};
 pub use record::{
     Attempt, AttemptOutcome, Claim, Fenced, Lease, MAX_TIMELINE, Record, RecordState,
 };

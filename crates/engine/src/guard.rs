@@ -1,0 +1,356 @@
+//! The owner's side of a claimed key: [`LeaseGuard`] keeps the lease alive
+//! with a heartbeat while the work runs, writes DONE (fenced by the lease,
+//! holding the result through temporary store errors), and gives the key
+//! back on every other path, drop included.
+//!
+//! A leaf below [`crate::execute`]: the engine hands a guard out; the guard
+//! knows only the store and its lease.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::task::JoinHandle;
+
+use crate::policy::Policy;
+use crate::record::now_ms;
+use crate::{Attempt, AttemptOutcome, Fenced, Lease, ScopedKey, Store, StoreError};
+
+pub(crate) fn attempt(
+    replica: &str,
+    outcome: AttemptOutcome,
+    status: Option<u16>,
+    at_ms: u64,
+    started: Instant,
+) -> Attempt {
+    Attempt {
+        at_ms,
+        replica: replica.to_owned(),
+        outcome,
+        status,
+        latency_us: u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+    }
+}
+
+pub(crate) async fn record_best_effort(
+    store: &dyn Store,
+    key: &ScopedKey,
+    attempt: &Attempt,
+    ttl: Duration,
+) {
+    if let Err(e) = store.record_attempt(key, attempt, ttl).await {
+        tracing::warn!(error = %e, outcome = attempt.outcome.as_str(), "timeline entry not recorded");
+    }
+}
+
+/// Ownership of a PENDING key while the work runs.
+///
+/// Renews the lease in the background; dropping the guard without calling
+/// [`complete`](Self::complete) or [`release`](Self::release) releases the
+/// key (from a spawned task), so a cancelled request never locks its key.
+#[derive(Debug)]
+pub struct LeaseGuard {
+    store: Arc<dyn Store>,
+    lease: Lease,
+    replica: Arc<str>,
+    done_ttl: Duration,
+    at_ms: u64,
+    started: Instant,
+    heartbeat: Option<JoinHandle<()>>,
+    lost: Arc<AtomicBool>,
+    /// How long a lease lasts from its last renewal.
+    pending_ttl: Duration,
+    /// When the last renewal that applied was sent, in ms after `started`
+    /// (0: none yet). Measured on the monotonic clock of this process.
+    renewed_at: Arc<AtomicU64>,
+    finished: bool,
+}
+
+impl LeaseGuard {
+    pub(crate) fn start(
+        store: Arc<dyn Store>,
+        lease: Lease,
+        policy: &Policy,
+        replica: Arc<str>,
+    ) -> Self {
+        let lost = Arc::new(AtomicBool::new(false));
+        let renewed_at = Arc::new(AtomicU64::new(0));
+        let started = Instant::now();
+        let heartbeat = policy.heartbeat.filter(|d| !d.is_zero()).and_then(|every| {
+            let handle = tokio::runtime::Handle::try_current().ok()?;
+            Some(handle.spawn(heartbeat(
+                Arc::clone(&store),
+                lease.clone(),
+                every,
+                policy.pending_ttl,
+                Arc::clone(&lost),
+                Renewals {
+                    started,
+                    at: Arc::clone(&renewed_at),
+                },
+            )))
+        });
+        Self {
+            store,
+            lease,
+            replica,
+            done_ttl: policy.done_ttl,
+            at_ms: now_ms(),
+            started,
+            heartbeat,
+            lost,
+            pending_ttl: policy.pending_ttl,
+            renewed_at,
+            finished: false,
+        }
+    }
+
+    /// Time left before the lease may lapse, as far as this process knows:
+    /// from the send of the last renewal that applied (or from the claim),
+    /// `pending_ttl` less a tenth of it as a safety margin.
+    pub fn lease_time_left(&self) -> Duration {
+        let renewed = Duration::from_millis(self.renewed_at.load(Ordering::Relaxed));
+        let lasts = self.pending_ttl.saturating_sub(self.pending_ttl / 10);
+        (self.started + renewed + lasts).saturating_duration_since(Instant::now())
+    }
+
+    /// The lease held.
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// Whether a heartbeat found the lease taken over. The work may go on,
+    /// but its result will be fenced.
+    pub fn lease_lost(&self) -> bool {
+        self.lost.load(Ordering::Relaxed)
+    }
+
+    /// When this run started.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// Stores the result (PENDING → DONE). `status` goes into the timeline.
+    ///
+    /// # Errors
+    /// A store error; the guard then releases the key on drop.
+    pub async fn complete(self, payload: Bytes, status: Option<u16>) -> Result<Fenced, StoreError> {
+        self.complete_as(AttemptOutcome::Executed, payload, status)
+            .await
+    }
+
+    /// Stores an answer that says the work's outcome is unknown (it failed
+    /// after being handed on, and may have run), as the key's final answer:
+    /// like [`LeaseGuard::complete`], with the attempt recorded as
+    /// [`AttemptOutcome::OutcomeUnknown`] so the timeline says why.
+    ///
+    /// # Errors
+    /// A store error; the guard then releases the key on drop.
+    pub async fn complete_unknown(
+        self,
+        payload: Bytes,
+        status: Option<u16>,
+    ) -> Result<Fenced, StoreError> {
+        self.complete_as(AttemptOutcome::OutcomeUnknown, payload, status)
+            .await
+    }
+
+    async fn complete_as(
+        mut self,
+        outcome: AttemptOutcome,
+        payload: Bytes,
+        status: Option<u16>,
+    ) -> Result<Fenced, StoreError> {
+        self.stop_heartbeat();
+        let a = attempt(&self.replica, outcome, status, self.at_ms, self.started);
+        let written = self
+            .store
+            .complete(&self.lease, payload, self.done_ttl, &a)
+            .await?;
+        self.finished = true;
+        if written == Fenced::Stale {
+            let a = attempt(
+                &self.replica,
+                AttemptOutcome::Fenced,
+                status,
+                self.at_ms,
+                self.started,
+            );
+            record_best_effort(&*self.store, &self.lease.key, &a, self.done_ttl).await;
+        }
+        Ok(written)
+    }
+
+    /// Stores the result like [`LeaseGuard::complete`], but a temporary
+    /// store error does not lose it: the result stays in memory, the
+    /// heartbeat keeps the lease, and the write is tried again with backoff
+    /// (50 ms doubling to 1 s, never past the lease) while the lease has
+    /// time left ([`LeaseGuard::lease_time_left`]). `held` is
+    /// called with each temporary error before its retry, so the caller can
+    /// count and log it (and serve the held result meanwhile).
+    ///
+    /// A retry after a write whose reply was lost is safe: the store
+    /// acknowledges the DONE record this lease wrote with the same payload.
+    ///
+    /// # Errors
+    /// A permanent store error, or a temporary one once the lease has no
+    /// time left for another try; the guard then releases the key on drop.
+    pub async fn complete_or_hold(
+        self,
+        payload: Bytes,
+        status: Option<u16>,
+        held: impl FnMut(&StoreError),
+    ) -> Result<Fenced, StoreError> {
+        self.hold_as(AttemptOutcome::Executed, payload, status, held)
+            .await
+    }
+
+    /// [`LeaseGuard::complete_unknown`] with the holding and retrying of
+    /// [`LeaseGuard::complete_or_hold`].
+    ///
+    /// # Errors
+    /// As [`LeaseGuard::complete_or_hold`].
+    pub async fn complete_unknown_or_hold(
+        self,
+        payload: Bytes,
+        status: Option<u16>,
+        held: impl FnMut(&StoreError),
+    ) -> Result<Fenced, StoreError> {
+        self.hold_as(AttemptOutcome::OutcomeUnknown, payload, status, held)
+            .await
+    }
+
+    async fn hold_as(
+        mut self,
+        outcome: AttemptOutcome,
+        payload: Bytes,
+        status: Option<u16>,
+        mut held: impl FnMut(&StoreError),
+    ) -> Result<Fenced, StoreError> {
+        let a = attempt(&self.replica, outcome, status, self.at_ms, self.started);
+        let mut backoff = Duration::from_millis(50);
+        let written = loop {
+            match self
+                .store
+                .complete(&self.lease, payload.clone(), self.done_ttl, &a)
+                .await
+            {
+                Ok(written) => break written,
+                Err(e) if e.is_temporary() && !self.lease_time_left().is_zero() => {
+                    held(&e);
+                    tokio::time::sleep(backoff.min(self.lease_time_left())).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+                Err(e) => {
+                    self.stop_heartbeat();
+                    return Err(e);
+                }
+            }
+        };
+        self.stop_heartbeat();
+        self.finished = true;
+        if written == Fenced::Stale {
+            let a = attempt(
+                &self.replica,
+                AttemptOutcome::Fenced,
+                status,
+                self.at_ms,
+                self.started,
+            );
+            record_best_effort(&*self.store, &self.lease.key, &a, self.done_ttl).await;
+        }
+        Ok(written)
+    }
+
+    /// Gives the key up (PENDING → absent) so a retry runs the work again.
+    ///
+    /// # Errors
+    /// A store error; the record then expires after `pending_ttl`.
+    pub async fn release(mut self, status: Option<u16>) -> Result<Fenced, StoreError> {
+        self.stop_heartbeat();
+        self.finished = true;
+        let a = attempt(
+            &self.replica,
+            AttemptOutcome::Failed,
+            status,
+            self.at_ms,
+            self.started,
+        );
+        self.store.release(&self.lease, &a, self.done_ttl).await
+    }
+
+    pub(crate) async fn release_logged(self, status: Option<u16>) {
+        if let Err(e) = self.release(status).await {
+            tracing::warn!(error = %e, "release failed; the key frees itself when its lease expires");
+        }
+    }
+
+    fn stop_heartbeat(&mut self) {
+        if let Some(h) = self.heartbeat.take() {
+            h.abort();
+        }
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        self.stop_heartbeat();
+        if self.finished {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                "lease dropped outside a runtime; the key frees itself when its lease expires"
+            );
+            return;
+        };
+        let store = Arc::clone(&self.store);
+        let lease = self.lease.clone();
+        let a = attempt(
+            &self.replica,
+            AttemptOutcome::Failed,
+            None,
+            self.at_ms,
+            self.started,
+        );
+        let ttl = self.done_ttl;
+        handle.spawn(async move {
+            if let Err(e) = store.release(&lease, &a, ttl).await {
+                tracing::warn!(error = %e, "release of a dropped lease failed");
+            }
+        });
+    }
+}
+
+/// Where the heartbeat notes its renewals for [`LeaseGuard::lease_time_left`].
+struct Renewals {
+    started: Instant,
+    at: Arc<AtomicU64>,
+}
+
+async fn heartbeat(
+    store: Arc<dyn Store>,
+    mut lease: Lease,
+    every: Duration,
+    pending_ttl: Duration,
+    lost: Arc<AtomicBool>,
+    renewals: Renewals,
+) {
+    loop {
+        tokio::time::sleep(every).await;
+        let sent = renewals.started.elapsed();
+        match store.renew(&mut lease, pending_ttl).await {
+            Ok(Fenced::Applied) => {
+                let ms = u64::try_from(sent.as_millis()).unwrap_or(u64::MAX);
+                renewals.at.fetch_max(ms, Ordering::Relaxed);
+            }
+            Ok(Fenced::Stale) => {
+                lost.store(true, Ordering::Relaxed);
+                tracing::warn!(key = %lease.key.key, "lease lost: another owner took the key over");
+                return;
+            }
+            Err(e) => tracing::warn!(error = %e, "lease renewal failed; retrying"),
+        }
+    }
+}
