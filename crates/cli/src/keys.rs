@@ -32,6 +32,39 @@ const EXIT_USAGE: u8 = 2;
 pub(crate) enum KeysCommand {
     /// Print a key's current state and the timeline of its attempts.
     Show(ShowArgs),
+    /// Print a new line for the encryption key file (`ID:BASE64KEY`, not
+    /// marked active: add `*` in front to seal new records under it).
+    GenerateEncryptionKey(GenerateArgs),
+}
+
+/// Flags of `idemgate keys generate-encryption-key`.
+#[derive(Debug, Args)]
+pub(crate) struct GenerateArgs {
+    /// The key id: 1 to 32 characters of `A-Z a-z 0-9 . _ -` (default: the
+    /// current UTC date and time, e.g. `20260130T101500Z`).
+    #[arg(long)]
+    id: Option<String>,
+}
+
+/// A key id from the current time: unique enough for rotations made by
+/// hand, and sortable.
+fn default_key_id() -> String {
+    let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    now.chars().filter(|c| *c != '-' && *c != ':').collect()
+}
+
+fn generate(args: &GenerateArgs) -> ExitCode {
+    let id = args.id.clone().unwrap_or_else(default_key_id);
+    match idemgate_seal::generate_key_line(&id) {
+        Ok(line) => {
+            println!("{line}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("idemgate keys generate-encryption-key: {e}");
+            ExitCode::from(EXIT_USAGE)
+        }
+    }
 }
 
 /// Flags of `idemgate keys show`.
@@ -64,6 +97,7 @@ pub(crate) struct ShowArgs {
 /// Runs a `keys` subcommand.
 pub(crate) async fn run(cmd: KeysCommand) -> anyhow::Result<ExitCode> {
     match cmd {
+        KeysCommand::GenerateEncryptionKey(args) => Ok(generate(&args)),
         KeysCommand::Show(args) => match show(&args).await {
             Ok(code) => Ok(code),
             Err(e) => {
@@ -77,7 +111,7 @@ pub(crate) async fn run(cmd: KeysCommand) -> anyhow::Result<ExitCode> {
 /// The store and the routes, from the file, `IDEMGATE_*` and `--store`.
 /// Without any route or upstream configured, the gateway's implicit
 /// single route `/` is assumed, so `--store` alone is enough.
-fn deployment(args: &ShowArgs) -> anyhow::Result<(StoreUrl, Vec<RouteConfig>)> {
+fn deployment(args: &ShowArgs) -> anyhow::Result<(StoreUrl, Vec<RouteConfig>, Option<PathBuf>)> {
     let overrides = Overrides {
         store: args.store.clone(),
         ..Overrides::default()
@@ -89,16 +123,17 @@ fn deployment(args: &ShowArgs) -> anyhow::Result<(StoreUrl, Vec<RouteConfig>)> {
     if raw.routes.is_empty() && raw.upstream.is_none() {
         let store = StoreUrl::parse(raw.store.as_deref().unwrap_or(config::DEFAULT_STORE))
             .map_err(|m| anyhow::anyhow!("store: {m}"))?;
+        let key_file = raw.encryption_key_file.as_ref().map(|p| p.relative());
         // Any upstream will do: only the implicit route's id and tenant
         // source are used.
         let implicit = GatewayConfig::from_raw(RawConfig {
             upstream: Some("http://127.0.0.1:1".into()),
             ..RawConfig::default()
         })?;
-        return Ok((store, implicit.routes));
+        return Ok((store, implicit.routes, key_file));
     }
     let c = GatewayConfig::from_raw(raw).context("invalid configuration")?;
-    Ok((c.store, c.routes))
+    Ok((c.store, c.routes, c.encryption_key_file))
 }
 
 async fn open(
@@ -124,7 +159,7 @@ async fn open(
             "a memory: store lives inside the gateway process; ask the gateway instead (GET /admin/keys/{{key}}/timeline on the admin listener)"
         ),
         other => {
-            let store = idemgate_gateway::open_records(other)
+            let store = idemgate_gateway::open_records(other, None)
                 .await
                 .with_context(|| format!("cannot open the store {other}"))?;
             Ok((store, None))
@@ -154,7 +189,7 @@ async fn lookup(
 
 async fn show(args: &ShowArgs) -> anyhow::Result<ExitCode> {
     let key = ClientKey::parse(&args.key).map_err(|e| anyhow::anyhow!("KEY: {e}"))?;
-    let (url, routes) = deployment(args)?;
+    let (url, routes, key_file) = deployment(args)?;
     let route = match &args.namespace {
         Some(ns) => routes.iter().find(|r| &r.id == ns),
         None => match routes.as_slice() {
@@ -198,7 +233,12 @@ async fn show(args: &ShowArgs) -> anyhow::Result<ExitCode> {
         )),
     }
 
-    let (store, sqlite) = open(&url).await?;
+    let (mut store, sqlite) = open(&url).await?;
+    if let Some(path) = key_file {
+        // Sealed payloads are opened with the gateway's key ring.
+        let ring = idemgate_gateway::load_key_ring(&path)?;
+        store = Arc::new(idemgate_seal::SealedStore::new(store, ring));
+    }
     let mut found: Option<Found> = None;
     for (tenant, tenant_from) in &candidates {
         let scoped = ScopedKey::new(tenant.clone(), namespace.clone(), key.clone());

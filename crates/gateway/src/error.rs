@@ -29,6 +29,14 @@ pub enum GatewayError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The encryption key file could not be loaded.
+    #[error("cannot load the encryption key file {}: {source}", path.display())]
+    KeyFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why (names the line, never the key text).
+        source: idemgate_seal::KeyFileError,
+    },
     /// A route's upstream client could not be built.
     #[error(transparent)]
     Proxy(#[from] ProxyBuildError),

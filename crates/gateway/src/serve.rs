@@ -179,7 +179,18 @@ async fn run(
     // One metrics pipeline: installed before the routes register their
     // series (a recorder installed earlier by the program is kept).
     let telemetry = Telemetry::global();
-    let opened = crate::stores::open_store(&config.store).await?;
+    let ring = config
+        .encryption_key_file
+        .as_deref()
+        .map(crate::stores::load_key_ring)
+        .transpose()?;
+    if let Some(r) = &ring {
+        tracing::info!(
+            active_key = r.active_key_id(),
+            "stored responses are sealed"
+        );
+    }
+    let opened = crate::stores::open_store(&config.store, ring).await?;
     // Store latency by backend and op, errors counted.
     let store: Arc<dyn Store> = Arc::new(InstrumentedStore::new(Arc::clone(&opened.store)));
 

@@ -37,6 +37,10 @@ pub const UPSTREAM_PHASE: &str = "idemgate_upstream_phase_seconds";
 pub const UPSTREAM_TIMEOUTS: &str = "idemgate_upstream_timeouts_total";
 /// Upstream failures other than timeouts, by `phase` (connect, send, body).
 pub const UPSTREAM_ERRORS: &str = "idemgate_upstream_errors_total";
+/// Stored responses that could not be sealed or opened with the key
+/// ring, by `reason` (`unknown_key_id`, `tampered`, `malformed`,
+/// `too_large`, `rng`).
+pub const SEAL_FAILURES: &str = "idemgate_seal_failures_total";
 
 /// Every name above, for consistency checks (alerts, dashboards).
 pub const ALL: &[&str] = &[
@@ -56,4 +60,5 @@ pub const ALL: &[&str] = &[
     UPSTREAM_PHASE,
     UPSTREAM_TIMEOUTS,
     UPSTREAM_ERRORS,
+    SEAL_FAILURES,
 ];

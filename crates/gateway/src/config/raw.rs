@@ -51,6 +51,10 @@ pub struct RawConfig {
     /// (relative paths resolve against the configuration file). Used by
     /// `idemgate check`.
     pub alert_rules: Option<RelativePathBuf>,
+    /// Path of the key file that seals stored responses (relative paths
+    /// resolve against the configuration file). Unset: responses are stored
+    /// as received.
+    pub encryption_key_file: Option<RelativePathBuf>,
     /// The routes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub routes: Vec<RawRoute>,
@@ -186,6 +190,9 @@ pub struct Overrides {
     /// `--done-ttl`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub done_ttl: Option<String>,
+    /// `--encryption-key-file`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub encryption_key_file: Option<String>,
 }
 
 impl fmt::Debug for RawConfig {
@@ -202,6 +209,7 @@ impl fmt::Debug for RawConfig {
             admin_token,
             client_retry,
             alert_rules,
+            encryption_key_file,
             routes,
         } = self;
         f.debug_struct("RawConfig")
@@ -215,6 +223,7 @@ impl fmt::Debug for RawConfig {
             .field("admin_token", &admin_token.as_ref().map(|_| "***"))
             .field("client_retry", client_retry)
             .field("alert_rules", alert_rules)
+            .field("encryption_key_file", encryption_key_file)
             .field("routes", routes)
             .finish()
     }
@@ -229,6 +238,7 @@ impl fmt::Debug for Overrides {
             store,
             pending_ttl,
             done_ttl,
+            encryption_key_file,
         } = self;
         f.debug_struct("Overrides")
             .field("upstream", upstream)
@@ -237,6 +247,7 @@ impl fmt::Debug for Overrides {
             .field("store", &store.as_deref().map(redact_text))
             .field("pending_ttl", pending_ttl)
             .field("done_ttl", done_ttl)
+            .field("encryption_key_file", encryption_key_file)
             .finish()
     }
 }
