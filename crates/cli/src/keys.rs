@@ -3,8 +3,10 @@
 //!
 //! A record is addressed by (tenant, namespace, key). The tenant is given
 //! as the id the gateway logs (`--tenant`), or computed from the raw
-//! credential with the same function the gateway uses (`--credential`),
-//! so nobody has to hash an API key by hand. Exit status: 0 when the key
+//! credential with the same function the gateway uses, so nobody has to
+//! hash an API key by hand. The credential comes from IDEMGATE_CREDENTIAL
+//! or standard input (`--credential-stdin`), never from the command line,
+//! where every user of the machine could read it. Exit status: 0 when the key
 //! has a record or attempts, 1 when it has neither, 2 on a usage or store
 //! error.
 
@@ -73,13 +75,20 @@ pub(crate) struct ShowArgs {
     /// The idempotency key, as the client sent it (or as derived).
     key: String,
     /// The tenant id as the gateway logs it (32 hex digits, or `anonymous`).
-    #[arg(long, conflicts_with = "credential")]
+    /// Wins over IDEMGATE_CREDENTIAL.
+    #[arg(long, conflicts_with = "credential_stdin")]
     tenant: Option<String>,
-    /// The raw credential the client sent: the `Authorization` header value
-    /// (`Bearer sk-…`; a bare token is also tried with `Bearer `), or the
-    /// value of the route's tenant header. Hashed here, never stored.
+    /// Read the raw credential the client sent from standard input (one
+    /// line): the `Authorization` header value (`Bearer sk-…`; a bare token
+    /// is also tried with `Bearer `), or the value of the route's tenant
+    /// header. Without it, IDEMGATE_CREDENTIAL is read. Hashed here, never
+    /// stored or printed.
     #[arg(long)]
-    credential: Option<String>,
+    credential_stdin: bool,
+    /// Refused: a credential on the command line is visible to every user
+    /// of the machine (`ps`) and stays in shell history.
+    #[arg(long = "credential", hide = true, value_name = "REFUSED")]
+    credential_argv: Option<String>,
     /// The route id (namespace) of the key; default: the only route's id.
     #[arg(long)]
     namespace: Option<String>,
@@ -167,6 +176,38 @@ async fn open(
     }
 }
 
+/// The environment variable `keys show` reads the raw credential from.
+const CREDENTIAL_ENV: &str = "IDEMGATE_CREDENTIAL";
+
+/// The raw credential: from standard input with `--credential-stdin`,
+/// else from IDEMGATE_CREDENTIAL (unless `--tenant` is given). Never from
+/// the command line.
+fn credential(args: &ShowArgs) -> anyhow::Result<Option<String>> {
+    if args.credential_argv.is_some() {
+        anyhow::bail!(
+            "--credential is not accepted: a credential on the command line is visible to other users (ps) and stays in shell history; set {CREDENTIAL_ENV} or pipe it with --credential-stdin"
+        );
+    }
+    if args.credential_stdin {
+        let mut line = String::new();
+        std::io::stdin()
+            .read_line(&mut line)
+            .context("cannot read the credential from standard input")?;
+        let line = line.trim_end_matches(['\r', '\n']);
+        anyhow::ensure!(
+            !line.trim().is_empty(),
+            "--credential-stdin: standard input held no credential"
+        );
+        return Ok(Some(line.to_owned()));
+    }
+    if args.tenant.is_some() {
+        return Ok(None);
+    }
+    Ok(std::env::var(CREDENTIAL_ENV)
+        .ok()
+        .filter(|c| !c.trim().is_empty()))
+}
+
 /// What was looked up and found.
 struct Found {
     scoped: ScopedKey,
@@ -189,6 +230,7 @@ async fn lookup(
 
 async fn show(args: &ShowArgs) -> anyhow::Result<ExitCode> {
     let key = ClientKey::parse(&args.key).map_err(|e| anyhow::anyhow!("KEY: {e}"))?;
+    let credential = credential(args)?;
     let (url, routes, key_file) = deployment(args)?;
     let route = match &args.namespace {
         Some(ns) => routes.iter().find(|r| &r.id == ns),
@@ -213,7 +255,7 @@ async fn show(args: &ShowArgs) -> anyhow::Result<ExitCode> {
 
     // Candidate tenants, in order; the first with anything stored wins.
     let mut candidates: Vec<(String, &'static str)> = Vec::new();
-    match (&args.tenant, &args.credential) {
+    match (&args.tenant, &credential) {
         (Some(t), _) => candidates.push((t.clone(), "given")),
         (None, Some(c)) => {
             candidates.push((

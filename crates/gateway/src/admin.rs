@@ -1,6 +1,8 @@
 //! The admin listener: health, readiness, `/metrics`, the dashboard (`/`,
 //! polling `/admin/stats`), and the timeline of one key
-//! (`GET /admin/keys/{key}/timeline`, behind the admin token).
+//! (`GET /admin/keys/{key}/timeline`, behind the admin token; a raw
+//! credential goes in the `X-Idemgate-Credential` header, and is refused
+//! in the query).
 //!
 //! The token is compared in constant time: both sides are hashed (so their
 //! lengths do not show either) and the digests compared with `subtle`.
@@ -234,7 +236,13 @@ fn find_route<'a>(
     }
 }
 
-/// `GET /admin/keys/{key}/timeline?tenant=…|credential=…&namespace=…`
+/// The header that carries a raw credential to the timeline endpoint.
+/// Never the query: URLs end up in access logs, proxies and browser
+/// history.
+pub(crate) const CREDENTIAL_HEADER: &str = "x-idemgate-credential";
+
+/// `GET /admin/keys/{key}/timeline?tenant=…&namespace=…`, the credential
+/// (instead of `tenant`) in the `X-Idemgate-Credential` header.
 async fn timeline(
     State(s): State<AdminState>,
     Path(raw_key): Path<String>,
@@ -247,22 +255,28 @@ async fn timeline(
     let Ok(key) = ClientKey::parse(&raw_key) else {
         return bad_request("the key is not a valid idempotency key");
     };
-    let (mut tenant, mut credential, mut namespace) = (None, None, None);
+    let (mut tenant, mut namespace) = (None, None);
     for (k, v) in url::form_urlencoded::parse(query.as_deref().unwrap_or("").as_bytes()) {
         match k.as_ref() {
             "tenant" => tenant = Some(v.into_owned()),
-            "credential" => credential = Some(v.into_owned()),
+            "credential" => {
+                return bad_request(
+                    "a credential in the URL is refused (URLs are logged): send it in the \
+                     `X-Idemgate-Credential` header, or give the tenant id as `tenant=`",
+                );
+            }
             "namespace" => namespace = Some(v.into_owned()),
             _ => {}
         }
     }
+    let credential = headers.get(CREDENTIAL_HEADER).map(|v| v.as_bytes());
     let tenant = match (tenant, credential) {
         (Some(_), Some(_)) => return bad_request("give `tenant` or `credential`, not both"),
         (Some(t), None) if !t.is_empty() => t,
         (Some(_), None) => return bad_request("`tenant` is empty"),
         // The tenant a request with this Authorization (or tenant header)
         // value lands in; the credential itself is neither kept nor logged.
-        (None, Some(c)) => idemgate_layer::key::tenant_id(c.as_bytes()),
+        (None, Some(c)) => idemgate_layer::key::tenant_id(c),
         (None, None) => idemgate_layer::key::ANONYMOUS.to_owned(),
     };
     let route = match find_route(&s.routes, namespace.as_deref().filter(|n| !n.is_empty())) {

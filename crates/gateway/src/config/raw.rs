@@ -268,7 +268,9 @@ pub fn figment(file: Option<&Path>, overrides: &Overrides) -> Result<Figment, Co
     Ok(f.merge(
         Env::prefixed(ENV_PREFIX)
             .split("__")
-            .ignore(&["config", "log"]),
+            // Read by the binary itself, not configuration: `--config`,
+            // the log filter, and `keys show`'s credential.
+            .ignore(&["config", "log", "credential"]),
     )
     .merge(Serialized::defaults(overrides)))
 }
