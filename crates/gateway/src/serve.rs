@@ -111,6 +111,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), GatewayError> {
     preflight(&config)?;
+    admin_exposure(admin.local_addr()?, &config)?;
     run(listener, admin, config, shutdown).await
 }
 
@@ -126,6 +127,7 @@ pub async fn bind_and_serve(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), GatewayError> {
     preflight(&config)?;
+    admin_exposure(config.admin_listen, &config)?;
     let bind = |addr, admin| async move {
         TcpListener::bind(addr)
             .await
@@ -166,6 +168,17 @@ fn preflight(config: &GatewayConfig) -> Result<(), GatewayError> {
         Ok(())
     } else {
         Err(GatewayError::Refused(refused))
+    }
+}
+
+/// An admin listener other machines can reach needs a token: the
+/// dashboard's data, the key timelines and whatever admin actions exist
+/// must not be open to the network.
+fn admin_exposure(addr: std::net::SocketAddr, config: &GatewayConfig) -> Result<(), GatewayError> {
+    if addr.ip().is_loopback() || config.admin_token.is_some() {
+        Ok(())
+    } else {
+        Err(GatewayError::AdminWithoutToken { addr })
     }
 }
 
