@@ -1,5 +1,6 @@
 //! The admin listener: health, readiness, `/metrics`, the dashboard (`/`,
-//! polling `/admin/stats`), and the timeline of one key
+//! a static page polling `/admin/stats` with the admin token), and the
+//! timeline of one key
 //! (`GET /admin/keys/{key}/timeline`, behind the admin token; a raw
 //! credential goes in the `X-Idemgate-Credential` header, and is refused
 //! in the query).
@@ -100,9 +101,13 @@ async fn dashboard() -> Response<Body> {
     resp
 }
 
-/// `GET /admin/stats`: the dashboard's figures. Aggregates only, no key or
-/// tenant: as open as `/metrics`.
-async fn stats(State(s): State<AdminState>) -> Response<Body> {
+/// `GET /admin/stats`: the dashboard's figures, behind the admin token like
+/// every `/admin/` endpoint (only `/healthz`, `/readyz` and `/metrics`, for
+/// probes and scrapers, are open; the dashboard page itself holds no data).
+async fn stats(State(s): State<AdminState>, headers: HeaderMap) -> Response<Body> {
+    if let Some(refusal) = refuse_unauthorized(&s, &headers) {
+        return refusal;
+    }
     let snap = s.telemetry.snapshot();
     let outcomes: serde_json::Map<String, serde_json::Value> = snap
         .requests

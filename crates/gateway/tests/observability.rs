@@ -1102,3 +1102,53 @@ fn url_encode(s: &str) -> String {
         })
         .collect()
 }
+
+/// Only the probes and the scrape endpoint are open; the dashboard page is
+/// static (no data), and its data endpoint needs the token like every
+/// `/admin/` endpoint.
+#[tokio::test]
+async fn admin_data_endpoints_need_the_token_probes_and_metrics_do_not() {
+    let sim = sim().await;
+    let client = reqwest::Client::new();
+    let gw = Gateway::start_with(&sim.url(), Some(ADMIN_TOKEN), |_| {}).await;
+    for open in ["/healthz", "/readyz", "/metrics", "/"] {
+        let r = client
+            .get(format!("{}{open}", gw.admin))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{open}");
+    }
+    let page = client.get(format!("{}/", gw.admin)).send().await.unwrap();
+    assert!(!page.text().await.unwrap().contains("requests_total\":"));
+    let stats = format!("{}/admin/stats", gw.admin);
+    let r = client.get(&stats).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let r = client
+        .get(&stats)
+        .bearer_auth("wrong")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = client
+        .get(&stats)
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: serde_json::Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+    assert!(v["requests_total"].is_u64(), "{v}");
+    gw.stop().await;
+
+    // Without a configured token the data endpoints are off, never open.
+    let gw = Gateway::start_with(&sim.url(), None, |_| {}).await;
+    let r = client
+        .get(format!("{}/admin/stats", gw.admin))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    gw.stop().await;
+}
