@@ -665,3 +665,19 @@ fn encryption_key_file_comes_from_the_file_the_environment_or_the_flag() {
         Ok(())
     });
 }
+
+#[test]
+fn store_body_defaults_to_true_and_can_be_turned_off_per_route() {
+    Jail::expect_with(|jail| {
+        jail.create_file(
+            "gw.toml",
+            "upstream = \"http://127.0.0.1:9\"\n[[routes]]\nprefix = \"/a\"\nstore_body = false\n[[routes]]\nprefix = \"/b\"\n",
+        )?;
+        let c = load(Some("gw.toml"), &Overrides::default()).map_err(jail_err)?;
+        let a = c.route_for("/a").ok_or("no /a")?;
+        assert!(!a.store_body);
+        assert!(!a.layer_config().store_body);
+        assert!(c.route_for("/b").ok_or("no /b")?.store_body);
+        Ok(())
+    });
+}

@@ -493,3 +493,52 @@ async fn a_tampered_row_is_answered_503_not_garbage() {
     );
     stop(gw).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_body_false_keeps_status_and_headers_and_replays_an_empty_body() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("store.db");
+    let marker = format!("SECRET-ANSWER-{}", tag());
+    let mut config = config(&format!("sqlite:{}", db.display()), &upstream().await, None);
+    config.routes[0].store_body = false;
+    let gw = start(config).await;
+    for (key, stream) in [("min-json", false), ("min-sse", true)] {
+        let (status, replayed, body) = post(&gw, key, &marker, stream).await;
+        assert_eq!((status, replayed.as_deref()), (200, Some("false")));
+        assert!(
+            body.contains(&marker),
+            "the first caller gets the answer: {body}"
+        );
+        let r = reqwest::Client::new()
+            .post(format!("{}/v1/chat", gw.base))
+            .header("content-type", "application/json")
+            .header("authorization", "Bearer sk-enc-test")
+            .header("idempotency-key", key)
+            .body(serde_json::json!({ "marker": marker, "stream": stream }).to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["idempotent-replayed"], "true");
+        let ct = r.headers()["content-type"].to_str().unwrap().to_owned();
+        assert!(
+            ct.starts_with(if stream {
+                "text/event-stream"
+            } else {
+                "application/json"
+            }),
+            "{ct}"
+        );
+        assert_eq!(
+            r.text().await.unwrap(),
+            "",
+            "the retry learns it ran, not what"
+        );
+    }
+    let found = holds(&sqlite_bytes(&db), &marker);
+    stop(gw).await;
+    assert!(
+        !found && !holds(&sqlite_bytes(&db), &marker),
+        "the body was stored"
+    );
+}

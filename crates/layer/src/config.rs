@@ -253,6 +253,10 @@ pub struct LayerConfig {
     pub max_stored_body: usize,
     /// Path prefix of operation resources (`Prefer: respond-async`).
     pub operations_path: String,
+    /// Whether the response body (or event stream) is stored (default
+    /// true). `false` keeps status and headers only: a retry learns the
+    /// operation ran, and gets an empty body.
+    pub store_body: bool,
 }
 
 impl Default for LayerConfig {
@@ -271,6 +275,7 @@ impl Default for LayerConfig {
             completion_timeout: Duration::from_secs(600),
             max_stored_body: 32 * 1024 * 1024,
             operations_path: "/idemgate/operations/".to_owned(),
+            store_body: true,
         }
     }
 }

@@ -139,6 +139,9 @@ pub struct RawRoute {
     /// repeat (default false): it then needs a durable store and
     /// `fail_closed`.
     pub charges: Option<bool>,
+    /// Store the response body (default true); `false` keeps only status
+    /// and headers, and a retry gets an empty body.
+    pub store_body: Option<bool>,
     /// This route's clients retry differently: fields set here override the
     /// top-level `[client_retry]`.
     pub client_retry: Option<RawClientRetry>,

@@ -105,6 +105,8 @@ pub struct RouteConfig {
     pub longest_generation: Option<Duration>,
     /// Whether the route charges or has side effects that must never repeat.
     pub charges: bool,
+    /// Whether the response body is stored (`store_body`, default true).
+    pub store_body: bool,
     /// The retry policy of this route's clients.
     pub client_retry: RetryPolicy,
 }
@@ -148,6 +150,7 @@ impl RouteConfig {
             // little slack lets the body error arrive first.
             completion_timeout: self.timeouts.total + Duration::from_secs(1),
             operations_path,
+            store_body: self.store_body,
             ..LayerConfig::default()
         }
     }
@@ -347,6 +350,7 @@ pub(super) fn route(at: &str, r: RawRoute, d: &RouteDefaults) -> Result<RouteCon
         heartbeat,
         longest_generation,
         charges: r.charges.unwrap_or(false),
+        store_body: r.store_body.unwrap_or(true),
         client_retry,
     })
 }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use http::{Request, header};
 use idemgate_engine::{Fenced, LeaseGuard, ScopedKey};
@@ -243,7 +243,15 @@ impl Detached {
         let metrics = &shared.metrics;
         let status = self.client.status();
         match decision {
-            Decision::Store(stored) => {
+            Decision::Store(mut stored) => {
+                if !shared.config.store_body {
+                    // Minimal data: the retry learns that the operation
+                    // ran (status, headers), not what it answered.
+                    stored.body = match stored.body {
+                        StoredBody::Bytes(_) => StoredBody::Bytes(Bytes::new()),
+                        StoredBody::Events(_) => StoredBody::Events(Vec::new()),
+                    };
+                }
                 let outcome = match stored.encode() {
                     Ok(payload) => match guard.complete(payload, status).await {
                         Ok(Fenced::Applied) => {
