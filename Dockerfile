@@ -4,10 +4,12 @@
 #
 #   docker build -t idemgate .
 #   docker run --rm -p 8080:8080 -p 9464:9464 -v idemgate-data:/var/lib/idemgate \
-#     -e IDEMGATE_UPSTREAM=https://api.openai.com idemgate
+#     -e IDEMGATE_UPSTREAM=https://api.openai.com -e IDEMGATE_ADMIN_TOKEN=… idemgate
 #
 # Proxy on 8080, admin (/metrics, /healthz, /readyz, dashboard) on 9464; both
-# listen on 0.0.0.0 inside the container. The default store is an SQLite file
+# listen on 0.0.0.0 inside the container, so the gateway refuses to start
+# without IDEMGATE_ADMIN_TOKEN (an admin listener other machines can reach
+# needs its token). The default store is an SQLite file
 # in the volume /var/lib/idemgate. Configure with IDEMGATE_* variables, or
 # mount a TOML file and add `--config /etc/idemgate/idemgate.toml` to the
 # command. Flags win over the file and the environment, so the listen

@@ -249,11 +249,29 @@ impl AlertRules {
     }
 }
 
+/// Whether stored responses are sealed at rest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Encryption {
+    /// A key file was configured and read.
+    Configured,
+    /// No key file is configured: responses are stored as received.
+    NotConfigured,
+    /// The configured key file cannot be read or parsed.
+    Unreadable {
+        /// The configured path.
+        path: String,
+        /// Why (never the key text).
+        reason: String,
+    },
+}
+
 /// What the rules need to know about a deployment.
 #[derive(Clone, Debug)]
 pub struct Plan {
     /// The store.
     pub store: StoreKind,
+    /// Whether stored responses are sealed.
+    pub encryption: Encryption,
     /// Whether alert rules for the hit ratio and conflicts are deployed.
     pub alert_rules: AlertRules,
     /// Routes.
@@ -264,7 +282,9 @@ pub struct Plan {
 pub fn check(plan: &Plan) -> Vec<Finding> {
     let mut out = Vec::new();
     alert_rules(&plan.alert_rules, &mut out);
+    key_file(&plan.encryption, &mut out);
     for route in &plan.routes {
+        encryption_at_rest(&plan.encryption, route, &mut out);
         done_ttl_covers_retry_window(route, &mut out);
         total_timeout_covers_generation(route, &mut out);
         first_byte_covers_generation(route, &mut out);
@@ -527,6 +547,42 @@ fn key_template(r: &RoutePlan, out: &mut Vec<Finding>) {
     }
 }
 
+/// A configured key file the gateway cannot load stops `serve`; say so
+/// before the deploy does.
+fn key_file(encryption: &Encryption, out: &mut Vec<Finding>) {
+    if let Encryption::Unreadable { path, reason } = encryption {
+        out.push(Finding {
+            rule: "encryption-key-file-unreadable",
+            severity: Severity::Error,
+            route: None,
+            message: format!("the encryption key file {path} cannot be used ({reason})"),
+            fix: "fix the file (`idemgate keys generate-encryption-key` prints a line) or unset `encryption_key_file`".into(),
+        });
+    }
+}
+
+/// Stored answers are as sensitive as the prompts: without a key ring,
+/// anyone who reads the store (or a backup) reads them. On a charging
+/// route the stored answer is also what decides whether a charge repeats,
+/// so it must not be alterable unnoticed either.
+fn encryption_at_rest(encryption: &Encryption, r: &RoutePlan, out: &mut Vec<Finding>) {
+    if *encryption != Encryption::NotConfigured {
+        return;
+    }
+    let severity = if r.charges {
+        Severity::Error
+    } else {
+        Severity::Warning
+    };
+    out.push(finding(
+        "responses-unencrypted",
+        severity,
+        r,
+        "stored responses are kept unencrypted: whoever reads the store or a backup reads every answer, and can alter it unnoticed".into(),
+        "set `encryption_key_file` (or --encryption-key-file); `idemgate keys generate-encryption-key` prints a key line".into(),
+    ));
+}
+
 /// A store guarding charges must not lose data.
 fn store_for_charges(store: StoreKind, r: &RoutePlan, out: &mut Vec<Finding>) {
     if !r.charges {
@@ -633,6 +689,7 @@ mod tests {
     fn plan(route: RoutePlan) -> Plan {
         Plan {
             store: StoreKind::Sqlite,
+            encryption: Encryption::Configured,
             alert_rules: AlertRules::Deployed,
             routes: vec![route],
         }
@@ -870,6 +927,33 @@ mod tests {
             AlertRules::from_rules_text("ops/alerts.yml", shipped),
             AlertRules::Deployed
         );
+    }
+
+    #[test]
+    fn unencrypted_responses_are_an_error_on_charging_routes_and_a_warning_elsewhere() {
+        let mut p = plan(good_route());
+        p.encryption = Encryption::NotConfigured;
+        let f = check(&p);
+        assert_eq!(
+            (f[0].rule, f[0].severity),
+            ("responses-unencrypted", Severity::Error)
+        );
+        p.routes[0].charges = false;
+        let f = check(&p);
+        assert_eq!(
+            (f[0].rule, f[0].severity),
+            ("responses-unencrypted", Severity::Warning)
+        );
+        p.encryption = Encryption::Unreadable {
+            path: "/etc/idemgate/keys".into(),
+            reason: "no such file".into(),
+        };
+        let f = check(&p);
+        assert_eq!(
+            (f[0].rule, f[0].severity),
+            ("encryption-key-file-unreadable", Severity::Error)
+        );
+        assert!(f[0].message.contains("/etc/idemgate/keys"));
     }
 
     #[test]

@@ -5,8 +5,10 @@
 //!
 //! A record is addressed by (tenant, namespace, key). The tenant is given
 //! as the id the gateway logs (`--tenant`), or computed from the raw
-//! credential with the same function the gateway uses (`--credential`),
-//! so nobody has to hash an API key by hand. Exit status: 0 when the key
+//! credential with the same function the gateway uses, so nobody has to
+//! hash an API key by hand. The credential comes from IDEMGATE_CREDENTIAL
+//! or standard input (`--credential-stdin`), never from the command line,
+//! where every user of the machine could read it. Exit status: 0 when the key
 //! has a record or attempts, 1 when it has neither, 2 on a usage or store
 //! error.
 
@@ -38,6 +40,39 @@ pub(crate) enum KeysCommand {
     /// it runs again; the timeline keeps a `forgotten` entry. Exit 1 when
     /// there was no record.
     Forget(ShowArgs),
+    /// Print a new line for the encryption key file (`ID:BASE64KEY`, not
+    /// marked active: add `*` in front to seal new records under it).
+    GenerateEncryptionKey(GenerateArgs),
+}
+
+/// Flags of `idemgate keys generate-encryption-key`.
+#[derive(Debug, Args)]
+pub(crate) struct GenerateArgs {
+    /// The key id: 1 to 32 characters of `A-Z a-z 0-9 . _ -` (default: the
+    /// current UTC date and time, e.g. `20260130T101500Z`).
+    #[arg(long)]
+    id: Option<String>,
+}
+
+/// A key id from the current time: unique enough for rotations made by
+/// hand, and sortable.
+fn default_key_id() -> String {
+    let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    now.chars().filter(|c| *c != '-' && *c != ':').collect()
+}
+
+fn generate(args: &GenerateArgs) -> ExitCode {
+    let id = args.id.clone().unwrap_or_else(default_key_id);
+    match idemgate_seal::generate_key_line(&id) {
+        Ok(line) => {
+            println!("{line}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("idemgate keys generate-encryption-key: {e}");
+            ExitCode::from(EXIT_USAGE)
+        }
+    }
 }
 
 /// Flags of `idemgate keys show`.
@@ -46,15 +81,20 @@ pub(crate) struct ShowArgs {
     /// The idempotency key, as the client sent it (or as derived).
     key: String,
     /// The tenant id as the gateway logs it (32 hex digits, or `anonymous`).
-    #[arg(long, conflicts_with = "credential")]
+    /// Wins over IDEMGATE_CREDENTIAL.
+    #[arg(long, conflicts_with = "credential_stdin")]
     tenant: Option<String>,
-    /// The raw credential the client sent: the `Authorization` header value
-    /// (`Bearer sk-…`; a bare token is also tried with `Bearer `), or the
-    /// value of the header that named the tenant (`x-api-key`, `api-key`,
-    /// `x-goog-api-key`, or one of the route's `tenant_headers`). Hashed
-    /// here, never stored.
+    /// Read the raw credential the client sent from standard input (one
+    /// line): the `Authorization` header value (`Bearer sk-…`; a bare token
+    /// is also tried with `Bearer `), or the value of the route's tenant
+    /// header. Without it, IDEMGATE_CREDENTIAL is read. Hashed here, never
+    /// stored or printed.
     #[arg(long)]
-    credential: Option<String>,
+    credential_stdin: bool,
+    /// Refused: a credential on the command line is visible to every user
+    /// of the machine (`ps`) and stays in shell history.
+    #[arg(long = "credential", hide = true, value_name = "REFUSED")]
+    credential_argv: Option<String>,
     /// The route id (namespace) of the key; default: the only route's id.
     #[arg(long)]
     namespace: Option<String>,
@@ -72,6 +112,7 @@ pub(crate) struct ShowArgs {
 /// Runs a `keys` subcommand.
 pub(crate) async fn run(cmd: KeysCommand) -> anyhow::Result<ExitCode> {
     match cmd {
+        KeysCommand::GenerateEncryptionKey(args) => Ok(generate(&args)),
         KeysCommand::Show(args) => match show(&args).await {
             Ok(code) => Ok(code),
             Err(e) => {
@@ -92,7 +133,7 @@ pub(crate) async fn run(cmd: KeysCommand) -> anyhow::Result<ExitCode> {
 /// The store and the routes, from the file, `IDEMGATE_*` and `--store`.
 /// Without any route or upstream configured, the gateway's implicit
 /// single route `/` is assumed, so `--store` alone is enough.
-fn deployment(args: &ShowArgs) -> anyhow::Result<(StoreUrl, Vec<RouteConfig>)> {
+fn deployment(args: &ShowArgs) -> anyhow::Result<(StoreUrl, Vec<RouteConfig>, Option<PathBuf>)> {
     let overrides = Overrides {
         store: args.store.clone(),
         ..Overrides::default()
@@ -104,16 +145,17 @@ fn deployment(args: &ShowArgs) -> anyhow::Result<(StoreUrl, Vec<RouteConfig>)> {
     if raw.routes.is_empty() && raw.upstream.is_none() {
         let store = StoreUrl::parse(raw.store.as_deref().unwrap_or(config::DEFAULT_STORE))
             .map_err(|m| anyhow::anyhow!("store: {m}"))?;
+        let key_file = raw.encryption_key_file.as_ref().map(|p| p.relative());
         // Any upstream will do: only the implicit route's id and tenant
         // source are used.
         let implicit = GatewayConfig::from_raw(RawConfig {
             upstream: Some("http://127.0.0.1:1".into()),
             ..RawConfig::default()
         })?;
-        return Ok((store, implicit.routes));
+        return Ok((store, implicit.routes, key_file));
     }
     let c = GatewayConfig::from_raw(raw).context("invalid configuration")?;
-    Ok((c.store, c.routes))
+    Ok((c.store, c.routes, c.encryption_key_file))
 }
 
 async fn open(
@@ -139,12 +181,44 @@ async fn open(
             "a memory: store lives inside the gateway process; ask the gateway instead (GET /admin/keys/{{key}}/timeline or DELETE /admin/keys/{{key}} on the admin listener)"
         ),
         other => {
-            let store = idemgate_gateway::open_records(other)
+            let store = idemgate_gateway::open_records(other, None)
                 .await
                 .with_context(|| format!("cannot open the store {other}"))?;
             Ok((store, None))
         }
     }
+}
+
+/// The environment variable `keys show` reads the raw credential from.
+const CREDENTIAL_ENV: &str = "IDEMGATE_CREDENTIAL";
+
+/// The raw credential: from standard input with `--credential-stdin`,
+/// else from IDEMGATE_CREDENTIAL (unless `--tenant` is given). Never from
+/// the command line.
+fn credential(args: &ShowArgs) -> anyhow::Result<Option<String>> {
+    if args.credential_argv.is_some() {
+        anyhow::bail!(
+            "--credential is not accepted: a credential on the command line is visible to other users (ps) and stays in shell history; set {CREDENTIAL_ENV} or pipe it with --credential-stdin"
+        );
+    }
+    if args.credential_stdin {
+        let mut line = String::new();
+        std::io::stdin()
+            .read_line(&mut line)
+            .context("cannot read the credential from standard input")?;
+        let line = line.trim_end_matches(['\r', '\n']);
+        anyhow::ensure!(
+            !line.trim().is_empty(),
+            "--credential-stdin: standard input held no credential"
+        );
+        return Ok(Some(line.to_owned()));
+    }
+    if args.tenant.is_some() {
+        return Ok(None);
+    }
+    Ok(std::env::var(CREDENTIAL_ENV)
+        .ok()
+        .filter(|c| !c.trim().is_empty()))
 }
 
 /// What was looked up and found.
@@ -178,11 +252,14 @@ struct Address {
     /// `done_ttl`, or the default one for a namespace not configured.
     done_ttl: Duration,
     candidates: Vec<(String, &'static str)>,
+    /// The gateway's encryption key file, to open sealed records.
+    key_file: Option<PathBuf>,
 }
 
 fn address(args: &ShowArgs) -> anyhow::Result<Address> {
     let key = ClientKey::parse(&args.key).map_err(|e| anyhow::anyhow!("KEY: {e}"))?;
-    let (url, routes) = deployment(args)?;
+    let credential = credential(args)?;
+    let (url, routes, key_file) = deployment(args)?;
     let route = match &args.namespace {
         Some(ns) => routes.iter().find(|r| &r.id == ns),
         None => match routes.as_slice() {
@@ -207,7 +284,7 @@ fn address(args: &ShowArgs) -> anyhow::Result<Address> {
 
     // Candidate tenants, in order; the first with anything stored wins.
     let mut candidates: Vec<(String, &'static str)> = Vec::new();
-    match (&args.tenant, &args.credential) {
+    match (&args.tenant, &credential) {
         (Some(t), _) => candidates.push((t.clone(), "given")),
         (None, Some(c)) => {
             candidates.push((
@@ -233,6 +310,7 @@ fn address(args: &ShowArgs) -> anyhow::Result<Address> {
         namespace,
         done_ttl: route.map_or(Duration::from_secs(24 * 3600), |r| r.done_ttl),
         candidates,
+        key_file,
     })
 }
 
@@ -242,9 +320,15 @@ async fn show(args: &ShowArgs) -> anyhow::Result<ExitCode> {
         url,
         namespace,
         candidates,
+        key_file,
         ..
     } = address(args)?;
-    let (store, sqlite) = open(&url).await?;
+    let (mut store, sqlite) = open(&url).await?;
+    if let Some(path) = key_file {
+        // Sealed payloads are opened with the gateway's key ring.
+        let ring = idemgate_gateway::load_key_ring(&path)?;
+        store = Arc::new(idemgate_seal::SealedStore::new(store, ring));
+    }
     let mut found: Option<Found> = None;
     for (tenant, tenant_from) in &candidates {
         let scoped = ScopedKey::new(tenant.clone(), namespace.clone(), key.clone());
@@ -294,6 +378,7 @@ async fn forget(args: &ShowArgs) -> anyhow::Result<ExitCode> {
         namespace,
         done_ttl,
         candidates,
+        ..
     } = address(args)?;
     let (store, sqlite) = open(&url).await?;
     let note = Attempt {

@@ -7,7 +7,7 @@
 //! - `demo`: a client whose timeout is shorter than a slow generation
 //!   retries and is charged twice; then the same run behind idemgate.
 //! - `keys show`: one key's record and timeline from the store (module
-//!   `keys`).
+//!   `keys`); `keys generate-encryption-key`: a new key-file line.
 
 mod check;
 mod keys;
@@ -90,6 +90,11 @@ pub(crate) struct ConfigArgs {
     /// Lifetime of stored results, e.g. 24h.
     #[arg(long)]
     done_ttl: Option<String>,
+    /// Key file that seals stored responses (`ID:BASE64` lines, `*` on the
+    /// active key); also `encryption_key_file` in the file and
+    /// IDEMGATE_ENCRYPTION_KEY_FILE.
+    #[arg(long, value_name = "FILE")]
+    encryption_key_file: Option<String>,
 }
 
 impl ConfigArgs {
@@ -101,6 +106,7 @@ impl ConfigArgs {
             store: self.store.clone(),
             pending_ttl: self.pending_ttl.clone(),
             done_ttl: self.done_ttl.clone(),
+            encryption_key_file: self.encryption_key_file.clone(),
         }
     }
 

@@ -13,6 +13,11 @@ fn shipped_alerts() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../ops/alerts.yml")
 }
 
+/// The sound configuration's key file line; `check_with` writes the file.
+const KEYS_LINE: &str = "encryption_key_file = \"keys\"";
+/// A valid key file (a fixed key: only `check` reads it).
+const KEY_FILE: &str = "*k1:c2VjcmV0LWtleS1ieXRlcy10aGF0LWFyZS0zMi1sb24=\n";
+
 /// A route that passes every rule, with `extra` lines added to it, and
 /// `top` lines added at the top level.
 fn config(top: &str, route: &str) -> String {
@@ -20,6 +25,7 @@ fn config(top: &str, route: &str) -> String {
         "upstream = \"http://127.0.0.1:9\"\n\
          store = \"sqlite:idemgate.db\"\n\
          alert_rules = {alerts:?}\n\
+         {KEYS_LINE}\n\
          {top}\n\
          [[routes]]\n\
          prefix = \"/v1\"\n\
@@ -52,6 +58,7 @@ impl Run {
 fn check_with(toml: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
     let dir = tempfile::tempdir().expect("create a temp dir");
     std::fs::write(dir.path().join("gw.toml"), toml).expect("write the file");
+    std::fs::write(dir.path().join("keys"), KEY_FILE).expect("write the file");
     let mut cmd = Command::new(BIN);
     cmd.args(["check", "--config", "gw.toml"])
         .args(args)
@@ -400,4 +407,59 @@ fn a_client_timeout_shorter_than_the_longest_generation_warns() {
         "{}",
         r.stdout
     );
+}
+
+#[test]
+fn unencrypted_responses_are_an_error_on_charging_routes_and_a_warning_elsewhere() {
+    let plain = config("", "").replace(KEYS_LINE, "");
+    let r = check(&plain);
+    assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
+    assert_eq!(r.rules(), vec!["responses-unencrypted"], "{}", r.stdout);
+    assert!(
+        r.stdout.contains("warning [responses-unencrypted]"),
+        "{}",
+        r.stdout
+    );
+
+    let charging = config("", "charges = true").replace(KEYS_LINE, "");
+    let r = check(&charging);
+    assert_eq!(r.code, Some(1), "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.contains("error   [responses-unencrypted]"),
+        "{}",
+        r.stdout
+    );
+
+    // The environment sets the file as well as the configuration does.
+    let r = check_with(&charging, &[], &[("IDEMGATE_ENCRYPTION_KEY_FILE", "keys")]);
+    assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
+}
+
+#[test]
+fn an_unusable_key_file_is_an_error_that_never_shows_the_key() {
+    let broken = config("", "").replace(KEYS_LINE, "encryption_key_file = \"broken\"");
+    let dir = tempfile::tempdir().expect("create a temp dir");
+    std::fs::write(dir.path().join("gw.toml"), &broken).expect("write the file");
+    // Two lines, neither active: refused, and the key text stays unsaid.
+    std::fs::write(
+        dir.path().join("broken"),
+        "k1:c2VjcmV0LWtleS1ieXRlcy10aGF0LWFyZS0zMi1sb24=\n",
+    )
+    .expect("write the file");
+    let out = Command::new(BIN)
+        .args(["check", "--config", "gw.toml"])
+        .current_dir(dir.path())
+        .output()
+        .expect("run the binary");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("[encryption-key-file-unreadable]"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("c2VjcmV0"), "{stdout}");
+    let missing = config("", "").replace(KEYS_LINE, "encryption_key_file = \"absent\"");
+    let r = check(&missing);
+    assert_eq!(r.code, Some(1), "{}", r.stdout);
+    assert!(r.stdout.contains("absent"), "{}", r.stdout);
 }

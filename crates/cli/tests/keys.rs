@@ -16,14 +16,50 @@ const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
 const KEY: &str = "report-2026-q3";
 const CREDENTIAL: &str = "Bearer sk-test-credential";
 
+/// Runs `keys show`; a `"--credential", VALUE` pair in `args` is passed the
+/// way the command takes it, in IDEMGATE_CREDENTIAL (never in argv).
 async fn keys_show(args: &[&str], cwd: &Path) -> Output {
-    Command::new(BIN)
+    let mut argv = Vec::new();
+    let mut credential = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if *a == "--credential" {
+            credential = it.next().copied();
+        } else {
+            argv.push(*a);
+        }
+    }
+    let mut cmd = Command::new(BIN);
+    cmd.args(["keys", "show"])
+        .args(argv)
+        .current_dir(cwd)
+        .env_remove("IDEMGATE_CREDENTIAL");
+    if let Some(c) = credential {
+        cmd.env("IDEMGATE_CREDENTIAL", c);
+    }
+    cmd.output().await.expect("run the binary")
+}
+
+/// Runs `keys show --credential-stdin` with `stdin` piped in, or `keys
+/// show` with `extra` arguments as given (no credential rewriting).
+async fn keys_show_raw(args: &[&str], stdin: Option<&str>, cwd: &Path) -> Output {
+    use tokio::io::AsyncWriteExt;
+    let mut child = Command::new(BIN)
         .args(["keys", "show"])
         .args(args)
         .current_dir(cwd)
-        .output()
-        .await
-        .expect("run the binary")
+        .env_remove("IDEMGATE_CREDENTIAL")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run the binary");
+    let mut pipe = child.stdin.take().expect("stdin is piped");
+    if let Some(text) = stdin {
+        pipe.write_all(text.as_bytes()).await.expect("write stdin");
+    }
+    drop(pipe);
+    child.wait_with_output().await.expect("run the binary")
 }
 
 fn text(b: &[u8]) -> String {
@@ -243,6 +279,43 @@ async fn keys_show_prints_the_state_and_timeline_a_gateway_stored() {
     .await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("replayed"));
+
+    // The credential read from standard input finds the same record; on
+    // the command line it is refused without being echoed.
+    let out = keys_show_raw(
+        &[KEY, "--credential-stdin", "--store", &store],
+        Some(&format!("{CREDENTIAL}\n")),
+        dir.path(),
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("replayed"));
+    let out = keys_show_raw(
+        &[KEY, "--credential-stdin", "--store", &store],
+        None,
+        dir.path(),
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("no credential"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = keys_show_raw(
+        &[KEY, "--credential", CREDENTIAL, "--store", &store],
+        None,
+        dir.path(),
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("IDEMGATE_CREDENTIAL"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!text(&out.stderr).contains("sk-test-credential"));
+    assert!(!text(&out.stdout).contains("sk-test-credential"));
 
     // A mistyped store path is an error, and no file is created there.
     let out = keys_show(&[KEY, "--store", "sqlite:typo.db"], dir.path()).await;

@@ -154,7 +154,7 @@ async fn keys_forget_clears_an_outcome_unknown_answer_on_sqlite() {
 
 async fn forgets_on(url: String) {
     let parsed = StoreUrl::parse(&url).expect("a valid literal");
-    let store = open_records(&parsed)
+    let store = open_records(&parsed, None)
         .await
         .unwrap_or_else(|e| panic!("{url}: {e} (is the server running?)"));
     let engine = Engine::new(std::sync::Arc::clone(&store));

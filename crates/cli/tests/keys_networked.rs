@@ -12,7 +12,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
 
 async fn shows_executed_then_replayed(url: String) {
     let parsed = StoreUrl::parse(&url).expect("a valid literal");
-    let store = open_records(&parsed)
+    let store = open_records(&parsed, None)
         .await
         .unwrap_or_else(|e| panic!("{url}: {e} (is the server running?)"));
     let engine = Engine::new(store).with_replica("replica-a");

@@ -1,5 +1,5 @@
 "use strict";
-// The admin dashboard: polls /admin/stats every 2 s, keeps a short history
+// The admin dashboard: polls /admin/stats (with the admin token) every 2 s, keeps a short history
 // in memory and draws it as sparklines; looks up one key's timeline with
 // the admin token. No external resources, no build step.
 (function () {
@@ -68,7 +68,11 @@
 
   async function poll() {
     try {
-      const r = await fetch("/admin/stats", { cache: "no-store" });
+      const token = $("f-token").value;
+      const r = await fetch("/admin/stats", {
+        cache: "no-store",
+        headers: token ? { Authorization: "Bearer " + token } : {},
+      });
       if (!r.ok) throw new Error("HTTP " + r.status);
       render(await r.json());
       const st = $("status");

@@ -1,9 +1,10 @@
 //! The admin listener: health, readiness, `/metrics`, the dashboard (`/`,
-//! polling `/admin/stats`), the timeline of one key
-//! (`GET /admin/keys/{key}/timeline`) and the operator's forget
+//! a static page polling `/admin/stats` with the admin token), the timeline
+//! of one key (`GET /admin/keys/{key}/timeline`) and the operator's forget
 //! (`DELETE /admin/keys/{key}`: clears a key, such as an outcome-unknown
 //! answer on a charging route, once the upstream's side has been checked),
-//! both behind the admin token.
+//! both behind the admin token. A raw credential goes in the
+//! `X-Idemgate-Credential` header, and is refused in the query.
 //!
 //! The token is compared in constant time: both sides are hashed (so their
 //! lengths do not show either) and the digests compared with `subtle`.
@@ -104,9 +105,13 @@ async fn dashboard() -> Response<Body> {
     resp
 }
 
-/// `GET /admin/stats`: the dashboard's figures. Aggregates only, no key or
-/// tenant: as open as `/metrics`.
-async fn stats(State(s): State<AdminState>) -> Response<Body> {
+/// `GET /admin/stats`: the dashboard's figures, behind the admin token like
+/// every `/admin/` endpoint (only `/healthz`, `/readyz` and `/metrics`, for
+/// probes and scrapers, are open; the dashboard page itself holds no data).
+async fn stats(State(s): State<AdminState>, headers: HeaderMap) -> Response<Body> {
+    if let Some(refusal) = refuse_unauthorized(&s, &headers) {
+        return refusal;
+    }
     let snap = s.telemetry.snapshot();
     let outcomes: serde_json::Map<String, serde_json::Value> = snap
         .requests
@@ -240,33 +245,44 @@ fn find_route<'a>(
     }
 }
 
-/// The record a key endpoint names: `{key}` and
-/// `?tenant=…|credential=…&namespace=…`, or the refusal.
+/// The header that carries a raw credential to the key endpoints. Never
+/// the query: URLs end up in access logs, proxies and browser history.
+pub(crate) const CREDENTIAL_HEADER: &str = "x-idemgate-credential";
+
+/// The record a key endpoint names: `{key}`, `?tenant=…&namespace=…` or
+/// the credential in the `X-Idemgate-Credential` header; or the refusal.
 fn addressed<'a>(
     s: &'a AdminState,
     raw_key: &str,
     query: Option<&str>,
+    headers: &HeaderMap,
 ) -> Result<(ScopedKey, &'a RouteName), Box<Response<Body>>> {
     let refuse = |detail: &str| Err(Box::new(bad_request(detail)));
     let Ok(key) = ClientKey::parse(raw_key) else {
         return refuse("the key is not a valid idempotency key");
     };
-    let (mut tenant, mut credential, mut namespace) = (None, None, None);
+    let (mut tenant, mut namespace) = (None, None);
     for (k, v) in url::form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
         match k.as_ref() {
             "tenant" => tenant = Some(v.into_owned()),
-            "credential" => credential = Some(v.into_owned()),
+            "credential" => {
+                return refuse(
+                    "a credential in the URL is refused (URLs are logged): send it in the \
+                     `X-Idemgate-Credential` header, or give the tenant id as `tenant=`",
+                );
+            }
             "namespace" => namespace = Some(v.into_owned()),
             _ => {}
         }
     }
+    let credential = headers.get(CREDENTIAL_HEADER).map(|v| v.as_bytes());
     let tenant = match (tenant, credential) {
         (Some(_), Some(_)) => return refuse("give `tenant` or `credential`, not both"),
         (Some(t), None) if !t.is_empty() => t,
         (Some(_), None) => return refuse("`tenant` is empty"),
-        // The tenant a request with this Authorization (or tenant header)
+        // The tenant a request with this credential (or tenant header)
         // value lands in; the credential itself is neither kept nor logged.
-        (None, Some(c)) => idemgate_layer::key::tenant_id(c.as_bytes()),
+        (None, Some(c)) => idemgate_layer::key::tenant_id(c),
         (None, None) => idemgate_layer::key::ANONYMOUS.to_owned(),
     };
     let route = find_route(&s.routes, namespace.as_deref().filter(|n| !n.is_empty()))
@@ -283,7 +299,8 @@ fn store_unavailable(detail: &str) -> Response<Body> {
     )
 }
 
-/// `DELETE /admin/keys/{key}?tenant=…|credential=…&namespace=…`: forgets
+/// `DELETE /admin/keys/{key}?tenant=…&namespace=…` (or the credential
+/// header): forgets
 /// the key (its record, whatever its state; the timeline notes it). 200
 /// with what was forgotten, 404 `key-not-found` when there was no record.
 async fn forget(
@@ -295,7 +312,7 @@ async fn forget(
     if let Some(refusal) = refuse_unauthorized(&s, &headers) {
         return refusal;
     }
-    let (scoped, route) = match addressed(&s, &raw_key, query.as_deref()) {
+    let (scoped, route) = match addressed(&s, &raw_key, query.as_deref(), &headers) {
         Ok(found) => found,
         Err(refusal) => return *refusal,
     };
@@ -335,7 +352,8 @@ async fn forget(
     }
 }
 
-/// `GET /admin/keys/{key}/timeline?tenant=…|credential=…&namespace=…`
+/// `GET /admin/keys/{key}/timeline?tenant=…&namespace=…`, the credential
+/// (instead of `tenant`) in the `X-Idemgate-Credential` header.
 async fn timeline(
     State(s): State<AdminState>,
     Path(raw_key): Path<String>,
@@ -345,7 +363,7 @@ async fn timeline(
     if let Some(refusal) = refuse_unauthorized(&s, &headers) {
         return refusal;
     }
-    let (scoped, route) = match addressed(&s, &raw_key, query.as_deref()) {
+    let (scoped, route) = match addressed(&s, &raw_key, query.as_deref(), &headers) {
         Ok(found) => found,
         Err(refusal) => return *refusal,
     };

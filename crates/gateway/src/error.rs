@@ -29,6 +29,23 @@ pub enum GatewayError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The admin listener would be reachable from other machines without an
+    /// admin token.
+    #[error(
+        "refusing to start: the admin listener {addr} is not a loopback address and no admin token is configured; set `admin_token` (or IDEMGATE_ADMIN_TOKEN), or bind the admin listener to 127.0.0.1"
+    )]
+    AdminWithoutToken {
+        /// The admin address.
+        addr: SocketAddr,
+    },
+    /// The encryption key file could not be loaded.
+    #[error("cannot load the encryption key file {}: {source}", path.display())]
+    KeyFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why (names the line, never the key text).
+        source: idemgate_seal::KeyFileError,
+    },
     /// A route's upstream client could not be built.
     #[error(transparent)]
     Proxy(#[from] ProxyBuildError),

@@ -55,4 +55,4 @@ pub use error::GatewayError;
 pub use idemgate_layer::{OutcomeUnknown, RetryableFailure};
 pub use proxy::{Proxy, UpstreamBodyError};
 pub use serve::{bind_and_serve, serve};
-pub use stores::open_records;
+pub use stores::{load_key_ring, open_records};

@@ -9,7 +9,9 @@
 
 use std::path::Path;
 
-use idemgate_check::{AlertRules, Finding, KeyPart, KeyPlan, Plan, RoutePlan, StoreKind};
+use idemgate_check::{
+    AlertRules, Encryption, Finding, KeyPart, KeyPlan, Plan, RoutePlan, StoreKind,
+};
 
 use idemgate_layer::{DerivePart, KeyMode, StoreErrorMode};
 
@@ -30,6 +32,7 @@ pub const REFUSED_AT_START: [&str; 2] = ["content-hash-only-key", "key-too-coars
 pub fn plan(config: &GatewayConfig) -> Plan {
     Plan {
         store: store_kind(&config.store),
+        encryption: encryption(config.encryption_key_file.as_deref()),
         alert_rules: alert_rules(config.alert_rules.as_deref()),
         routes: config.routes.iter().map(route_plan).collect(),
     }
@@ -63,6 +66,21 @@ pub fn alert_rules(path: Option<&Path>) -> AlertRules {
             reason: match e.kind() {
                 std::io::ErrorKind::NotFound => "no such file".to_owned(),
                 _ => e.to_string(),
+            },
+        },
+    }
+}
+
+/// Whether the key file at `path` (if configured) loads. Its errors name
+/// the file and the line, never key text.
+pub fn encryption(path: Option<&Path>) -> Encryption {
+    match path {
+        None => Encryption::NotConfigured,
+        Some(p) => match idemgate_seal::KeyRing::from_file(p) {
+            Ok(_) => Encryption::Configured,
+            Err(e) => Encryption::Unreadable {
+                path: p.display().to_string(),
+                reason: e.to_string(),
             },
         },
     }

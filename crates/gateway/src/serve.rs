@@ -111,6 +111,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), GatewayError> {
     preflight(&config)?;
+    admin_exposure(admin.local_addr()?, &config)?;
     run(listener, admin, config, shutdown).await
 }
 
@@ -126,6 +127,7 @@ pub async fn bind_and_serve(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), GatewayError> {
     preflight(&config)?;
+    admin_exposure(config.admin_listen, &config)?;
     let bind = |addr, admin| async move {
         TcpListener::bind(addr)
             .await
@@ -169,6 +171,17 @@ fn preflight(config: &GatewayConfig) -> Result<(), GatewayError> {
     }
 }
 
+/// An admin listener other machines can reach needs a token: the
+/// dashboard's data, the key timelines and whatever admin actions exist
+/// must not be open to the network.
+fn admin_exposure(addr: std::net::SocketAddr, config: &GatewayConfig) -> Result<(), GatewayError> {
+    if addr.ip().is_loopback() || config.admin_token.is_some() {
+        Ok(())
+    } else {
+        Err(GatewayError::AdminWithoutToken { addr })
+    }
+}
+
 /// The gateway itself, once the checklist passed.
 async fn run(
     listener: TcpListener,
@@ -179,7 +192,18 @@ async fn run(
     // One metrics pipeline: installed before the routes register their
     // series (a recorder installed earlier by the program is kept).
     let telemetry = Telemetry::global();
-    let opened = crate::stores::open_store(&config.store).await?;
+    let ring = config
+        .encryption_key_file
+        .as_deref()
+        .map(crate::stores::load_key_ring)
+        .transpose()?;
+    if let Some(r) = &ring {
+        tracing::info!(
+            active_key = r.active_key_id(),
+            "stored responses are sealed"
+        );
+    }
+    let opened = crate::stores::open_store(&config.store, ring).await?;
     // Store latency by backend and op, errors counted.
     let store: Arc<dyn Store> = Arc::new(InstrumentedStore::new(Arc::clone(&opened.store)));
 

@@ -17,6 +17,13 @@
 //! conflicts are written in batches off the request path; `inline`: each is
 //! written before the request is answered, one more round trip). Every
 //! other parameter is passed through.
+//!
+//! With a key ring, the store is wrapped in a [`SealedStore`]: every
+//! payload is sealed before it reaches the backend and opened on read, the
+//! same way for every backend, and the Redis live streams seal their
+//! entries with the same ring. A payload that does not open is a store
+//! error (counted in `idemgate_seal_failures_total{reason}`), so each route
+//! applies its `on_store_error` policy to it.
 
 use std::sync::Arc;
 
@@ -25,6 +32,8 @@ use idemgate_layer::{IdempotencyLayer, LayerConfig, LiveEvents};
 use idemgate_postgres::{PostgresOptions, PostgresStore};
 use idemgate_redis::{RedisOptions, RedisStore};
 use idemgate_redis_live::{FanoutOptions, RedisLiveEvents};
+use idemgate_seal::{KeyRing, SealedStore};
+use idemgate_telemetry::Telemetry;
 use url::Url;
 
 use crate::config::StoreUrl;
@@ -69,8 +78,40 @@ fn open_error(
     }
 }
 
-/// Opens the store named by `url`.
-pub(crate) async fn open_store(url: &StoreUrl) -> Result<OpenStore, GatewayError> {
+/// Opens the store named by `url`, sealing its payloads with `ring` if
+/// there is one.
+pub(crate) async fn open_store(
+    url: &StoreUrl,
+    ring: Option<Arc<KeyRing>>,
+) -> Result<OpenStore, GatewayError> {
+    let mut opened = open_backend(url, ring.clone()).await?;
+    if let Some(ring) = ring {
+        let hook = Arc::new(|kind: &idemgate_seal::SealErrorKind| {
+            Telemetry::shared().seal_failure(idemgate_seal::store::failure_reason(kind));
+        });
+        opened.store = Arc::new(SealedStore::new(opened.store, ring).on_failure(hook));
+    }
+    Ok(opened)
+}
+
+/// Loads the key ring at `path`.
+///
+/// # Errors
+/// [`GatewayError::KeyFile`] naming the file (and the line), never the
+/// key text.
+pub fn load_key_ring(path: &std::path::Path) -> Result<Arc<KeyRing>, GatewayError> {
+    KeyRing::from_file(path)
+        .map(Arc::new)
+        .map_err(|source| GatewayError::KeyFile {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+async fn open_backend(
+    url: &StoreUrl,
+    ring: Option<Arc<KeyRing>>,
+) -> Result<OpenStore, GatewayError> {
     match url {
         StoreUrl::Memory => Ok(OpenStore {
             store: Arc::new(MemoryStore::new()),
@@ -95,6 +136,9 @@ pub(crate) async fn open_store(url: &StoreUrl) -> Result<OpenStore, GatewayError
             let (driver_url, params) = split_params(u, &["prefix", "timeline"]);
             let mut opts = RedisOptions::default().background_timeline(background(url, &params)?);
             let mut fanout = FanoutOptions::default();
+            if let Some(ring) = ring {
+                fanout = fanout.key_ring(ring);
+            }
             if let Some(prefix) = param(&params, "prefix") {
                 opts = opts.prefix(prefix);
                 fanout = fanout.prefix(prefix);
@@ -183,12 +227,15 @@ fn param<'a>(params: &'a [(String, String)], name: &str) -> Option<&'a str> {
 }
 
 /// Opens the store named by `url` for tools that only read records and
-/// timelines (`idemgate keys show`).
+/// timelines (`idemgate keys show`), opening sealed payloads with `ring`.
 ///
 /// # Errors
 /// [`GatewayError::StoreOpen`] when the store cannot be reached or opened.
-pub async fn open_records(url: &StoreUrl) -> Result<Arc<dyn Store>, GatewayError> {
-    Ok(open_store(url).await?.store)
+pub async fn open_records(
+    url: &StoreUrl,
+    ring: Option<Arc<KeyRing>>,
+) -> Result<Arc<dyn Store>, GatewayError> {
+    Ok(open_store(url, ring).await?.store)
 }
 
 #[cfg(test)]

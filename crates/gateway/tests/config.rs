@@ -207,6 +207,7 @@ fn environment_overrides_the_file_and_flags_override_both() {
             store: Some("sqlite:/tmp/flag.db".into()),
             done_ttl: Some("1h".into()),
             admin_listen: None,
+            encryption_key_file: None,
         };
         let c = load(Some("gw.toml"), &over).map_err(jail_err)?;
         assert_eq!(c.listen.port(), 3001, "flag beats env");
@@ -719,4 +720,65 @@ proptest::proptest! {
             proptest::prop_assert!(named, "{}", shown);
         }
     }
+}
+
+#[test]
+fn encryption_key_file_comes_from_the_file_the_environment_or_the_flag() {
+    Jail::expect_with(|jail| {
+        jail.create_dir("conf")?;
+        jail.create_file(
+            "conf/gw.toml",
+            "upstream = \"http://127.0.0.1:9\"\nencryption_key_file = \"keys/idemgate.keys\"\n",
+        )?;
+        let c = load(Some("conf/gw.toml"), &Overrides::default()).map_err(jail_err)?;
+        // Relative to the file that names it.
+        assert_eq!(
+            c.encryption_key_file.as_deref(),
+            Some(Path::new("conf/keys/idemgate.keys"))
+        );
+        let c = load(
+            None,
+            &Overrides {
+                upstream: Some("http://127.0.0.1:9".into()),
+                ..Overrides::default()
+            },
+        )
+        .map_err(jail_err)?;
+        assert_eq!(c.encryption_key_file, None);
+        jail.set_env("IDEMGATE_ENCRYPTION_KEY_FILE", "/etc/idemgate/env.keys");
+        let c = load(Some("conf/gw.toml"), &Overrides::default()).map_err(jail_err)?;
+        assert_eq!(
+            c.encryption_key_file.as_deref(),
+            Some(Path::new("/etc/idemgate/env.keys"))
+        );
+        let over = Overrides {
+            encryption_key_file: Some("/run/flag.keys".into()),
+            ..Overrides::default()
+        };
+        let c = load(Some("conf/gw.toml"), &over).map_err(jail_err)?;
+        assert_eq!(
+            c.encryption_key_file.as_deref(),
+            Some(Path::new("/run/flag.keys"))
+        );
+        jail.set_env("IDEMGATE_ENCRYPTION_KEY_FILE", "");
+        let err = load(Some("conf/gw.toml"), &Overrides::default()).unwrap_err();
+        assert_eq!(err.field(), Some("encryption_key_file"));
+        Ok(())
+    });
+}
+
+#[test]
+fn store_body_defaults_to_true_and_can_be_turned_off_per_route() {
+    Jail::expect_with(|jail| {
+        jail.create_file(
+            "gw.toml",
+            "upstream = \"http://127.0.0.1:9\"\n[[routes]]\nprefix = \"/a\"\nstore_body = false\n[[routes]]\nprefix = \"/b\"\n",
+        )?;
+        let c = load(Some("gw.toml"), &Overrides::default()).map_err(jail_err)?;
+        let a = c.route_for("/a").ok_or("no /a")?;
+        assert!(!a.store_body);
+        assert!(!a.layer_config().store_body);
+        assert!(c.route_for("/b").ok_or("no /b")?.store_body);
+        Ok(())
+    });
 }

@@ -16,7 +16,16 @@ fn shipped_example_config_loads() {
         assert_eq!(config.routes.len(), 2);
         assert!(config.route_for("/v1/chat/completions").is_some());
         assert!(config.route_for("/v1/messages").is_some());
-        // The example is also what a sound configuration looks like.
+        // The example is also what a sound configuration looks like, once
+        // it has its own key file (no key is shipped: a published key
+        // protects nothing).
+        assert_eq!(config.encryption_key_file, None);
+        let dir = tempfile::tempdir().expect("create a temp dir");
+        let keys = dir.path().join("keys");
+        let line = idemgate_seal::generate_key_line("example").expect("generate a key");
+        std::fs::write(&keys, format!("*{line}\n")).expect("write the key file");
+        let mut config = config;
+        config.encryption_key_file = Some(keys);
         let findings = idemgate_gateway::plan::findings(&config);
         assert!(findings.is_empty(), "{findings:#?}");
     } else {

@@ -800,9 +800,24 @@ async fn timeline(
     query: &str,
     token: Option<&str>,
 ) -> (u16, serde_json::Value) {
+    timeline_as(client, gw, key, query, token, None).await
+}
+
+/// [`timeline`] with a raw credential in `X-Idemgate-Credential`.
+async fn timeline_as(
+    client: &reqwest::Client,
+    gw: &TestGateway,
+    key: &str,
+    query: &str,
+    token: Option<&str>,
+    credential: Option<&str>,
+) -> (u16, serde_json::Value) {
     let mut b = client.get(format!("{}/admin/keys/{key}/timeline?{query}", gw.admin));
     if let Some(t) = token {
         b = b.header("authorization", format!("Bearer {t}"));
+    }
+    if let Some(c) = credential {
+        b = b.header("x-idemgate-credential", c);
     }
     let r = b.send().await.expect("send the request");
     let status = r.status().as_u16();
@@ -897,7 +912,6 @@ async fn timeline_lists_execute_replay_and_mismatch() {
         let _ = r.bytes().await;
     }
     let tenant = idemgate_layer::key::tenant_id(CREDENTIAL.as_bytes());
-    let by_credential = format!("credential={}&namespace=%2Fv1", url_encode(CREDENTIAL));
     // A store may record replays and mismatches in the background (best
     // effort, batched): wait until the third attempt is visible.
     let first = format!("tenant={tenant}&namespace=obs");
@@ -908,8 +922,13 @@ async fn timeline_lists_execute_replay_and_mismatch() {
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    for query in [first.clone(), format!("tenant={tenant}"), by_credential] {
-        let (status, v) = timeline(&client, &gw, key, &query, Some(ADMIN_TOKEN)).await;
+    for (query, credential) in [
+        (first.clone(), None),
+        (format!("tenant={tenant}"), None),
+        ("namespace=%2Fv1".to_owned(), Some(CREDENTIAL)),
+    ] {
+        let (status, v) =
+            timeline_as(&client, &gw, key, &query, Some(ADMIN_TOKEN), credential).await;
         assert_eq!(status, 200, "{v}");
         assert_eq!(v["key"], key);
         assert_eq!(v["tenant"], tenant.as_str());
@@ -943,15 +962,28 @@ async fn timeline_lists_execute_replay_and_mismatch() {
     )
     .await;
     assert_eq!(status, 404, "{v}");
-    let (status, _) = timeline(
+    let (status, _) = timeline_as(
         &client,
         &gw,
         key,
-        &format!("tenant={tenant}&credential=x"),
+        &format!("tenant={tenant}"),
         Some(ADMIN_TOKEN),
+        Some("x"),
     )
     .await;
     assert_eq!(status, 400);
+    // A credential in the URL is refused, with the header named.
+    let query = format!("credential={}", url_encode(CREDENTIAL));
+    let (status, v) = timeline(&client, &gw, key, &query, Some(ADMIN_TOKEN)).await;
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("X-Idemgate-Credential"),
+        "{v}"
+    );
+    assert!(!v.to_string().contains("sk-observability"), "{v}");
     let long = "k".repeat(300);
     let (status, _) = timeline(&client, &gw, &long, "", Some(ADMIN_TOKEN)).await;
     assert_eq!(status, 400);
@@ -980,8 +1012,15 @@ async fn timeline_shows_a_running_key_as_pending() {
     while sim.stats().requests == 0 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let query = format!("credential={}", url_encode(CREDENTIAL));
-    let (status, v) = timeline(&client, &gw, "tl-pending", &query, Some(ADMIN_TOKEN)).await;
+    let (status, v) = timeline_as(
+        &client,
+        &gw,
+        "tl-pending",
+        "",
+        Some(ADMIN_TOKEN),
+        Some(CREDENTIAL),
+    )
+    .await;
     assert_eq!(status, 200);
     assert_eq!(v["state"], "pending", "{v}");
     assert!(v["lease_expires_at_ms"].is_u64());
@@ -998,4 +1037,54 @@ fn url_encode(s: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
+}
+
+/// Only the probes and the scrape endpoint are open; the dashboard page is
+/// static (no data), and its data endpoint needs the token like every
+/// `/admin/` endpoint.
+#[tokio::test]
+async fn admin_data_endpoints_need_the_token_probes_and_metrics_do_not() {
+    let sim = sim().await;
+    let client = reqwest::Client::new();
+    let gw = start_with(&sim.url(), Some(ADMIN_TOKEN), |_| {}).await;
+    for open in ["/healthz", "/readyz", "/metrics", "/"] {
+        let r = client
+            .get(format!("{}{open}", gw.admin))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{open}");
+    }
+    let page = client.get(format!("{}/", gw.admin)).send().await.unwrap();
+    assert!(!page.text().await.unwrap().contains("requests_total\":"));
+    let stats = format!("{}/admin/stats", gw.admin);
+    let r = client.get(&stats).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let r = client
+        .get(&stats)
+        .bearer_auth("wrong")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = client
+        .get(&stats)
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: serde_json::Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+    assert!(v["requests_total"].is_u64(), "{v}");
+    gw.stop().await.expect("stop cleanly");
+
+    // Without a configured token the data endpoints are off, never open.
+    let gw = start_with(&sim.url(), None, |_| {}).await;
+    let r = client
+        .get(format!("{}/admin/stats", gw.admin))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    gw.stop().await.expect("stop cleanly");
 }

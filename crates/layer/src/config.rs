@@ -364,6 +364,10 @@ pub struct LayerConfig {
     /// `Idempotency-Key`; e.g. `x-idempotency-key` for clients or proxies
     /// that only pass prefixed headers).
     pub key_header: HeaderName,
+    /// Whether the response body (or event stream) is stored (default
+    /// true). `false` keeps status and headers only: a retry learns the
+    /// operation ran, and gets an empty body.
+    pub store_body: bool,
 }
 
 impl Default for LayerConfig {
@@ -386,6 +390,7 @@ impl Default for LayerConfig {
             operations_path: "/idemgate/operations/".to_owned(),
             stream_dialect: None,
             key_header: crate::key::IDEMPOTENCY_KEY,
+            store_body: true,
         }
     }
 }

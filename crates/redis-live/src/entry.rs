@@ -5,10 +5,16 @@
 //! | `<fence>-0` | `h` | response head (status and headers, encoded as a stored response without body) |
 //! | `<fence>-<n>` | `e` | event `n`, with its `id: n` line |
 //! | `<fence>-<last + 1>` | `x` | end: `1` stored DONE, `0` failed |
+//!
+//! With a key ring, the values of `h` and `e` entries are sealed, bound to
+//! the stream key, the entry id and the field ([`seal_entry`],
+//! [`open_entry`]): an entry copied to another stream or position does not
+//! open, and a follower that meets one falls back to the stored result.
 
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use idemgate_layer::stored::{StoredBody, StoredResponse};
+use idemgate_seal::KeyRing;
 use redis::Value;
 
 /// Largest sequence part of an id, for the upper end of a range.
@@ -36,6 +42,63 @@ pub(crate) enum Kind {
     },
     /// Not written by this version: ignored.
     Other,
+}
+
+/// The domain label of the associated data of a sealed stream entry.
+const LIVE_AD_LABEL: &str = "idemgate/live/v1";
+
+fn entry_ad(stream: &str, fence: u64, seq: u64, field: &str) -> Vec<u8> {
+    idemgate_seal::associated_data([
+        LIVE_AD_LABEL,
+        stream,
+        &fence.to_string(),
+        &seq.to_string(),
+        field,
+    ])
+}
+
+/// The value written for entry `fence-seq` of `stream`: sealed with `ring`
+/// if there is one. `None` when sealing failed (the writer then stops).
+pub(crate) fn seal_entry(
+    ring: Option<&KeyRing>,
+    stream: &str,
+    fence: u64,
+    seq: u64,
+    field: &str,
+    value: Bytes,
+) -> Option<Bytes> {
+    match ring {
+        None => Some(value),
+        Some(ring) => match ring.seal(&entry_ad(stream, fence, seq, field), &value) {
+            Ok(sealed) => Some(Bytes::from(sealed)),
+            Err(e) => {
+                tracing::warn!(error = %e, "live stream entry could not be sealed");
+                None
+            }
+        },
+    }
+}
+
+/// The plaintext of entry `fence-seq` of `stream`. `None` when it does not
+/// open (the follower then finishes from the stored result).
+pub(crate) fn open_entry(
+    ring: Option<&KeyRing>,
+    stream: &str,
+    fence: u64,
+    seq: u64,
+    field: &str,
+    value: &Bytes,
+) -> Option<Bytes> {
+    match ring {
+        None => Some(value.clone()),
+        Some(ring) => match ring.open(&entry_ad(stream, fence, seq, field), value) {
+            Ok(opened) => Some(Bytes::from(opened)),
+            Err(e) => {
+                tracing::warn!(error = %e, "live stream entry could not be opened");
+                None
+            }
+        },
+    }
 }
 
 /// The head entry's value.

@@ -30,7 +30,11 @@ pub(crate) async fn head(inner: &Inner, key: &str, fence: u64) -> Option<(Status
         Some(Entry {
             kind: Kind::Head(value),
             ..
-        }) => entry::decode_head(value),
+        }) => {
+            let opened =
+                entry::open_entry(inner.opts.key_ring.as_deref(), key, fence, 0, "h", value)?;
+            entry::decode_head(&opened)
+        }
         _ => None,
     }
 }
@@ -110,7 +114,15 @@ impl RemoteFollow {
             }
             match &e.kind {
                 Kind::Event(b) => {
-                    chunk.extend_from_slice(b);
+                    let ring = self.inner.opts.key_ring.as_deref();
+                    let Some(b) = entry::open_entry(ring, &self.key, e.fence, e.seq, "e", b) else {
+                        // Not what this owner wrote: only the stored
+                        // result can finish the stream.
+                        self.lost = true;
+                        self.backlog.clear();
+                        break;
+                    };
+                    chunk.extend_from_slice(&b);
                     *cursor += 1;
                     self.backlog.pop_front();
                 }

@@ -1,11 +1,14 @@
 //! [`FanoutOptions`], the settings of the live event streams. A leaf: the
 //! backend, its connections and its readers and writers all read them.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use idemgate_seal::KeyRing;
 
 /// Settings of [`RedisLiveEvents`](crate::RedisLiveEvents). `Default` gives
 /// the documented defaults.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct FanoutOptions {
     /// Key prefix (default `idemgate`), the same as the store's so that a
     /// record and its stream share a hash slot.
@@ -26,6 +29,9 @@ pub struct FanoutOptions {
     pub connection_timeout: Duration,
     /// Entries read per round trip (default 512).
     pub read_count: u64,
+    /// Seals the head and event entries (default none: written as
+    /// received). Every replica needs the keys the others seal under.
+    pub key_ring: Option<Arc<KeyRing>>,
 }
 
 impl Default for FanoutOptions {
@@ -38,6 +44,7 @@ impl Default for FanoutOptions {
             response_timeout: Duration::from_millis(500),
             connection_timeout: Duration::from_secs(1),
             read_count: 512,
+            key_ring: None,
         }
     }
 }
@@ -46,6 +53,12 @@ impl FanoutOptions {
     /// Sets the key prefix.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
+        self
+    }
+
+    /// Seals the stream's head and event entries with `ring`.
+    pub fn key_ring(mut self, ring: Arc<KeyRing>) -> Self {
+        self.key_ring = Some(ring);
         self
     }
 

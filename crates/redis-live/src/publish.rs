@@ -10,7 +10,7 @@ use idemgate_engine::record::ms;
 use idemgate_layer::live::{LivePublisher, LiveStream};
 use tokio::sync::mpsc;
 
-use crate::entry::{encode_head, id};
+use crate::entry::{encode_head, id, seal_entry};
 use crate::state::Inner;
 
 /// What the owner hands the writer.
@@ -145,9 +145,21 @@ async fn write(
         let mut ended = false;
         for op in batch.drain(..) {
             let (field, value, entry_id) = match op {
-                Op::Head(head) => ("h", head, id(fence, 0)),
+                Op::Head(head) => {
+                    let Some(head) =
+                        seal_entry(opts.key_ring.as_deref(), &key, fence, 0, "h", head)
+                    else {
+                        return;
+                    };
+                    ("h", head, id(fence, 0))
+                }
                 Op::Event(event) => {
                     seq += 1;
+                    let Some(event) =
+                        seal_entry(opts.key_ring.as_deref(), &key, fence, seq, "e", event)
+                    else {
+                        return;
+                    };
                     ("e", event, id(fence, seq))
                 }
                 Op::End { complete } => {

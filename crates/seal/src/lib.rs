@@ -118,6 +118,7 @@
 mod error;
 mod format;
 mod keyring;
+pub mod store;
 
 pub use error::{GenerateKeyError, KeyFileError, KeyIdError, Malformed, SealError, SealErrorKind};
 pub use format::{
@@ -125,3 +126,4 @@ pub use format::{
     validate_key_id,
 };
 pub use keyring::{KeyRing, generate_key_line};
+pub use store::SealedStore;

@@ -277,6 +277,12 @@ impl Telemetry {
         self.count_events_lost(Vec::new(), events);
     }
 
+    /// Counts a stored response that could not be sealed or opened, by
+    /// `reason` (a fixed label such as `tampered` or `unknown_key_id`).
+    pub fn seal_failure(&self, reason: &'static str) {
+        metrics::counter!(names::SEAL_FAILURES, "reason" => reason).increment(1);
+    }
+
     fn count_request(&self, labels: Vec<Label>, outcome: Outcome, key_id: Option<u64>) {
         let totals = &self.inner.totals;
         if let Some(c) = totals.by_outcome.get(outcome.index()) {

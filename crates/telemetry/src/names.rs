@@ -49,6 +49,10 @@ pub const UPSTREAM_PHASE: &str = "idemgate_upstream_phase_seconds";
 pub const UPSTREAM_TIMEOUTS: &str = "idemgate_upstream_timeouts_total";
 /// Upstream failures other than timeouts, by `phase` (connect, send, body).
 pub const UPSTREAM_ERRORS: &str = "idemgate_upstream_errors_total";
+/// Stored responses that could not be sealed or opened with the key
+/// ring, by `reason` (`unknown_key_id`, `tampered`, `malformed`,
+/// `too_large`, `rng`).
+pub const SEAL_FAILURES: &str = "idemgate_seal_failures_total";
 
 /// Always 1, labelled with the `version` of the running build.
 pub const BUILD_INFO: &str = "idemgate_build_info";
@@ -74,6 +78,7 @@ pub const ALL: &[&str] = &[
     UPSTREAM_TIMEOUTS,
     UPSTREAM_ERRORS,
     BUILD_INFO,
+    SEAL_FAILURES,
 ];
 
 /// The `# HELP` text of each name in [`ALL`].
@@ -136,5 +141,9 @@ pub const HELP: &[(&str, &str)] = &[
     (
         BUILD_INFO,
         "Always 1; the version label names the running idemgate build.",
+    ),
+    (
+        SEAL_FAILURES,
+        "Stored records that could not be opened (unknown key id, tampering), by reason.",
     ),
 ];

@@ -51,6 +51,9 @@ pub struct GatewayConfig {
     /// The deployed Prometheus rules file, resolved against the
     /// configuration file's directory.
     pub alert_rules: Option<PathBuf>,
+    /// The key file that seals stored responses, resolved against the
+    /// configuration file's directory. `None`: stored as received.
+    pub encryption_key_file: Option<PathBuf>,
     /// Routes, longest prefix first.
     pub routes: Vec<RouteConfig>,
 }
@@ -121,6 +124,16 @@ impl GatewayConfig {
             Some(p) => Some(p.relative()),
             None => None,
         };
+        let encryption_key_file = match raw.encryption_key_file {
+            Some(p) if p.original().as_os_str().is_empty() => {
+                return Err(ConfigError::invalid(
+                    "encryption_key_file",
+                    "must not be empty",
+                ));
+            }
+            Some(p) => Some(p.relative()),
+            None => None,
+        };
 
         let mut raw_routes = raw.routes;
         if raw_routes.is_empty() {
@@ -171,6 +184,7 @@ impl GatewayConfig {
             admin_token,
             client_retry,
             alert_rules,
+            encryption_key_file,
             routes,
         })
     }

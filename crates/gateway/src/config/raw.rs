@@ -51,6 +51,10 @@ pub struct RawConfig {
     /// (relative paths resolve against the configuration file). Used by
     /// `idemgate check`.
     pub alert_rules: Option<RelativePathBuf>,
+    /// Path of the key file that seals stored responses (relative paths
+    /// resolve against the configuration file). Unset: responses are stored
+    /// as received.
+    pub encryption_key_file: Option<RelativePathBuf>,
     /// The routes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub routes: Vec<RawRoute>,
@@ -150,6 +154,9 @@ pub struct RawRoute {
     /// `openai_responses` or `none` (default: recognised from each
     /// request's path).
     pub stream_dialect: Option<String>,
+    /// Store the response body (default true); `false` keeps only status
+    /// and headers, and a retry gets an empty body.
+    pub store_body: Option<bool>,
     /// This route's clients retry differently: fields set here override the
     /// top-level `[client_retry]`.
     pub client_retry: Option<RawClientRetry>,
@@ -201,6 +208,9 @@ pub struct Overrides {
     /// `--done-ttl`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub done_ttl: Option<String>,
+    /// `--encryption-key-file`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub encryption_key_file: Option<String>,
 }
 
 impl fmt::Debug for RawConfig {
@@ -217,6 +227,7 @@ impl fmt::Debug for RawConfig {
             admin_token,
             client_retry,
             alert_rules,
+            encryption_key_file,
             routes,
         } = self;
         f.debug_struct("RawConfig")
@@ -230,6 +241,7 @@ impl fmt::Debug for RawConfig {
             .field("admin_token", &admin_token.as_ref().map(|_| "***"))
             .field("client_retry", client_retry)
             .field("alert_rules", alert_rules)
+            .field("encryption_key_file", encryption_key_file)
             .field("routes", routes)
             .finish()
     }
@@ -244,6 +256,7 @@ impl fmt::Debug for Overrides {
             store,
             pending_ttl,
             done_ttl,
+            encryption_key_file,
         } = self;
         f.debug_struct("Overrides")
             .field("upstream", upstream)
@@ -252,6 +265,7 @@ impl fmt::Debug for Overrides {
             .field("store", &store.as_deref().map(redact_text))
             .field("pending_ttl", pending_ttl)
             .field("done_ttl", done_ttl)
+            .field("encryption_key_file", encryption_key_file)
             .finish()
     }
 }
@@ -272,7 +286,9 @@ pub fn figment(file: Option<&Path>, overrides: &Overrides) -> Result<Figment, Co
     Ok(f.merge(
         Env::prefixed(ENV_PREFIX)
             .split("__")
-            .ignore(&["config", "log"]),
+            // Read by the binary itself, not configuration: `--config`,
+            // the log filter, and `keys show`'s credential.
+            .ignore(&["config", "log", "credential"]),
     )
     .merge(Serialized::defaults(overrides)))
 }

@@ -120,6 +120,8 @@ pub struct RouteConfig {
     pub charges: bool,
     /// How event streams end and fail; `None`: from each request's path.
     pub stream_dialect: Option<StreamDialect>,
+    /// Whether the response body is stored (`store_body`, default true).
+    pub store_body: bool,
     /// The retry policy of this route's clients.
     pub client_retry: RetryPolicy,
 }
@@ -165,6 +167,7 @@ impl RouteConfig {
             operations_path,
             stream_dialect: self.stream_dialect,
             key_header: self.key_header.clone(),
+            store_body: self.store_body,
             ..LayerConfig::default()
         }
     }
@@ -392,6 +395,7 @@ pub(super) fn route(at: &str, r: RawRoute, d: &RouteDefaults) -> Result<RouteCon
         streaming: r.streaming.unwrap_or(false),
         charges: r.charges.unwrap_or(false),
         stream_dialect,
+        store_body: r.store_body.unwrap_or(true),
         client_retry,
     })
 }

@@ -363,7 +363,15 @@ impl Detached {
         let status = self.client.status();
         let unknown = matches!(decision, Decision::StoreUnknown(_));
         match decision {
-            Decision::Store(stored) | Decision::StoreUnknown(stored) => {
+            Decision::Store(mut stored) | Decision::StoreUnknown(mut stored) => {
+                if !shared.config.store_body && !unknown {
+                    // Minimal data: the retry learns that the operation
+                    // ran (status, headers), not what it answered.
+                    stored.body = match stored.body {
+                        StoredBody::Bytes(_) => StoredBody::Bytes(Bytes::new()),
+                        StoredBody::Events(_) => StoredBody::Events(Vec::new()),
+                    };
+                }
                 // The timeline notes the status of the stored answer.
                 let status = if unknown {
                     Some(stored.status.as_u16())

@@ -1,0 +1,207 @@
+//! `SealedStore` in front of the memory store: the conformance suite passes
+//! through it unchanged, the backend only ever holds sealed bytes, and a
+//! payload that cannot be opened is a store error, counted, never returned.
+#![allow(clippy::unwrap_used)] // test helpers: failing loudly is their job
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use idemgate_engine::{
+    Attempt, AttemptOutcome, Claim, ClientKey, Fenced, Fingerprint, Lease, MemoryStore, Record,
+    RecordState, ScopedKey, Store, StoreErrorKind,
+};
+use idemgate_seal::store::failure_reason;
+use idemgate_seal::{KeyRing, SealedStore, generate_key_line};
+
+async fn make() -> Arc<dyn Store> {
+    Arc::new(SealedStore::new(
+        Arc::new(MemoryStore::new()),
+        Arc::new(ring(&["a"], "a")),
+    ))
+}
+
+idemgate_testkit::conformance_suite!(conformance_sealed_memory, make);
+
+/// A ring of fresh keys with ids `ids`, `active` marked; the same id always
+/// gets the same key within one test process.
+fn ring(ids: &[&str], active: &str) -> KeyRing {
+    static LINES: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
+    let mut lines = LINES.lock().unwrap();
+    let mut text = String::new();
+    for id in ids {
+        let line = match lines.iter().find(|(i, _)| i == id) {
+            Some((_, l)) => l.clone(),
+            None => {
+                let l = generate_key_line(id).unwrap();
+                lines.push((id.to_string(), l.clone()));
+                l
+            }
+        };
+        if *id == active {
+            text.push('*');
+        }
+        text.push_str(&line);
+        text.push('\n');
+    }
+    KeyRing::parse(&text).unwrap()
+}
+
+fn attempt() -> Attempt {
+    Attempt {
+        at_ms: 1,
+        replica: "r".into(),
+        outcome: AttemptOutcome::Executed,
+        status: Some(200),
+        latency_us: 1,
+    }
+}
+
+fn key(k: &str) -> ScopedKey {
+    ScopedKey::new("tenant-a", "chat", ClientKey::parse(k).unwrap())
+}
+
+const TTL: Duration = Duration::from_secs(60);
+const SECRET: &[u8] = b"the answer is MARKER-7f3a";
+
+async fn acquire(store: &dyn Store, key: &ScopedKey, fp: &Fingerprint) -> Lease {
+    match store.claim(key, fp, TTL).await.unwrap() {
+        Claim::Acquired(lease) => lease,
+        Claim::Existing(r) => panic!("expected to acquire, found {r:?}"),
+    }
+}
+
+fn stored_payload(record: Option<Record>) -> Bytes {
+    match record.unwrap().state {
+        RecordState::Done { payload, .. } => payload,
+        s => panic!("not done: {s:?}"),
+    }
+}
+
+fn counting() -> (
+    Arc<Mutex<Vec<&'static str>>>,
+    idemgate_seal::store::FailureHook,
+) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = Arc::clone(&seen);
+    (
+        seen,
+        Arc::new(move |k| s.lock().unwrap().push(failure_reason(k))),
+    )
+}
+
+#[tokio::test]
+async fn the_backend_holds_only_sealed_bytes_and_replay_gets_the_plaintext() {
+    let inner = Arc::new(MemoryStore::new());
+    let sealed = SealedStore::new(inner.clone(), Arc::new(ring(&["a"], "a")));
+    let (k, fp) = (key("k1"), Fingerprint::of_value("req").unwrap());
+    let lease = acquire(&sealed, &k, &fp).await;
+    let done = sealed
+        .complete(&lease, Bytes::from_static(SECRET), TTL, &attempt())
+        .await
+        .unwrap();
+    assert_eq!(done, Fenced::Applied);
+
+    let raw = stored_payload(inner.get(&k).await.unwrap());
+    assert!(
+        !raw.windows(6).any(|w| w == b"MARKER"),
+        "plaintext reached the store"
+    );
+    assert_eq!(idemgate_seal::sealed_key_id(&raw).unwrap(), "a");
+    assert_eq!(stored_payload(sealed.get(&k).await.unwrap()), SECRET);
+    match sealed.claim(&k, &fp, TTL).await.unwrap() {
+        Claim::Existing(r) => assert_eq!(r.payload().unwrap(), SECRET),
+        c => panic!("{c:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_lease_claimed_around_the_wrapper_is_completed_with_the_records_fingerprint() {
+    let inner = Arc::new(MemoryStore::new());
+    let sealed = SealedStore::new(inner.clone(), Arc::new(ring(&["a"], "a")));
+    let (k, fp) = (key("k2"), Fingerprint::of_value("req").unwrap());
+    let lease = acquire(inner.as_ref(), &k, &fp).await;
+    let done = sealed
+        .complete(&lease, Bytes::from_static(SECRET), TTL, &attempt())
+        .await
+        .unwrap();
+    assert_eq!(done, Fenced::Applied);
+    assert_eq!(stored_payload(sealed.get(&k).await.unwrap()), SECRET);
+}
+
+#[tokio::test]
+async fn a_payload_copied_under_another_key_or_fingerprint_does_not_open_and_is_counted() {
+    let inner = Arc::new(MemoryStore::new());
+    let (seen, hook) = counting();
+    let sealed = SealedStore::new(inner.clone(), Arc::new(ring(&["a"], "a"))).on_failure(hook);
+    let fp = Fingerprint::of_value("req").unwrap();
+    let lease = acquire(&sealed, &key("src"), &fp).await;
+    let _ = sealed
+        .complete(&lease, Bytes::from_static(SECRET), TTL, &attempt())
+        .await
+        .unwrap();
+    let raw = stored_payload(inner.get(&key("src")).await.unwrap());
+
+    // The same sealed bytes written straight into the backend under another
+    // key, and under the same key with another fingerprint.
+    for (k, fp) in [
+        (key("dst"), fp),
+        (key("dst2"), Fingerprint::of_value("other").unwrap()),
+    ] {
+        let lease = acquire(inner.as_ref(), &k, &fp).await;
+        let _ = inner
+            .complete(&lease, raw.clone(), TTL, &attempt())
+            .await
+            .unwrap();
+        let err = sealed.get(&k).await.unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Corrupt);
+        assert!(err.to_string().contains("could not be opened"), "{err}");
+        let err = sealed.claim(&k, &fp, TTL).await.unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Corrupt);
+    }
+    assert_eq!(*seen.lock().unwrap(), vec!["tampered"; 4]);
+}
+
+#[tokio::test]
+async fn rotation_old_records_open_while_their_key_is_listed_then_fail_as_unknown() {
+    let inner: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let (k, fp) = (key("rot"), Fingerprint::of_value("req").unwrap());
+    let under_a = SealedStore::new(Arc::clone(&inner), Arc::new(ring(&["a"], "a")));
+    let lease = acquire(&under_a, &k, &fp).await;
+    let _ = under_a
+        .complete(&lease, Bytes::from_static(SECRET), TTL, &attempt())
+        .await
+        .unwrap();
+
+    let b_active = SealedStore::new(Arc::clone(&inner), Arc::new(ring(&["a", "b"], "b")));
+    assert_eq!(stored_payload(b_active.get(&k).await.unwrap()), SECRET);
+
+    let (seen, hook) = counting();
+    let b_only = SealedStore::new(inner, Arc::new(ring(&["b"], "b"))).on_failure(hook);
+    let err = b_only.get(&k).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt);
+    assert!(err.to_string().contains("key id `a`"), "{err}");
+    assert_eq!(*seen.lock().unwrap(), vec!["unknown_key_id"]);
+}
+
+#[tokio::test]
+async fn an_unsealed_record_is_refused_not_replayed() {
+    let inner = Arc::new(MemoryStore::new());
+    let (k, fp) = (key("plain"), Fingerprint::of_value("req").unwrap());
+    let lease = acquire(inner.as_ref(), &k, &fp).await;
+    let _ = inner
+        .complete(&lease, Bytes::from_static(SECRET), TTL, &attempt())
+        .await
+        .unwrap();
+    let failures = Arc::new(AtomicUsize::new(0));
+    let f = Arc::clone(&failures);
+    let sealed =
+        SealedStore::new(inner, Arc::new(ring(&["a"], "a"))).on_failure(Arc::new(move |_| {
+            f.fetch_add(1, Ordering::Relaxed);
+        }));
+    let err = sealed.get(&k).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt);
+    assert!(!err.to_string().contains("MARKER"), "{err}");
+    assert_eq!(failures.load(Ordering::Relaxed), 1);
+}
