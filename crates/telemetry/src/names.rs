@@ -113,6 +113,11 @@ pub const HELP: &[(&str, &str)] = &[
         RELEASED,
         "Executions whose key was released instead of stored, by reason.",
     ),
+    (OUTCOME_UNKNOWN, OUTCOME_UNKNOWN_HELP),
+    (
+        COMPLETION_HELD,
+        "Completion writes that failed with a temporary store error; the result was held in memory and the write retried.",
+    ),
     (
         STREAM_EVENTS_LOST,
         "Events relayed on an upstream stream that then broke (not stored).",
@@ -147,3 +152,17 @@ pub const HELP: &[(&str, &str)] = &[
         "Stored records that could not be opened (unknown key id, tampering), by reason.",
     ),
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_has_help_text_once() {
+        for name in ALL {
+            let n = HELP.iter().filter(|(n, _)| n == name).count();
+            assert_eq!(n, 1, "{name} has {n} HELP entries");
+        }
+        assert_eq!(HELP.len(), ALL.len(), "a HELP entry names no metric");
+    }
+}
