@@ -161,7 +161,7 @@ mod tests {
             }],
             ..RawConfig::default()
         })
-        .unwrap_or_else(|e| panic!("{e}"))
+        .expect("a valid configuration")
     }
 
     #[test]
@@ -212,7 +212,7 @@ mod tests {
                 }],
                 ..RawConfig::default()
             })
-            .unwrap_or_else(|e| panic!("{e}"))
+            .expect("a valid configuration")
         };
         let rules = |c: &GatewayConfig| -> Vec<&'static str> {
             findings(c).iter().map(|f| f.rule).collect()

@@ -502,16 +502,16 @@ mod tests {
     fn route(prefix: &str, upstream: &str, strip: bool) -> Proxy {
         let mut cfg = crate::config::GatewayConfig::for_upstream(upstream)
             .map(|c| c.routes[0].clone())
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("a valid upstream");
         cfg.prefix = prefix.into();
         cfg.strip_prefix = strip;
-        Proxy::new(&cfg).unwrap_or_else(|e| panic!("{e}"))
+        Proxy::new(&cfg).expect("a valid route")
     }
 
     #[test]
     fn upstream_urls_join_base_path_and_request_path() {
         let p = route("/v1", "http://up:1/base/", false);
-        let uri: http::Uri = "/v1/chat?x=1".parse().unwrap_or_else(|e| panic!("{e}"));
+        let uri: http::Uri = "/v1/chat?x=1".parse().expect("a valid literal");
         assert_eq!(
             p.inner.upstream_url(&uri).map(|u| u.to_string()),
             Some("http://up:1/base/v1/chat?x=1".into())

@@ -584,10 +584,10 @@ async fn serve_refuses_a_merging_key_template_before_opening_anything() {
         }],
         ..RawConfig::default()
     })
-    .unwrap_or_else(|e| panic!("{e}"));
+    .expect("a valid configuration");
     let bind = || tokio::net::TcpListener::bind("127.0.0.1:0");
-    let listener = bind().await.unwrap_or_else(|e| panic!("{e}"));
-    let admin = bind().await.unwrap_or_else(|e| panic!("{e}"));
+    let listener = bind().await.expect("bind a loopback port");
+    let admin = bind().await.expect("bind a loopback port");
     let served = tokio::time::timeout(
         Duration::from_secs(10),
         idemgate_gateway::serve(listener, admin, config, std::future::pending()),

@@ -529,8 +529,7 @@ mod tests {
             HeaderName::from_static("x-org"),
         ]);
         assert_eq!(json(&custom), r#"{"headers":["x-tenant","x-org"]}"#);
-        let back: TenantSource =
-            serde_json::from_str(&json(&custom)).unwrap_or_else(|e| panic!("{e}"));
+        let back: TenantSource = serde_json::from_str(&json(&custom)).expect("valid JSON");
         assert_eq!(back, custom);
         assert!(serde_json::from_str::<TenantSource>(r#"{"headers":["a b"]}"#).is_err());
         let derive = KeyMode::Derive(DeriveTemplate::default());
@@ -539,16 +538,16 @@ mod tests {
             text.contains(r#"["tenant","header:x-user-id","header:x-session-id","body"]"#),
             "{text}"
         );
-        let back: KeyMode = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}"));
+        let back: KeyMode = serde_json::from_str(&text).expect("valid JSON");
         assert_eq!(back, derive);
-        let wait: InflightMode = serde_json::from_str(r#"{"wait":{"secs":5,"nanos":0}}"#)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let wait: InflightMode =
+            serde_json::from_str(r#"{"wait":{"secs":5,"nanos":0}}"#).expect("valid JSON");
         assert_eq!(wait, InflightMode::Wait(Duration::from_secs(5)));
         let bad = serde_json::from_str::<StoreErrorMode>(r#""ignore""#);
         assert!(bad.is_err());
     }
 
     fn json<T: Serialize>(v: &T) -> String {
-        serde_json::to_string(v).unwrap_or_else(|e| panic!("{e}"))
+        serde_json::to_string(v).expect("serializable")
     }
 }
