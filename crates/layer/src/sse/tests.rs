@@ -1,0 +1,296 @@
+//! Unit tests of the parent module.
+
+use super::*;
+use proptest::prelude::*;
+
+fn scan_all(chunks: &[&[u8]]) -> (Vec<Bytes>, Option<Bytes>) {
+    let mut s = EventScanner::new();
+    let mut out = Vec::new();
+    for c in chunks {
+        s.push(c, &mut out).unwrap();
+    }
+    let rest = s.finish();
+    (out, rest)
+}
+
+#[test]
+fn finds_boundaries_of_every_line_ending() {
+    let (events, rest) =
+        scan_all(&[b"data: a\n\ndata: b\r\n\r\ndata: c\n\r\nevent: x\r\n\ndata: tail"]);
+    assert_eq!(
+        events,
+        vec![
+            Bytes::from_static(b"data: a\n\n"),
+            Bytes::from_static(b"data: b\r\n\r\n"),
+            Bytes::from_static(b"data: c\n\r\n"),
+            Bytes::from_static(b"event: x\r\n\n"),
+        ]
+    );
+    assert_eq!(rest, Some(Bytes::from_static(b"data: tail\n\n")));
+}
+
+#[test]
+fn boundaries_split_across_chunks() {
+    let (events, rest) = scan_all(&[b"data: a\r", b"\n", b"\r", b"\n", b"data: b\n", b"\n"]);
+    assert_eq!(
+        events,
+        vec![
+            Bytes::from_static(b"data: a\r\n\r\n"),
+            Bytes::from_static(b"data: b\n\n")
+        ]
+    );
+    assert_eq!(rest, None);
+}
+
+#[test]
+fn a_lone_cr_ends_lines_and_events() {
+    let (events, rest) = scan_all(&[b"event: a\rdata: 1\r\rdata: 2\r\n\rdata: 3\n\r"]);
+    assert_eq!(
+        events,
+        vec![
+            Bytes::from_static(b"event: a\rdata: 1\r\r"),
+            Bytes::from_static(b"data: 2\r\n\r"),
+        ]
+    );
+    // A `\r` at the very end is decided only at the end of the stream.
+    assert_eq!(rest, Some(Bytes::from_static(b"data: 3\n\r")));
+    assert_eq!(data_of(b"event: a\rdata: 1\rdata: 2\r\r"), b"1\n2");
+    assert_eq!(event_of(b"event: a\rdata: 1\r\r"), Some(&b"a"[..]));
+    assert_eq!(rewrite_id(b"id: 9\rdata: 1\r\r", 2), "id: 2\rdata: 1\r\r");
+    assert_eq!(
+        scan_all(&[b"data: x\r"]).1,
+        Some(Bytes::from_static(b"data: x\r\r"))
+    );
+}
+
+#[test]
+fn a_cr_lf_split_across_chunks_is_one_line_ending() {
+    // The blank line's `\r` ends a chunk; its `\n` opens the next.
+    let (events, rest) = scan_all(&[b"data: a\r\n\r", b"\ndata: b\r", b"\n\r", b"\n"]);
+    assert_eq!(
+        events,
+        vec![
+            Bytes::from_static(b"data: a\r\n\r\n"),
+            Bytes::from_static(b"data: b\r\n\r\n"),
+        ]
+    );
+    assert_eq!(rest, None);
+}
+
+#[test]
+fn an_event_past_the_limit_is_refused() {
+    let mut s = EventScanner::with_limit(16);
+    let mut out = Vec::new();
+    assert_eq!(s.push(b"data: a\n\ndata: 0123", &mut out), Ok(()));
+    assert_eq!(out, vec![Bytes::from_static(b"data: a\n\n")]);
+    assert_eq!(
+        s.push(b"456789abcdef", &mut out),
+        Err(EventTooLarge { limit: 16 })
+    );
+    // Complete events, however large the chunk, are not held.
+    let mut s = EventScanner::with_limit(16);
+    let big = b"data: 0123456789\n\n".repeat(10);
+    assert_eq!(s.push(&big, &mut out), Ok(()));
+    assert_eq!(s.buffered(), 0);
+}
+
+#[test]
+fn blank_blocks_are_dropped() {
+    let (events, rest) = scan_all(&[b"\n\n\r\n\r\ndata: a\n\n\n\n"]);
+    assert_eq!(events, vec![Bytes::from_static(b"data: a\n\n")]);
+    assert_eq!(rest, None);
+    assert_eq!(scan_all(&[b"\r\n"]).1, None);
+}
+
+#[test]
+fn rewriting_replaces_ids_and_keeps_the_rest() {
+    assert_eq!(rewrite_id(b"data: a\n\n", 1), "id: 1\ndata: a\n\n");
+    assert_eq!(
+        rewrite_id(b"id: upstream-7\r\nevent: delta\r\ndata: x\r\n\r\n", 12),
+        "id: 12\r\nevent: delta\r\ndata: x\r\n\r\n"
+    );
+    assert_eq!(rewrite_id(b"\ndata: a\nid\n\n", 3), "id: 3\ndata: a\n\n");
+    assert_eq!(rewrite_id(b": ping\n\n", 4), "id: 4\n: ping\n\n");
+    // `idle:` is not an id field.
+    assert_eq!(rewrite_id(b"idle: 1\n\n", 5), "id: 5\nidle: 1\n\n");
+}
+
+#[test]
+fn data_and_ids_are_read_like_an_event_source() {
+    assert_eq!(data_of(b"event: e\ndata: a\ndata:b\ndata\n\n"), b"a\nb\n");
+    assert_eq!(data_of(b"data: {\"x\":1}\r\n\r\n"), b"{\"x\":1}");
+    assert_eq!(id_of(b"id: 9\ndata: a\n\n"), Some(&b"9"[..]));
+    assert_eq!(id_of(b"data: a\n\n"), None);
+}
+
+#[test]
+fn last_event_id_and_content_type() {
+    assert_eq!(
+        parse_last_event_id(&HeaderValue::from_static("12")),
+        Some(12)
+    );
+    assert_eq!(
+        parse_last_event_id(&HeaderValue::from_static(" 3 ")),
+        Some(3)
+    );
+    assert_eq!(parse_last_event_id(&HeaderValue::from_static("-1")), None);
+    assert_eq!(parse_last_event_id(&HeaderValue::from_static("abc")), None);
+    assert_eq!(
+        parse_last_event_id(&HeaderValue::from_static("99999999999999999999999")),
+        None
+    );
+    assert!(is_event_stream(Some(&HeaderValue::from_static(
+        "text/event-stream; charset=utf-8"
+    ))));
+    assert!(is_event_stream(Some(&HeaderValue::from_static(
+        "Text/Event-Stream"
+    ))));
+    assert!(!is_event_stream(Some(&HeaderValue::from_static(
+        "application/json"
+    ))));
+    assert!(!is_event_stream(None));
+}
+
+/// One event: field lines of printable text, one line ending throughout.
+fn event_strategy() -> impl Strategy<Value = Vec<u8>> {
+    (
+        proptest::collection::vec("(data|event|id|: ?[a-z]*|retry): ?[ -~]{0,40}", 1..5),
+        0..3u8,
+    )
+        .prop_map(|(lines, eol)| {
+            let eol: &[u8] = match eol {
+                0 => b"\n",
+                1 => b"\r\n",
+                _ => b"\r",
+            };
+            let mut out = Vec::new();
+            for l in lines {
+                out.extend_from_slice(l.as_bytes());
+                out.extend_from_slice(eol);
+            }
+            out.extend_from_slice(eol);
+            out
+        })
+}
+
+fn chunked(stream: &[u8], cuts: &[usize]) -> Vec<Vec<u8>> {
+    let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (stream.len() + 1)).collect();
+    cuts.sort_unstable();
+    let mut out = Vec::new();
+    let mut prev = 0;
+    for c in cuts {
+        out.push(stream[prev..c].to_vec());
+        prev = c;
+    }
+    out.push(stream[prev..].to_vec());
+    out
+}
+
+proptest! {
+    #[test]
+    fn events_survive_any_chunking(
+        events in proptest::collection::vec(event_strategy(), 0..12),
+        cuts in proptest::collection::vec(any::<usize>(), 0..24),
+    ) {
+        let stream: Vec<u8> = events.concat();
+        let mut s = EventScanner::new();
+        let mut got = Vec::new();
+        for chunk in chunked(&stream, &cuts) {
+            prop_assert!(s.push(&chunk, &mut got).is_ok());
+        }
+        // A stream's last `\r` is decided at its end.
+        got.extend(s.finish());
+        let got: Vec<Vec<u8>> = got.iter().map(|b| b.to_vec()).collect();
+        prop_assert_eq!(got, events);
+    }
+
+    #[test]
+    fn a_limit_every_event_fits_changes_nothing_and_a_smaller_one_is_hit(
+        events in proptest::collection::vec(event_strategy(), 1..12),
+        cuts in proptest::collection::vec(any::<usize>(), 0..24),
+    ) {
+        let stream: Vec<u8> = events.concat();
+        let largest = events.iter().map(Vec::len).max().unwrap_or(0);
+        let mut s = EventScanner::with_limit(largest);
+        let mut got = Vec::new();
+        for chunk in chunked(&stream, &cuts) {
+            prop_assert!(s.push(&chunk, &mut got).is_ok());
+        }
+        got.extend(s.finish());
+        let got: Vec<Vec<u8>> = got.iter().map(|b| b.to_vec()).collect();
+        prop_assert_eq!(got, events.clone());
+        // Fed whole, the largest event cannot fit a smaller limit
+        // (it is held whole until its last byte comes).
+        let big = events.iter().find(|e| e.len() == largest).cloned().unwrap_or_default();
+        let mut s = EventScanner::with_limit(largest.saturating_sub(3));
+        let mut out = Vec::new();
+        let cut = big.len().saturating_sub(2);
+        let res = s.push(&big[..cut], &mut out).and_then(|()| s.push(&big[cut..], &mut out));
+        prop_assert!(res.is_err() || big.len() <= 3, "{:?}", res);
+    }
+
+    #[test]
+    fn rewritten_streams_rescan_to_the_same_events_with_sequential_ids(
+        events in proptest::collection::vec(event_strategy(), 0..12),
+        cuts in proptest::collection::vec(any::<usize>(), 0..24),
+    ) {
+        let rewritten: Vec<Bytes> = events
+            .iter()
+            .enumerate()
+            .map(|(i, e)| rewrite_id(e, i as u64 + 1))
+            .collect();
+        let stream: Vec<u8> = rewritten.concat();
+        let mut s = EventScanner::new();
+        let mut got = Vec::new();
+        for chunk in chunked(&stream, &cuts) {
+            prop_assert!(s.push(&chunk, &mut got).is_ok());
+        }
+        got.extend(s.finish());
+        prop_assert_eq!(&got, &rewritten);
+        for (i, (e, orig)) in got.iter().zip(&events).enumerate() {
+            let expected_id = (i + 1).to_string();
+            prop_assert_eq!(id_of(e), Some(expected_id.as_bytes()));
+            prop_assert_eq!(data_of(e), data_of(orig));
+        }
+    }
+
+
+    /// A `Last-Event-ID` of any bytes never panics; a number is read
+    /// only from digits, and every `u64` (padded with spaces) is read back.
+    #[test]
+    fn last_event_id_of_any_bytes(raw in proptest::collection::vec(any::<u8>(), 0..40), n in any::<u64>(), pad in "[ \t]{0,3}") {
+        if let Ok(value) = HeaderValue::from_bytes(&raw) {
+            if let Some(got) = parse_last_event_id(&value) {
+                let text = std::str::from_utf8(&raw).unwrap().trim();
+                prop_assert!(text.bytes().all(|b| b.is_ascii_digit()));
+                prop_assert_eq!(text.parse::<u64>().ok(), Some(got));
+            }
+            let mut h = HeaderMap::new();
+            h.insert(LAST_EVENT_ID, value);
+            let _ = events_to_skip(&h);
+        }
+        let padded = HeaderValue::from_str(&format!("{pad}{n}{pad}")).unwrap();
+        prop_assert_eq!(parse_last_event_id(&padded), Some(n));
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic_and_lose_nothing(
+        stream in proptest::collection::vec(any::<u8>(), 0..600),
+        cuts in proptest::collection::vec(any::<usize>(), 0..24),
+    ) {
+        let mut s = EventScanner::new();
+        let mut got = Vec::new();
+        for chunk in chunked(&stream, &cuts) {
+            prop_assert!(s.push(&chunk, &mut got).is_ok());
+        }
+        let rest = s.finish();
+        for e in &got {
+            let _ = rewrite_id(e, 1);
+            let _ = data_of(e);
+        }
+        // Every non-blank byte of the input is in some event, in order.
+        let kept: Vec<u8> = got.iter().flat_map(|b| b.to_vec()).chain(rest.iter().flat_map(|b| b.to_vec())).filter(|b| *b != b'\n' && *b != b'\r').collect();
+        let input: Vec<u8> = stream.iter().copied().filter(|b| *b != b'\n' && *b != b'\r').collect();
+        prop_assert_eq!(kept, input);
+    }
+}
