@@ -11,8 +11,11 @@
 //! ```
 //!
 //! # Layout
-//! - [`store`]: [`PostgresStore`], its [`PostgresOptions`], the `Store`
-//!   implementation, [`PostgresStore::complete_in`] and the background purge.
+//! - [`store`]: [`PostgresStore`]: connecting, migrating, the bounded
+//!   connection use, [`PostgresStore::complete_in`] and the background purge.
+//! - `options`: [`PostgresOptions`].
+//! - `ops`: the `Store` implementation, one statement per operation.
+//! - `rows`: statement parameters and row decoding.
 //! - `sql`: every statement and the schema migrations.
 //! - `timeline`: the background writer of timeline entries that change no
 //!   record (replays, conflicts), one statement per batch.
@@ -40,8 +43,12 @@
 //! promise.
 
 mod error;
+mod ops;
+mod options;
+mod rows;
 mod sql;
 pub mod store;
 mod timeline;
 
-pub use store::{PostgresOptions, PostgresStore};
+pub use options::PostgresOptions;
+pub use store::PostgresStore;

@@ -12,96 +12,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idemgate_engine::notify::KeyedNotify;
-use idemgate_engine::record::ms;
-use idemgate_engine::{
-    Attempt, BoxFuture, Claim, Fenced, Fingerprint, Lease, Record, RecordState, ScopedKey, Store,
-    StoreError, StoreErrorKind,
-};
+use idemgate_engine::{Attempt, Fenced, Fingerprint, Lease, ScopedKey, StoreError, StoreErrorKind};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, PgConnection, Row};
 
-use crate::error::{BACKEND, corrupt, map_error};
+use crate::error::{BACKEND, map_error};
+use crate::options::PostgresOptions;
+use crate::rows::{applied, attempt_json, fence_param, ttl_param};
 use crate::sql::{SCHEMA_VERSION, Sql, valid_identifier};
-use crate::timeline::{Entry, TimelineWriter};
-
-/// Settings of a [`PostgresStore`]. `Default` gives the documented defaults.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PostgresOptions {
-    /// Schema holding the store's tables (default `idemgate`); created on
-    /// connect. Lower-case letters, digits and `_` only.
-    pub schema: String,
-    /// Name of the records table (default `records`).
-    pub records_table: String,
-    /// Name of the timeline table (default `timeline`).
-    pub timeline_table: String,
-    /// Pool size when the store opens its own pool (default 10).
-    pub max_connections: u32,
-    /// Upper bound on one store operation, waiting for a pooled connection
-    /// included (default 5 s). [`PostgresStore::complete_in`] is not bounded:
-    /// it runs on the caller's connection.
-    pub operation_timeout: Duration,
-    /// How often expired rows are purged (default 30 s); `None` disables the
-    /// background purge (call [`PostgresStore::purge_expired`] yourself).
-    pub purge_interval: Option<Duration>,
-    /// Rows deleted per purge statement (default 1000).
-    pub purge_batch: u32,
-    /// Whether connecting creates or upgrades the schema (default true).
-    pub migrate: bool,
-    /// Whether timeline entries that change no record (replays,
-    /// conflicts, mismatches) are written by a background task in batches
-    /// (default true), so that a replay costs one round trip instead of two.
-    /// Such entries are best effort either way.
-    pub background_timeline: bool,
-}
-
-impl Default for PostgresOptions {
-    fn default() -> Self {
-        Self {
-            schema: "idemgate".to_owned(),
-            records_table: "records".to_owned(),
-            timeline_table: "timeline".to_owned(),
-            max_connections: 10,
-            operation_timeout: Duration::from_secs(5),
-            purge_interval: Some(Duration::from_secs(30)),
-            purge_batch: 1000,
-            migrate: true,
-            background_timeline: true,
-        }
-    }
-}
-
-impl PostgresOptions {
-    /// Sets the schema name.
-    pub fn schema(mut self, schema: impl Into<String>) -> Self {
-        self.schema = schema.into();
-        self
-    }
-
-    /// Sets the pool size.
-    pub fn max_connections(mut self, n: u32) -> Self {
-        self.max_connections = n;
-        self
-    }
-
-    /// Sets the bound on one operation.
-    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
-        self.operation_timeout = timeout;
-        self
-    }
-
-    /// Sets whether timeline entries of replays and conflicts are written in
-    /// the background.
-    pub fn background_timeline(mut self, on: bool) -> Self {
-        self.background_timeline = on;
-        self
-    }
-
-    /// Sets (or with `None` disables) the background purge interval.
-    pub fn purge_interval(mut self, every: Option<Duration>) -> Self {
-        self.purge_interval = every;
-        self
-    }
-}
+use crate::timeline::TimelineWriter;
 
 /// The PostgreSQL store. Cheap to clone: clones share the pool.
 ///
@@ -117,17 +36,17 @@ impl PostgresOptions {
 /// notifications while it reconnects, so waiters would have to poll anyway.
 #[derive(Clone, Debug)]
 pub struct PostgresStore {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 #[derive(Debug)]
-struct Inner {
-    pool: PgPool,
-    sql: Sql,
-    opts: PostgresOptions,
-    notify: KeyedNotify,
+pub(crate) struct Inner {
+    pub(crate) pool: PgPool,
+    pub(crate) sql: Sql,
+    pub(crate) opts: PostgresOptions,
+    pub(crate) notify: KeyedNotify,
     /// Background writer of timeline entries that change no record.
-    timeline: Option<TimelineWriter>,
+    pub(crate) timeline: Option<TimelineWriter>,
 }
 
 impl PostgresStore {
@@ -381,7 +300,7 @@ impl PostgresStore {
         applied(&row)
     }
 
-    fn complete_query<'q>(
+    pub(crate) fn complete_query<'q>(
         &self,
         lease: &Lease,
         fence: i64,
@@ -406,7 +325,7 @@ impl PostgresStore {
     /// overran the bound is closed instead of going back to the pool: it
     /// may have gone silent, and the pool's own check of a returned
     /// connection would then wait on it forever, holding its slot.
-    async fn bounded<T>(
+    pub(crate) async fn bounded<T>(
         &self,
         what: &'static str,
         run: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
@@ -432,7 +351,7 @@ impl PostgresStore {
         }
     }
 
-    async fn claim_once(
+    pub(crate) async fn claim_once(
         &self,
         key: &ScopedKey,
         fingerprint: &Fingerprint,
@@ -468,292 +387,5 @@ async fn purge_task(inner: Weak<Inner>, every: Duration) {
         if let Err(e) = store.purge_expired().await {
             tracing::warn!(error = %e, "purging expired idempotency records failed");
         }
-    }
-}
-
-/// A duration in ms as a query parameter, at least 1.
-fn ttl_param(d: Duration) -> i64 {
-    i64::try_from(ms(d).max(1)).unwrap_or(i64::MAX)
-}
-
-/// The lease's fence as stored; `None` when it cannot be one of ours.
-fn fence_param(lease: &Lease) -> Option<i64> {
-    i64::try_from(lease.fence).ok()
-}
-
-fn attempt_json(attempt: &Attempt) -> Result<String, StoreError> {
-    serde_json::to_string(attempt).map_err(|e| {
-        StoreError::new(StoreErrorKind::Rejected, BACKEND, "attempt not encodable").with_source(e)
-    })
-}
-
-fn applied(row: &PgRow) -> Result<Fenced, StoreError> {
-    let n: i64 = row.try_get("applied").map_err(map_error)?;
-    Ok(if n > 0 {
-        Fenced::Applied
-    } else {
-        Fenced::Stale
-    })
-}
-
-fn to_u64(v: i64, what: &str) -> Result<u64, StoreError> {
-    u64::try_from(v).map_err(|_| corrupt(&format!("{what} is negative")))
-}
-
-/// Decodes `fingerprint, state, fence, exp_ms, payload` into a record.
-fn decode_record(row: &PgRow) -> Result<Record, StoreError> {
-    let fp: Vec<u8> = row.try_get("fingerprint").map_err(map_error)?;
-    let fingerprint = <[u8; 32]>::try_from(fp.as_slice())
-        .map(Fingerprint)
-        .map_err(|_| corrupt("record fingerprint is not 32 bytes"))?;
-    let state: String = row.try_get("state").map_err(map_error)?;
-    let exp = to_u64(row.try_get("exp_ms").map_err(map_error)?, "expiry")?;
-    let state = match state.as_str() {
-        "P" => RecordState::Pending {
-            fence: to_u64(row.try_get("fence").map_err(map_error)?, "fence")?,
-            lease_expires_at_ms: exp,
-        },
-        "D" => {
-            let payload: Option<Vec<u8>> = row.try_get("payload").map_err(map_error)?;
-            RecordState::Done {
-                payload: Bytes::from(payload.ok_or_else(|| corrupt("DONE record has no payload"))?),
-                expires_at_ms: exp,
-            }
-        }
-        _ => return Err(corrupt("record state is neither P nor D")),
-    };
-    Ok(Record { fingerprint, state })
-}
-
-impl Store for PostgresStore {
-    fn backend(&self) -> &'static str {
-        BACKEND
-    }
-
-    fn claim<'a>(
-        &'a self,
-        key: &'a ScopedKey,
-        fingerprint: &'a Fingerprint,
-        pending_ttl: Duration,
-    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        Box::pin(async move {
-            let token = Lease::new_token();
-            // Under READ COMMITTED the statement's read of the existing row uses
-            // the snapshot taken when it started: a row inserted by a claim that
-            // committed just after makes the insert conflict (so this claim
-            // cannot win) yet is invisible to the read. The statement then
-            // returns nothing; running it again, with a fresh snapshot, sees it.
-            for _ in 0..5 {
-                let Some(row) = self
-                    .claim_once(key, fingerprint, token, pending_ttl)
-                    .await?
-                else {
-                    continue;
-                };
-                let acquired: bool = row.try_get("acquired").map_err(map_error)?;
-                if acquired {
-                    return Ok(Claim::Acquired(Lease {
-                        key: key.clone(),
-                        token,
-                        fence: to_u64(row.try_get("fence").map_err(map_error)?, "fence")?,
-                        expires_at_ms: to_u64(row.try_get("exp_ms").map_err(map_error)?, "expiry")?,
-                    }));
-                }
-                return Ok(Claim::Existing(decode_record(&row)?));
-            }
-            Err(StoreError::new(
-                StoreErrorKind::Unavailable,
-                BACKEND,
-                "claim kept racing with concurrent changes to the key",
-            ))
-        })
-    }
-
-    fn renew<'a>(
-        &'a self,
-        lease: &'a mut Lease,
-        pending_ttl: Duration,
-    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-        Box::pin(async move {
-            let Some(fence) = fence_param(lease) else {
-                return Ok(Fenced::Stale);
-            };
-            let row = self
-                .bounded("renew", async |c: &mut PgConnection| {
-                    sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.renew)))
-                        .bind(lease.key.storage_id())
-                        .bind(lease.token.to_be_bytes().to_vec())
-                        .bind(fence)
-                        .bind(ttl_param(pending_ttl))
-                        .fetch_optional(&mut *c)
-                        .await
-                })
-                .await?;
-            match row {
-                Some(row) => {
-                    lease.expires_at_ms =
-                        to_u64(row.try_get("exp_ms").map_err(map_error)?, "expiry")?;
-                    Ok(Fenced::Applied)
-                }
-                None => Ok(Fenced::Stale),
-            }
-        })
-    }
-
-    fn complete<'a>(
-        &'a self,
-        lease: &'a Lease,
-        payload: Bytes,
-        done_ttl: Duration,
-        attempt: &'a Attempt,
-    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-        Box::pin(async move {
-            let Some(fence) = fence_param(lease) else {
-                return Ok(Fenced::Stale);
-            };
-            let query = self.complete_query(lease, fence, payload, done_ttl, attempt)?;
-            let row = self
-                .bounded("complete", async move |c: &mut PgConnection| {
-                    query.fetch_one(c).await
-                })
-                .await?;
-            let written = applied(&row)?;
-            if written == Fenced::Applied {
-                self.inner.notify.notify(&lease.key.storage_id());
-            }
-            Ok(written)
-        })
-    }
-
-    fn release<'a>(
-        &'a self,
-        lease: &'a Lease,
-        attempt: &'a Attempt,
-        timeline_ttl: Duration,
-    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-        Box::pin(async move {
-            let Some(fence) = fence_param(lease) else {
-                return Ok(Fenced::Stale);
-            };
-            let entry = attempt_json(attempt)?;
-            let row = self
-                .bounded("release", async |c: &mut PgConnection| {
-                    sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.release)))
-                        .bind(lease.key.storage_id())
-                        .bind(lease.token.to_be_bytes().to_vec())
-                        .bind(fence)
-                        .bind(entry)
-                        .bind(ttl_param(timeline_ttl))
-                        .fetch_one(&mut *c)
-                        .await
-                })
-                .await?;
-            let written = applied(&row)?;
-            if written == Fenced::Applied {
-                self.inner.notify.notify(&lease.key.storage_id());
-            }
-            Ok(written)
-        })
-    }
-
-    fn forget<'a>(
-        &'a self,
-        key: &'a ScopedKey,
-        attempt: &'a Attempt,
-        timeline_ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
-            let entry = attempt_json(attempt)?;
-            let row = self
-                .bounded("forget", async |c: &mut PgConnection| {
-                    sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.forget)))
-                        .bind(key.storage_id())
-                        .bind(entry)
-                        .bind(ttl_param(timeline_ttl))
-                        .fetch_one(c)
-                        .await
-                })
-                .await?;
-            let removed = applied(&row)? == Fenced::Applied;
-            if removed {
-                self.inner.notify.notify(&key.storage_id());
-            }
-            Ok(removed)
-        })
-    }
-
-    fn get<'a>(&'a self, key: &'a ScopedKey) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
-        Box::pin(async move {
-            let row = self
-                .bounded("get", async |c: &mut PgConnection| {
-                    sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.get)))
-                        .bind(key.storage_id())
-                        .fetch_optional(&mut *c)
-                        .await
-                })
-                .await?;
-            row.as_ref().map(decode_record).transpose()
-        })
-    }
-
-    fn record_attempt<'a>(
-        &'a self,
-        key: &'a ScopedKey,
-        attempt: &'a Attempt,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            let entry = attempt_json(attempt)?;
-            if let Some(writer) = &self.inner.timeline {
-                writer.push(Entry {
-                    id: key.storage_id(),
-                    json: entry,
-                    keep_ms: ttl_param(ttl),
-                });
-                return Ok(());
-            }
-            self.bounded("record_attempt", async |c: &mut PgConnection| {
-                sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.record_attempt)))
-                    .bind(key.storage_id())
-                    .bind(entry)
-                    .bind(ttl_param(ttl))
-                    .execute(&mut *c)
-                    .await
-            })
-            .await?;
-            Ok(())
-        })
-    }
-
-    fn timeline<'a>(
-        &'a self,
-        key: &'a ScopedKey,
-    ) -> BoxFuture<'a, Result<Vec<Attempt>, StoreError>> {
-        Box::pin(async move {
-            let rows = self
-                .bounded("timeline", async |c: &mut PgConnection| {
-                    sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.timeline)))
-                        .bind(key.storage_id())
-                        .fetch_all(&mut *c)
-                        .await
-                })
-                .await?;
-            rows.iter()
-                .map(|row| {
-                    let entry: String = row.try_get("entry").map_err(map_error)?;
-                    serde_json::from_str(&entry)
-                        .map_err(|e| corrupt("timeline entry is not an attempt").with_source(e))
-                })
-                .collect()
-        })
-    }
-
-    fn changed<'a>(&'a self, key: &'a ScopedKey, max: Duration) -> BoxFuture<'a, ()> {
-        Box::pin(async move {
-            self.inner
-                .notify
-                .wait(&key.storage_id(), max.min(Duration::from_millis(50)))
-                .await;
-        })
     }
 }

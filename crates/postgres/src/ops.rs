@@ -1,0 +1,252 @@
+//! The `Store` operations of [`PostgresStore`]: each one statement on a
+//! pooled connection, and the row decoding they share.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use idemgate_engine::{
+    Attempt, BoxFuture, Claim, Fenced, Fingerprint, Lease, Record, ScopedKey, Store, StoreError,
+    StoreErrorKind,
+};
+use sqlx::{AssertSqlSafe, PgConnection, Row};
+
+use crate::error::{BACKEND, corrupt, map_error};
+use crate::timeline::Entry;
+
+use crate::store::PostgresStore;
+
+use crate::rows::*;
+
+impl Store for PostgresStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn claim<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        fingerprint: &'a Fingerprint,
+        pending_ttl: Duration,
+    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(async move {
+            let token = Lease::new_token();
+            // Under READ COMMITTED the statement's read of the existing row uses
+            // the snapshot taken when it started: a row inserted by a claim that
+            // committed just after makes the insert conflict (so this claim
+            // cannot win) yet is invisible to the read. The statement then
+            // returns nothing; running it again, with a fresh snapshot, sees it.
+            for _ in 0..5 {
+                let Some(row) = self
+                    .claim_once(key, fingerprint, token, pending_ttl)
+                    .await?
+                else {
+                    continue;
+                };
+                let acquired: bool = row.try_get("acquired").map_err(map_error)?;
+                if acquired {
+                    return Ok(Claim::Acquired(Lease {
+                        key: key.clone(),
+                        token,
+                        fence: to_u64(row.try_get("fence").map_err(map_error)?, "fence")?,
+                        expires_at_ms: to_u64(row.try_get("exp_ms").map_err(map_error)?, "expiry")?,
+                    }));
+                }
+                return Ok(Claim::Existing(decode_record(&row)?));
+            }
+            Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                BACKEND,
+                "claim kept racing with concurrent changes to the key",
+            ))
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        lease: &'a mut Lease,
+        pending_ttl: Duration,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(async move {
+            let Some(fence) = fence_param(lease) else {
+                return Ok(Fenced::Stale);
+            };
+            let row = self
+                .bounded("renew", async |c: &mut PgConnection| {
+                    sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.renew)))
+                        .bind(lease.key.storage_id())
+                        .bind(lease.token.to_be_bytes().to_vec())
+                        .bind(fence)
+                        .bind(ttl_param(pending_ttl))
+                        .fetch_optional(&mut *c)
+                        .await
+                })
+                .await?;
+            match row {
+                Some(row) => {
+                    lease.expires_at_ms =
+                        to_u64(row.try_get("exp_ms").map_err(map_error)?, "expiry")?;
+                    Ok(Fenced::Applied)
+                }
+                None => Ok(Fenced::Stale),
+            }
+        })
+    }
+
+    fn complete<'a>(
+        &'a self,
+        lease: &'a Lease,
+        payload: Bytes,
+        done_ttl: Duration,
+        attempt: &'a Attempt,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(async move {
+            let Some(fence) = fence_param(lease) else {
+                return Ok(Fenced::Stale);
+            };
+            let query = self.complete_query(lease, fence, payload, done_ttl, attempt)?;
+            let row = self
+                .bounded("complete", async move |c: &mut PgConnection| {
+                    query.fetch_one(c).await
+                })
+                .await?;
+            let written = applied(&row)?;
+            if written == Fenced::Applied {
+                self.inner.notify.notify(&lease.key.storage_id());
+            }
+            Ok(written)
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        lease: &'a Lease,
+        attempt: &'a Attempt,
+        timeline_ttl: Duration,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(async move {
+            let Some(fence) = fence_param(lease) else {
+                return Ok(Fenced::Stale);
+            };
+            let entry = attempt_json(attempt)?;
+            let row = self
+                .bounded("release", async |c: &mut PgConnection| {
+                    sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.release)))
+                        .bind(lease.key.storage_id())
+                        .bind(lease.token.to_be_bytes().to_vec())
+                        .bind(fence)
+                        .bind(entry)
+                        .bind(ttl_param(timeline_ttl))
+                        .fetch_one(&mut *c)
+                        .await
+                })
+                .await?;
+            let written = applied(&row)?;
+            if written == Fenced::Applied {
+                self.inner.notify.notify(&lease.key.storage_id());
+            }
+            Ok(written)
+        })
+    }
+
+    fn forget<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        attempt: &'a Attempt,
+        timeline_ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let entry = attempt_json(attempt)?;
+            let row = self
+                .bounded("forget", async |c: &mut PgConnection| {
+                    sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.forget)))
+                        .bind(key.storage_id())
+                        .bind(entry)
+                        .bind(ttl_param(timeline_ttl))
+                        .fetch_one(c)
+                        .await
+                })
+                .await?;
+            let removed = applied(&row)? == Fenced::Applied;
+            if removed {
+                self.inner.notify.notify(&key.storage_id());
+            }
+            Ok(removed)
+        })
+    }
+
+    fn get<'a>(&'a self, key: &'a ScopedKey) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+        Box::pin(async move {
+            let row = self
+                .bounded("get", async |c: &mut PgConnection| {
+                    sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.get)))
+                        .bind(key.storage_id())
+                        .fetch_optional(&mut *c)
+                        .await
+                })
+                .await?;
+            row.as_ref().map(decode_record).transpose()
+        })
+    }
+
+    fn record_attempt<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+        attempt: &'a Attempt,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let entry = attempt_json(attempt)?;
+            if let Some(writer) = &self.inner.timeline {
+                writer.push(Entry {
+                    id: key.storage_id(),
+                    json: entry,
+                    keep_ms: ttl_param(ttl),
+                });
+                return Ok(());
+            }
+            self.bounded("record_attempt", async |c: &mut PgConnection| {
+                sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.record_attempt)))
+                    .bind(key.storage_id())
+                    .bind(entry)
+                    .bind(ttl_param(ttl))
+                    .execute(&mut *c)
+                    .await
+            })
+            .await?;
+            Ok(())
+        })
+    }
+
+    fn timeline<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+    ) -> BoxFuture<'a, Result<Vec<Attempt>, StoreError>> {
+        Box::pin(async move {
+            let rows = self
+                .bounded("timeline", async |c: &mut PgConnection| {
+                    sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.timeline)))
+                        .bind(key.storage_id())
+                        .fetch_all(&mut *c)
+                        .await
+                })
+                .await?;
+            rows.iter()
+                .map(|row| {
+                    let entry: String = row.try_get("entry").map_err(map_error)?;
+                    serde_json::from_str(&entry)
+                        .map_err(|e| corrupt("timeline entry is not an attempt").with_source(e))
+                })
+                .collect()
+        })
+    }
+
+    fn changed<'a>(&'a self, key: &'a ScopedKey, max: Duration) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            self.inner
+                .notify
+                .wait(&key.storage_id(), max.min(Duration::from_millis(50)))
+                .await;
+        })
+    }
+}

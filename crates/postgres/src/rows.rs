@@ -1,0 +1,68 @@
+//! Parameters and rows: how leases, TTLs and attempts are bound to
+//! statements, and how result rows decode into records.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use idemgate_engine::record::ms;
+use idemgate_engine::{
+    Attempt, Fenced, Fingerprint, Lease, Record, RecordState, StoreError, StoreErrorKind,
+};
+use sqlx::Row;
+use sqlx::postgres::PgRow;
+
+use crate::error::{BACKEND, corrupt, map_error};
+
+/// A duration in ms as a query parameter, at least 1.
+pub(crate) fn ttl_param(d: Duration) -> i64 {
+    i64::try_from(ms(d).max(1)).unwrap_or(i64::MAX)
+}
+
+/// The lease's fence as stored; `None` when it cannot be one of ours.
+pub(crate) fn fence_param(lease: &Lease) -> Option<i64> {
+    i64::try_from(lease.fence).ok()
+}
+
+pub(crate) fn attempt_json(attempt: &Attempt) -> Result<String, StoreError> {
+    serde_json::to_string(attempt).map_err(|e| {
+        StoreError::new(StoreErrorKind::Rejected, BACKEND, "attempt not encodable").with_source(e)
+    })
+}
+
+pub(crate) fn applied(row: &PgRow) -> Result<Fenced, StoreError> {
+    let n: i64 = row.try_get("applied").map_err(map_error)?;
+    Ok(if n > 0 {
+        Fenced::Applied
+    } else {
+        Fenced::Stale
+    })
+}
+
+pub(crate) fn to_u64(v: i64, what: &str) -> Result<u64, StoreError> {
+    u64::try_from(v).map_err(|_| corrupt(&format!("{what} is negative")))
+}
+
+/// Decodes `fingerprint, state, fence, exp_ms, payload` into a record.
+pub(crate) fn decode_record(row: &PgRow) -> Result<Record, StoreError> {
+    let fp: Vec<u8> = row.try_get("fingerprint").map_err(map_error)?;
+    let fingerprint = <[u8; 32]>::try_from(fp.as_slice())
+        .map(Fingerprint)
+        .map_err(|_| corrupt("record fingerprint is not 32 bytes"))?;
+    let state: String = row.try_get("state").map_err(map_error)?;
+    let exp = to_u64(row.try_get("exp_ms").map_err(map_error)?, "expiry")?;
+    let state = match state.as_str() {
+        "P" => RecordState::Pending {
+            fence: to_u64(row.try_get("fence").map_err(map_error)?, "fence")?,
+            lease_expires_at_ms: exp,
+        },
+        "D" => {
+            let payload: Option<Vec<u8>> = row.try_get("payload").map_err(map_error)?;
+            RecordState::Done {
+                payload: Bytes::from(payload.ok_or_else(|| corrupt("DONE record has no payload"))?),
+                expires_at_ms: exp,
+            }
+        }
+        _ => return Err(corrupt("record state is neither P nor D")),
+    };
+    Ok(Record { fingerprint, state })
+}
