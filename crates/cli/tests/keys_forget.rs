@@ -25,6 +25,7 @@ async fn keys_forget(args: &[&str], cwd: &Path) -> Output {
     Command::new(BIN)
         .args(["keys", "forget"])
         .args(args)
+        .env("IDEMGATE_CREDENTIAL", CREDENTIAL)
         .current_dir(cwd)
         .output()
         .await
@@ -101,11 +102,7 @@ async fn keys_forget_clears_an_outcome_unknown_answer_on_sqlite() {
     assert_eq!(sim.executions_for(key), 1);
 
     let config = file.display().to_string();
-    let out = keys_forget(
-        &[key, "--credential", CREDENTIAL, "--config", &config],
-        dir.path(),
-    )
-    .await;
+    let out = keys_forget(&[key, "--config", &config], dir.path()).await;
     assert!(
         out.status.success(),
         "{}{}",
@@ -123,17 +120,7 @@ async fn keys_forget_clears_an_outcome_unknown_answer_on_sqlite() {
     assert_eq!(sim.executions_for(key), 2);
 
     // Nothing stored for this key: exit 1, said on stderr.
-    let out = keys_forget(
-        &[
-            "never-sent",
-            "--credential",
-            CREDENTIAL,
-            "--config",
-            &config,
-        ],
-        dir.path(),
-    )
-    .await;
+    let out = keys_forget(&["never-sent", "--config", &config], dir.path()).await;
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
     assert!(
         text(&out.stderr).contains("no record"),

@@ -49,6 +49,11 @@ pub const FORGET_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
 /// dropped.
 const PRUNE_ABOVE: usize = 10_000;
 
+/// Sealed bytes of completed leases kept for a retried `complete` (whose
+/// first reply was lost after the write), oldest dropped first, up to this
+/// many bytes in all.
+const COMPLETED_BYTES: usize = 16 * 1024 * 1024;
+
 /// Why a seal or open failed, as a low-cardinality label.
 pub fn failure_reason(kind: &SealErrorKind) -> &'static str {
     match kind {
@@ -94,6 +99,9 @@ pub struct SealedStore {
     /// DONE record; sealing again would pick a new nonce and look like
     /// another payload.
     leases: Mutex<HashMap<u128, LeaseEntry>>,
+    /// Completed leases still remembered for a retry, oldest first, with
+    /// their sealed sizes (bounded by [`COMPLETED_BYTES`]).
+    completed: Mutex<(std::collections::VecDeque<(u128, usize)>, usize)>,
     on_failure: Option<FailureHook>,
 }
 
@@ -113,6 +121,7 @@ impl SealedStore {
             inner,
             ring,
             leases: Mutex::new(HashMap::new()),
+            completed: Mutex::new((std::collections::VecDeque::new(), 0)),
             on_failure: None,
         }
     }
@@ -173,6 +182,39 @@ impl SealedStore {
             .unwrap_or_else(PoisonError::into_inner)
             .get(&token)
             .map(|e| e.fingerprint)
+    }
+
+    /// A lease whose `complete` was acknowledged: its sealed bytes stay
+    /// for a retry until newer completions push them out.
+    fn completed(&self, token: u128) {
+        let size = self
+            .leases
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&token)
+            .and_then(|e| e.sealed.as_ref())
+            .map_or(0, |(_, sealed)| sealed.len());
+        let mut evict = Vec::new();
+        {
+            let mut done = self
+                .completed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let (queue, total) = &mut *done;
+            queue.push_back((token, size));
+            *total += size;
+            while *total > COMPLETED_BYTES || queue.len() > PRUNE_ABOVE {
+                let Some((old, n)) = queue.pop_front() else {
+                    break;
+                };
+                *total -= n;
+                evict.push(old);
+            }
+        }
+        let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
+        for old in evict {
+            leases.remove(&old);
+        }
     }
 
     fn drop_lease(&self, token: u128) {
@@ -251,9 +293,10 @@ impl Store for SealedStore {
                 .sealed_for(lease.token, &ad, &payload)
                 .map_err(|e| self.failed(&e, "response could not be sealed"))?;
             let written = self.inner.complete(lease, sealed, done_ttl, attempt).await;
-            // Kept after an error: a retry sends the same sealed bytes.
+            // Kept for a retry (after an error, or a reply lost after the
+            // write): it sends the same sealed bytes.
             if written.is_ok() {
-                self.drop_lease(lease.token);
+                self.completed(lease.token);
             }
             written
         })
