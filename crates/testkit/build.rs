@@ -2,16 +2,34 @@
 //! there runs on every store without being listed anywhere else:
 //!
 //! - `conformance_suite!` from every `pub async fn NAME(store: Arc<dyn Store>)`
-//!   in `src/cases.rs`;
+//!   in `src/cases/`;
 //! - `fault_suite!` from every `pub async fn NAME(rig: Rig)` in
 //!   `src/fault/scenarios.rs`.
 
 use std::{env, fs, path::PathBuf};
 
-/// The names of the functions in `file` whose signature ends `signature`.
-fn cases(file: &str, signature: &str) -> Vec<String> {
-    println!("cargo::rerun-if-changed={file}");
-    let source = fs::read_to_string(file).unwrap_or_else(|e| panic!("read {file}: {e}"));
+/// The names of the functions in `path` (a file, or every `.rs` file of a
+/// directory) whose signature ends `signature`.
+fn cases(path: &str, signature: &str) -> Vec<String> {
+    println!("cargo::rerun-if-changed={path}");
+    let files: Vec<String> = if fs::metadata(path).is_ok_and(|m| m.is_dir()) {
+        let mut files: Vec<String> = fs::read_dir(path)
+            .unwrap_or_else(|e| panic!("read {path}: {e}"))
+            .filter_map(|e| e.ok().map(|e| e.path().display().to_string()))
+            .filter(|p| p.ends_with(".rs"))
+            .collect();
+        files.sort();
+        files
+    } else {
+        vec![path.to_owned()]
+    };
+    let mut source = String::new();
+    for file in &files {
+        println!("cargo::rerun-if-changed={file}");
+        source.push_str(&fs::read_to_string(file).unwrap_or_else(|e| panic!("read {file}: {e}")));
+        source.push('\n');
+    }
+    let file = path;
     let names: Vec<String> = source
         .lines()
         .filter_map(|line| line.trim_start().strip_prefix("pub async fn "))
@@ -53,10 +71,10 @@ fn write(file: &str, text: String) {
 }
 
 fn main() {
-    let conformance = cases("src/cases.rs", "(store: Arc<dyn Store>)");
+    let conformance = cases("src/cases", "(store: Arc<dyn Store>)");
     let names: Vec<String> = conformance.iter().map(|c| format!("{c:?}")).collect();
     let mut suite = format!(
-        "/// The name of every conformance case, in the order of `cases.rs`.\n\
+        "/// The name of every conformance case, in the order of the files in `cases/`.\n\
          pub const CASES: &[&str] = &[{}];\n\n",
         names.join(", ")
     );
