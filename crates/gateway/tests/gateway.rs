@@ -3,7 +3,7 @@
 
 mod support;
 
-use support::TestGateway;
+use support::{TestGateway, eventually, problem_type, replayed};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,30 +50,6 @@ fn post(
         b = b.header("idempotency-key", k);
     }
     b
-}
-
-fn replayed(r: &reqwest::Response) -> Option<String> {
-    r.headers()
-        .get("idempotent-replayed")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-}
-
-async fn problem_type(r: reqwest::Response) -> String {
-    let bytes = r.bytes().await.expect("read the response body");
-    let v: serde_json::Value = serde_json::from_slice(&bytes).expect("valid JSON");
-    v["type"].as_str().unwrap_or_default().to_owned()
-}
-
-/// Waits until `cond` holds, polling (bounded, not a timing assertion).
-async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    for _ in 0..400 {
-        if cond() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("never happened: {what}");
 }
 
 // --------------------------------------------------------------------------

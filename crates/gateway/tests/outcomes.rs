@@ -12,9 +12,7 @@
 
 mod support;
 
-use support::TestGateway;
-
-use std::time::Duration;
+use support::{TestGateway, eventually, problem_type, replayed};
 
 use idemgate_gateway::config::{RawRoute, RawTimeouts};
 use idemgate_llm_sim::{SimConfig, SimHandle};
@@ -77,30 +75,6 @@ async fn sim() -> SimHandle {
     idemgate_llm_sim::spawn(SimConfig::default())
         .await
         .expect("spawn the simulator")
-}
-
-fn replayed(r: &reqwest::Response) -> Option<String> {
-    r.headers()
-        .get("idempotent-replayed")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-}
-
-async fn problem_type(r: reqwest::Response) -> String {
-    let bytes = r.bytes().await.expect("read the problem");
-    let v: serde_json::Value = serde_json::from_slice(&bytes).expect("a JSON problem");
-    v["type"].as_str().unwrap_or_default().to_owned()
-}
-
-/// Waits until `cond` holds, polling (bounded, not a timing assertion).
-async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    for _ in 0..400 {
-        if cond() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("never happened: {what}");
 }
 
 /// The value of the first sample of `name` whose labels contain `label`.

@@ -169,3 +169,29 @@ impl TestGatewayBuilder {
         TestGateway::spawn(config, Some(dir)).await
     }
 }
+
+/// The `Idempotent-Replayed` header, if any.
+pub(crate) fn replayed(r: &reqwest::Response) -> Option<String> {
+    r.headers()
+        .get("idempotent-replayed")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+/// The `type` of a problem+json answer.
+pub(crate) async fn problem_type(r: reqwest::Response) -> String {
+    let bytes = r.bytes().await.expect("read the problem");
+    let v: serde_json::Value = serde_json::from_slice(&bytes).expect("a JSON problem");
+    v["type"].as_str().unwrap_or_default().to_owned()
+}
+
+/// Waits until `cond` holds, polling (bounded, not a timing assertion).
+pub(crate) async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..400 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("never happened: {what}");
+}
