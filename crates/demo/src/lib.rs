@@ -13,7 +13,7 @@
 //! handler. Every figure printed is counted during the run.
 //!
 //! # Layout
-//! - `workload`: the seeded schedule (latency of every attempt, every
+//! - `workload`: the schedule drawn from `--seed` (latency of every attempt, every
 //!   backoff sleep), identical for both runs.
 //! - `request`: the body the client sends and the service reads.
 //! - `client`: the retrying client with the too-short timeout.
