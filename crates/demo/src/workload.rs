@@ -1,5 +1,5 @@
 //! The workload: every operation's key, and the latency of each of its
-//! attempts and each backoff sleep, drawn once from the seed so both runs
+//! attempts and each backoff sleep, drawn once from `--seed` so both runs
 //! face exactly the same conditions.
 
 use std::time::Duration;
