@@ -8,13 +8,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod support;
+
 use std::time::Duration;
 
 use idemgate_gateway::GatewayConfig;
 use idemgate_gateway::config::{RawConfig, RawRoute, RawTimeouts};
 use idemgate_llm_sim::SimConfig;
 use idemgate_testkit::FaultProxy;
-use tokio::sync::oneshot;
+use support::{TestGateway, replayed};
 
 fn config(store: &str, upstream: &str) -> GatewayConfig {
     let r = RawRoute {
@@ -55,13 +57,6 @@ fn request(client: &reqwest::Client, base: &str, key: &str) -> reqwest::RequestB
         .body(body.to_string())
 }
 
-fn replayed(r: &reqwest::Response) -> Option<String> {
-    r.headers()
-        .get("idempotent-replayed")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_answer_survives_a_store_outage_when_it_arrives() {
     let sim = idemgate_llm_sim::spawn(SimConfig::default()).await.unwrap();
@@ -70,18 +65,8 @@ async fn the_answer_survives_a_store_outage_when_it_arrives() {
         .expect("start the proxy");
     let prefix = format!("igblink{:08x}", rand::random::<u32>());
     let store = format!("redis://{}/?prefix={prefix}", proxy.addr());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = oneshot::channel::<()>();
-    let gateway = tokio::spawn(idemgate_gateway::serve(
-        listener,
-        admin,
-        config(&store, &sim.url()),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let gw = TestGateway::start(config(&store, &sim.url())).await;
+    let base = gw.base.clone();
     let client = reqwest::Client::new();
     let key = format!("{prefix}-blink");
 
@@ -129,11 +114,6 @@ async fn the_answer_survives_a_store_outage_when_it_arrives() {
         "the upstream ran more than once"
     );
 
-    let _ = stop.send(());
-    tokio::time::timeout(Duration::from_secs(30), gateway)
-        .await
-        .expect("gateway did not stop")
-        .unwrap()
-        .unwrap();
+    gw.stop().await.expect("stop cleanly");
     sim.shutdown().await;
 }
