@@ -31,24 +31,33 @@ fn tag() -> String {
 }
 
 fn config(store: &str, route: &str, upstream: &str) -> GatewayConfig {
+    let plain = RawRoute {
+        id: Some(route.into()),
+        prefix: Some("/v1".into()),
+        upstream: Some(upstream.into()),
+        key: Some("optional".into()),
+        on_inflight: Some("wait".into()),
+        done_ttl: Some("10m".into()),
+        timeouts: Some(RawTimeouts {
+            connect: Some("1s".into()),
+            first_byte: Some("10s".into()),
+            idle: Some("5s".into()),
+            total: Some("20s".into()),
+        }),
+        ..RawRoute::default()
+    };
+    // The same upstream on a charging route: `/charged/v1/…`.
+    let charged = RawRoute {
+        id: Some(format!("{route}-charged")),
+        prefix: Some("/charged".into()),
+        strip_prefix: Some(true),
+        charges: Some(true),
+        ..plain.clone()
+    };
     GatewayConfig::from_raw(RawConfig {
         store: Some(store.into()),
         shutdown_grace: Some("5s".into()),
-        routes: vec![RawRoute {
-            id: Some(route.into()),
-            prefix: Some("/v1".into()),
-            upstream: Some(upstream.into()),
-            key: Some("optional".into()),
-            on_inflight: Some("wait".into()),
-            done_ttl: Some("10m".into()),
-            timeouts: Some(RawTimeouts {
-                connect: Some("1s".into()),
-                first_byte: Some("10s".into()),
-                idle: Some("5s".into()),
-                total: Some("20s".into()),
-            }),
-            ..RawRoute::default()
-        }],
+        routes: vec![plain, charged],
         ..RawConfig::default()
     })
     .unwrap_or_else(|e| panic!("config: {e}"))
@@ -81,6 +90,16 @@ fn messages_body(stream: bool) -> String {
         "max_tokens": 64,
         "stream": stream,
         "messages": [{"role": "user", "content": "tell me a story"}],
+    })
+    .to_string()
+}
+
+fn responses_body(stream: bool) -> String {
+    serde_json::json!({
+        "model": "sim-1",
+        "stream": stream,
+        "instructions": "be brief",
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": "tell me a story"}]}],
     })
     .to_string()
 }
@@ -360,6 +379,106 @@ async fn suite(store: &str) {
     assert_eq!(retry.status, 200);
     assert_eq!(retry.replayed.as_deref(), Some("false"));
     assert_eq!(sim.executions_for(&key), 2);
+
+    // 8. The OpenAI Responses API: a `response.failed` event after a 200
+    // releases the key; the retry's `response.completed` stream is stored
+    // and replayed as it was.
+    let responses = "/v1/responses";
+    let key = format!("{run}-responses-failed");
+    let first = send(
+        &client,
+        base,
+        responses,
+        &key,
+        responses_body(true),
+        &[("x-sim-fail", "error-after:2")],
+    )
+    .await;
+    assert_eq!(first.status, 200);
+    assert!(
+        first.text().contains("event: response.failed"),
+        "{}",
+        first.text()
+    );
+    let retry = send(&client, base, responses, &key, responses_body(true), &[]).await;
+    assert_eq!(retry.replayed.as_deref(), Some("false"), "the retry ran");
+    assert!(
+        retry.text().contains("event: response.completed"),
+        "{}",
+        retry.text()
+    );
+    assert_eq!(sim.executions_for(&key), 2);
+    let replay = send(&client, base, responses, &key, responses_body(true), &[]).await;
+    assert_eq!(replay.replayed.as_deref(), Some("true"));
+    assert_eq!(replay.body, retry.body);
+    assert_eq!(sim.executions_for(&key), 2);
+    // A Responses stream cut before `response.completed` is unterminated.
+    let key = format!("{run}-responses-cut");
+    let first = send(
+        &client,
+        base,
+        responses,
+        &key,
+        responses_body(true),
+        &[("x-sim-fail", "end-after:2")],
+    )
+    .await;
+    assert!(first.broke, "the client sees an unfinished stream");
+    let retry = send(&client, base, responses, &key, responses_body(true), &[]).await;
+    assert_eq!(retry.replayed.as_deref(), Some("false"));
+    assert_eq!(sim.executions_for(&key), 2);
+
+    // 9. A charging route: a stream that breaks after its head (a reset, or
+    // a clean end before the terminal event) may have been generated and
+    // billed. The key keeps an outcome-unknown answer; the retry gets it
+    // and nothing runs again. An error event is the provider saying it
+    // failed: released as on any route.
+    let charged = "/charged/v1/chat/completions";
+    for fault in ["reset-after:3", "end-after:3"] {
+        let key = format!("{run}-charged-{fault}");
+        let first = send(
+            &client,
+            base,
+            charged,
+            &key,
+            chat_body(true),
+            &[("x-sim-fail", fault)],
+        )
+        .await;
+        assert_eq!(first.status, 200, "{fault}");
+        assert!(first.broke, "{fault}: the client sees the cut");
+        let retry = send(&client, base, charged, &key, chat_body(true), &[]).await;
+        assert_eq!(retry.status, 502, "{fault}: {}", retry.text());
+        assert_eq!(retry.replayed.as_deref(), Some("true"), "{fault}");
+        assert!(retry.text().contains("outcome-unknown"), "{}", retry.text());
+        assert_eq!(sim.executions_for(&key), 1, "{fault}: nothing ran twice");
+    }
+    let key = format!("{run}-charged-error-event");
+    let first = send(
+        &client,
+        base,
+        charged,
+        &key,
+        chat_body(true),
+        &[("x-sim-fail", "error-after:2")],
+    )
+    .await;
+    assert_eq!(first.status, 200);
+    let retry = send(&client, base, charged, &key, chat_body(true), &[]).await;
+    assert_eq!(retry.status, 200);
+    assert_eq!(retry.replayed.as_deref(), Some("false"));
+    assert_eq!(sim.executions_for(&key), 2);
+    let charged_label = format!("route=\"{route}-charged\"");
+    assert_eq!(
+        metric(
+            &client,
+            &gw.admin,
+            "idempotency_outcome_unknown_total",
+            &[&charged_label]
+        )
+        .await,
+        2.0
+    );
 
     gw.stop().await.expect("stop cleanly");
 }

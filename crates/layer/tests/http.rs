@@ -23,7 +23,7 @@ use idemgate_engine::{
 use idemgate_layer::key::tenant_id;
 use idemgate_layer::{
     DeriveTemplate, IdempotencyContext, IdempotencyLayer, InflightMode, KeyMode, LayerConfig,
-    StoreErrorMode,
+    OutcomeUnknownMode, StoreErrorMode,
 };
 use reqwest::header::HeaderValue;
 use tokio::sync::{mpsc, watch};
@@ -924,6 +924,61 @@ async fn work_past_the_completion_timeout_is_abandoned_and_released() {
     assert_eq!(retry.status(), StatusCode::CREATED);
     assert_eq!(retry.headers()["idempotent-replayed"], "false");
     assert_eq!(app.executions.load(Ordering::SeqCst), 2);
+}
+
+/// The same timeout on a charging configuration: the handler was called,
+/// so the work may have run. The key keeps an outcome-unknown answer and
+/// the retry gets it; nothing runs twice.
+#[tokio::test(start_paused = true)]
+async fn a_charging_completion_timeout_keeps_outcome_unknown() {
+    use tower::ServiceExt;
+    let app = App::new(
+        Arc::new(MemoryStore::new()),
+        LayerConfig {
+            completion_timeout: Duration::from_secs(30),
+            on_outcome_unknown: OutcomeUnknownMode::Store,
+            ..config(InflightMode::Reject)
+        },
+    );
+    let request = |gated: bool| {
+        let mut b = axum::http::Request::post("/json")
+            .header("content-type", "application/json")
+            .header("authorization", "Bearer tenant-a")
+            .header("idempotency-key", "t");
+        if gated {
+            b = b.header("x-gate", "1");
+        }
+        b.body(Body::from("{}")).expect("a valid request")
+    };
+    let problem_type = |body: &[u8]| {
+        let v: serde_json::Value = serde_json::from_slice(body).expect("valid JSON");
+        v["type"].clone()
+    };
+    let a = app
+        .router
+        .clone()
+        .oneshot(request(true))
+        .await
+        .expect("infallible");
+    assert_eq!(a.status(), StatusCode::GATEWAY_TIMEOUT);
+    let body = axum::body::to_bytes(a.into_body(), usize::MAX)
+        .await
+        .expect("read the problem");
+    assert_eq!(problem_type(&body), problem("outcome-unknown"));
+    app.gate.send_replace(true);
+    let retry = app
+        .router
+        .clone()
+        .oneshot(request(false))
+        .await
+        .expect("infallible");
+    assert_eq!(retry.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    let body = axum::body::to_bytes(retry.into_body(), usize::MAX)
+        .await
+        .expect("read the problem");
+    assert_eq!(problem_type(&body), problem("outcome-unknown"));
+    assert_eq!(app.executions.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test]

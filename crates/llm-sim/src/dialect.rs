@@ -1,8 +1,9 @@
 //! What differs between providers: request parsing, response and event
 //! shapes, error bodies. One implementation per API ([`crate::openai`],
-//! [`crate::anthropic`]); the pacing, counting and failure injection in
+//! [`crate::anthropic`], [`crate::responses`]); the pacing, counting and failure injection in
 //! [`crate::respond`] are shared.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
@@ -74,12 +75,14 @@ impl Generation {
 
 /// What makes one execution distinguishable from another of the same
 /// request.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub(crate) struct Meta {
     /// Unique per execution for the life of the process.
     pub(crate) id: String,
     /// Unix seconds at which the execution started.
     pub(crate) created: u64,
+    /// The next event's `sequence_number` (APIs that number their events).
+    sequence: AtomicU64,
 }
 
 impl Meta {
@@ -88,7 +91,16 @@ impl Meta {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        Self { id, created }
+        Self {
+            id,
+            created,
+            sequence: AtomicU64::new(0),
+        }
+    }
+
+    /// The `sequence_number` of the next event: 0, 1, 2, …
+    pub(crate) fn next_sequence(&self) -> u64 {
+        self.sequence.fetch_add(1, Ordering::Relaxed)
     }
 }
 
@@ -113,7 +125,7 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     const STREAM_ERROR_EVENT: Option<&'static str>;
     /// SSE bytes of an error event in a 200 stream (the provider failed
     /// after it had started answering).
-    fn stream_error(message: &str) -> String {
+    fn stream_error(_meta: &Meta, message: &str) -> String {
         sse(
             Self::STREAM_ERROR_EVENT,
             &Self::error_body(ErrorKind::Overloaded, message),

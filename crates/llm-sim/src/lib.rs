@@ -4,8 +4,8 @@
 //! happened. Tests of that claim need an upstream that behaves like a real
 //! provider in exactly the ways that make timeouts ambiguous, and that can
 //! then tell how many times the work really ran and what it cost. This
-//! crate is that upstream: it speaks the OpenAI Chat Completions and
-//! Anthropic Messages HTTP APIs closely enough for the official clients,
+//! crate is that upstream: it speaks the OpenAI Chat Completions, OpenAI
+//! Responses and Anthropic Messages HTTP APIs closely enough for the official clients,
 //! and counts every execution, per idempotency key.
 //!
 //! # Layout
@@ -13,15 +13,15 @@
 //!   headers.
 //! - `stats`: [`Stats`] counters and [`StatsSnapshot`].
 //! - `content`: deterministic output text and token counting.
-//! - `dialect`: the provider-specific parts as one trait; `openai` and
-//!   `anthropic` implement it.
+//! - `dialect`: the provider-specific parts as one trait; `openai`,
+//!   `responses` and `anthropic` implement it.
 //! - `sim`: the state every request shares (config, counters, shutdown).
 //! - `respond`: the shared life of a request (count, pace, bill, break).
 //! - `server`: routes ([`router`]), [`spawn`], [`SimHandle`].
 //!
 //! # Endpoints
-//! - `POST /v1/chat/completions`, `POST /v1/messages`: generation, plain
-//!   JSON or SSE (`"stream": true`).
+//! - `POST /v1/chat/completions`, `POST /v1/responses`, `POST
+//!   /v1/messages`: generation, plain JSON or SSE (`"stream": true`).
 //! - `GET /v1/models`: a small list (Anthropic's shape when the request has
 //!   `anthropic-version`).
 //! - `GET /sim/stats` ([`StatsSnapshot`] as JSON), `GET /sim/executions`
@@ -108,6 +108,7 @@ mod dialect;
 mod encoding;
 mod openai;
 mod respond;
+mod responses;
 mod server;
 mod sim;
 mod stats;

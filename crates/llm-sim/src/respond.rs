@@ -316,6 +316,7 @@ async fn run_stream<D: Dialect>(
             // event, or with nothing at all. Nothing more is generated.
             if let Some(Fault::ErrorAfter(_)) = control.fault {
                 pending.push_str(&D::stream_error(
+                    &meta,
                     "simulated failure during generation (x-sim-fail: error-after)",
                 ));
             }

@@ -21,6 +21,7 @@ use crate::anthropic::Anthropic;
 use crate::dialect::ErrorKind;
 use crate::openai::OpenAi;
 use crate::respond::{error, generate};
+use crate::responses::Responses;
 use crate::sim::Sim;
 use crate::{SimConfig, Stats, StatsSnapshot};
 
@@ -38,6 +39,7 @@ pub fn router(config: SimConfig, stats: Arc<Stats>) -> Router {
 fn routes(sim: Arc<Sim>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(generate::<OpenAi>))
+        .route("/v1/responses", post(generate::<Responses>))
         .route("/v1/messages", post(generate::<Anthropic>))
         .route("/v1/models", get(models))
         .route("/sim/stats", get(stats))

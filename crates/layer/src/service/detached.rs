@@ -109,28 +109,48 @@ impl Detached {
         let shared = Arc::clone(&self.shared);
         let started = tokio::time::Instant::now();
         let limit = shared.config.completion_timeout;
+        // The deadline says whether the request had been sent when it
+        // fired: then the work may have run, and its outcome is unknown.
         let deadline = match shared.config.completion_clock {
-            CompletionClock::Call => Either::Left(tokio::time::sleep(limit)),
+            CompletionClock::Call => Either::Left(async move {
+                tokio::time::sleep(limit).await;
+                true
+            }),
             CompletionClock::Sent => {
                 let (signal, sent) = SendSignal::new();
                 request.extensions_mut().insert(signal);
                 Either::Right(async move {
                     // Unfired and dropped: nothing was sent; count from now.
-                    let from = sent.await.unwrap_or_else(|_| Instant::now());
+                    let (from, was_sent) = match sent.await {
+                        Ok(at) => (at, true),
+                        Err(_) => (Instant::now(), false),
+                    };
                     tokio::time::sleep_until(from + limit).await;
+                    was_sent
                 })
             }
         };
         let decision = {
             let work = self.execute(inner, request);
             tokio::select! {
-                d = work => d,
-                () = deadline => {
-                    Decision::Release(ReleaseReason::CompletionTimeout)
+                d = work => Some(d),
+                sent = deadline => {
+                    if sent && shared.config.on_outcome_unknown == OutcomeUnknownMode::Store {
+                        None
+                    } else {
+                        Some(Decision::Release(ReleaseReason::CompletionTimeout))
+                    }
                 }
-                () = shared.cancel.cancelled() => Decision::Release(ReleaseReason::Shutdown),
+                () = shared.cancel.cancelled() => Some(Decision::Release(ReleaseReason::Shutdown)),
             }
         };
+        let decision = decision.unwrap_or_else(|| {
+            // A charging route's request ran out of time after it was
+            // sent: kept as outcome-unknown, like a proxy's own timeout.
+            self.attachers.fail();
+            let timeout = Problem::upstream_timeout("total").into_response();
+            self.outcome_unknown(timeout, "total")
+        });
         // A shutdown cut the work short: its duration says nothing about
         // the route.
         if !matches!(decision, Decision::Release(ReleaseReason::Shutdown)) {
@@ -299,6 +319,17 @@ impl Detached {
                         true
                     }
                 },
+                Some(Err(e)) if cfg.on_outcome_unknown == OutcomeUnknownMode::Store => {
+                    // The upstream was generating when the stream broke:
+                    // the work ran, at least in part, and was billed.
+                    tracing::warn!(error = %e, events = self.events, "response stream broke after the request was sent");
+                    self.attachers.fail();
+                    return self.outcome_unknown(
+                        Problem::upstream_unavailable("the response stream broke before its end")
+                            .into_response(),
+                        "stream",
+                    );
+                }
                 Some(Err(e)) => {
                     tracing::warn!(error = %e, events = self.events, "response stream broke; key released");
                     return Decision::Release(ReleaseReason::StreamError);
@@ -340,6 +371,20 @@ impl Detached {
                     "event stream carried an error event; key released"
                 );
                 return Decision::Release(ReleaseReason::ErrorEvent);
+            }
+            StreamVerdict::Unterminated if cfg.on_outcome_unknown == OutcomeUnknownMode::Store => {
+                // Stopped mid-generation without saying it failed (a cut
+                // that looked like a clean end): as a broken stream.
+                tracing::warn!(
+                    events = self.events,
+                    "event stream ended without its terminal event after the request was sent"
+                );
+                self.attachers.fail();
+                return self.outcome_unknown(
+                    Problem::upstream_unavailable("the response stream ended before its end")
+                        .into_response(),
+                    "stream",
+                );
             }
             StreamVerdict::Unterminated => {
                 tracing::warn!(
@@ -429,7 +474,10 @@ impl Detached {
                 // Counted before the client hears the end.
                 metrics.request(outcome, Some(&self.key));
                 self.attachers.complete();
-                self.client.send(Chunk::End);
+                // A stream whose outcome is unknown broke: its client sees
+                // the cut, as it happened.
+                self.client
+                    .send(if unknown { Chunk::Abort } else { Chunk::End });
                 self.client.answer(Problem::internal);
             }
             Decision::Release(reason) => {

@@ -72,11 +72,17 @@ impl Client {
         };
     }
 
-    /// Keeps `response` for the client until the store is written.
+    /// Keeps `response` for the client until the store is written (also
+    /// when the inner service never answered: a timeout's problem).
     pub(super) fn hold(&mut self, response: Response) {
         *self = match std::mem::replace(self, Self::Answered) {
             Self::Reading { status, reply } => Self::Holding {
                 status,
+                reply,
+                response,
+            },
+            Self::Calling { reply } => Self::Holding {
+                status: response.status().as_u16(),
                 reply,
                 response,
             },
