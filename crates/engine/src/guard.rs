@@ -58,6 +58,9 @@ pub struct LeaseGuard {
     at_ms: u64,
     started: Instant,
     heartbeat: Option<JoinHandle<()>>,
+    /// Held by the heartbeat while a renewal is on its way, so pausing can
+    /// wait for it to land.
+    renewing: Arc<tokio::sync::Mutex<()>>,
     lost: Arc<AtomicBool>,
     /// How long a lease lasts from its last renewal.
     pending_ttl: Duration,
@@ -76,6 +79,7 @@ impl LeaseGuard {
     ) -> Self {
         let lost = Arc::new(AtomicBool::new(false));
         let renewed_at = Arc::new(AtomicU64::new(0));
+        let renewing = Arc::new(tokio::sync::Mutex::new(()));
         let started = Instant::now();
         let heartbeat = policy.heartbeat.filter(|d| !d.is_zero()).and_then(|every| {
             let handle = tokio::runtime::Handle::try_current().ok()?;
@@ -88,6 +92,7 @@ impl LeaseGuard {
                 Renewals {
                     started,
                     at: Arc::clone(&renewed_at),
+                    renewing: Arc::clone(&renewing),
                 },
             )))
         });
@@ -99,6 +104,7 @@ impl LeaseGuard {
             at_ms: now_ms(),
             started,
             heartbeat,
+            renewing,
             lost,
             pending_ttl: policy.pending_ttl,
             renewed_at,
@@ -113,6 +119,23 @@ impl LeaseGuard {
         let renewed = Duration::from_millis(self.renewed_at.load(Ordering::Relaxed));
         let lasts = self.pending_ttl.saturating_sub(self.pending_ttl / 10);
         (self.started + renewed + lasts).saturating_duration_since(Instant::now())
+    }
+
+    /// Stops renewing the lease, once a renewal on its way (if any) has
+    /// landed: after this returns, nothing of this guard writes the record
+    /// until [`complete`](Self::complete) or [`release`](Self::release).
+    ///
+    /// For completing inside a caller's transaction at REPEATABLE READ or
+    /// SERIALIZABLE: a renewal committed after the transaction's snapshot
+    /// would make its completion fail with a serialization error. Without
+    /// renewals the lease lapses after `pending_ttl`, so the store must keep
+    /// the record from being taken over meanwhile (PostgreSQL's `lock_in`
+    /// locks the row for the rest of the transaction).
+    pub async fn pause_heartbeat(&mut self) {
+        let renewing = Arc::clone(&self.renewing);
+        let in_flight = renewing.lock().await;
+        self.stop_heartbeat();
+        drop(in_flight);
     }
 
     /// The lease held.
@@ -327,6 +350,7 @@ impl Drop for LeaseGuard {
 struct Renewals {
     started: Instant,
     at: Arc<AtomicU64>,
+    renewing: Arc<tokio::sync::Mutex<()>>,
 }
 
 async fn heartbeat(
@@ -339,8 +363,11 @@ async fn heartbeat(
 ) {
     loop {
         tokio::time::sleep(every).await;
+        let in_flight = renewals.renewing.lock().await;
         let sent = renewals.started.elapsed();
-        match store.renew(&mut lease, pending_ttl).await {
+        let renewed = store.renew(&mut lease, pending_ttl).await;
+        drop(in_flight);
+        match renewed {
             Ok(Fenced::Applied) => {
                 let ms = u64::try_from(sent.as_millis()).unwrap_or(u64::MAX);
                 renewals.at.fetch_max(ms, Ordering::Relaxed);

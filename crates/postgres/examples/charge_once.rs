@@ -101,7 +101,7 @@ pub async fn run(cfg: &Config) -> Result<Outcome, BoxError> {
     let request = serde_json::json!({"credits": CREDITS, "report": "q3"});
     let fingerprint = Fingerprint::of_value(&request)?;
 
-    let guard = match engine
+    let mut guard = match engine
         .begin_waiting(&key, &fingerprint, Duration::from_secs(20))
         .await?
     {
@@ -116,6 +116,12 @@ pub async fn run(cfg: &Config) -> Result<Outcome, BoxError> {
     let at_ms = idemgate_engine::record::now_ms();
     let started = Instant::now();
     let mut tx = pool.begin().await?;
+    // First statement: the record is this transaction's until it ends, so
+    // no other owner can take the key over while the charge is made.
+    if store.lock_in(&mut tx, &mut guard).await? == Fenced::Stale {
+        tx.rollback().await?;
+        return Err("the lease was taken over before the charge".into());
+    }
     let charge_id: i64 = sqlx::query(AssertSqlSafe(format!(
         "INSERT INTO {s}.charges (op_key, credits) VALUES ($1, $2) RETURNING id"
     )))

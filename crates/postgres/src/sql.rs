@@ -38,6 +38,9 @@ pub(crate) struct Sql {
     pub(crate) schema: String,
     pub(crate) claim: Arc<str>,
     pub(crate) renew: Arc<str>,
+    /// Locks the owned PENDING row until the caller's transaction ends:
+    /// `$1` id, `$2` token, `$3` fence.
+    pub(crate) lock: Arc<str>,
     pub(crate) complete: Arc<str>,
     pub(crate) release: Arc<str>,
     /// Deletes the record whatever its state: `$1` id, `$2` entry, `$3`
@@ -107,6 +110,11 @@ impl Sql {
             "UPDATE {rec} SET expires_at = {exp} WHERE {owned} RETURNING {m} AS exp_ms",
             exp = after_ms("$4"),
             m = ms("expires_at"),
+        );
+        // NO KEY UPDATE: the lock an UPDATE of non-key columns takes, so it
+        // blocks exactly the claims, renewals and completions of this key.
+        let lock = format!(
+            "SELECT count(*) AS applied FROM (SELECT 1 FROM {rec} WHERE {owned}              FOR NO KEY UPDATE) owned"
         );
         // `again`: the DONE row this very lease wrote with this payload — a
         // retry of a complete whose reply was lost — counts as applied and
@@ -225,6 +233,7 @@ impl Sql {
             schema: schema.to_owned(),
             claim: claim.into(),
             renew: renew.into(),
+            lock: lock.into(),
             complete: complete.into(),
             release: release.into(),
             forget: forget.into(),

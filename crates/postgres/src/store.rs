@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idemgate_engine::notify::KeyedNotify;
-use idemgate_engine::{Attempt, Fenced, Fingerprint, Lease, ScopedKey, StoreError, StoreErrorKind};
+use idemgate_engine::{
+    Attempt, Fenced, Fingerprint, Lease, LeaseGuard, ScopedKey, StoreError, StoreErrorKind,
+};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, PgConnection, Row};
 
@@ -255,8 +257,47 @@ impl PostgresStore {
         Ok(total)
     }
 
+    /// Makes the key's PENDING record the caller's transaction's until it
+    /// ends: stops `guard`'s heartbeat (once a renewal on its way has
+    /// landed), then locks the record's row in `conn`. Returns
+    /// [`Fenced::Stale`] when the lease is no longer current.
+    ///
+    /// Call it as the **first statement** of a transaction that ends with
+    /// [`PostgresStore::complete_in`]. At REPEATABLE READ and SERIALIZABLE
+    /// it is required: the transaction's snapshot is taken by its first
+    /// statement, and a heartbeat renewal committed after it would make
+    /// the completion fail with a serialization error. With the row
+    /// locked, nothing else writes it until the commit, and no other owner
+    /// can take the key over however long the transaction runs (a claim
+    /// waits for the commit, then finds DONE). At READ COMMITTED it is
+    /// optional and gives the same protection against a takeover.
+    ///
+    /// # Errors
+    /// A store error; the caller's transaction must then be rolled back.
+    pub async fn lock_in(
+        &self,
+        conn: &mut PgConnection,
+        guard: &mut LeaseGuard,
+    ) -> Result<Fenced, StoreError> {
+        guard.pause_heartbeat().await;
+        let lease = guard.lease();
+        let Some(fence) = fence_param(lease) else {
+            return Ok(Fenced::Stale);
+        };
+        let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.lock)))
+            .bind(lease.key.storage_id())
+            .bind(lease.token.to_be_bytes().to_vec())
+            .bind(fence)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(map_error)?;
+        applied(&row)
+    }
+
     /// PENDING → DONE **inside the caller's transaction**: the business
     /// writes made on `conn` and the DONE record commit or roll back together.
+    /// Begin the transaction with [`PostgresStore::lock_in`] (required at
+    /// REPEATABLE READ and SERIALIZABLE).
     ///
     /// Same contract as [`Store::complete`]; the DONE record (and its
     /// timeline entry) exists only once the caller commits. The row is
@@ -266,12 +307,16 @@ impl PostgresStore {
     /// another owner has (or will have) done the work.
     ///
     /// ```no_run
-    /// # async fn demo(store: idemgate_postgres::PostgresStore, lease: idemgate_engine::Lease,
+    /// # async fn demo(store: idemgate_postgres::PostgresStore, mut guard: idemgate_engine::LeaseGuard,
     /// #     attempt: idemgate_engine::Attempt) -> Result<(), Box<dyn std::error::Error>> {
-    /// let mut tx = store.pool().begin().await?;
+    /// use idemgate_engine::Fenced;
+    /// let mut tx = store.pool().begin_with("BEGIN ISOLATION LEVEL SERIALIZABLE").await?;
+    /// if store.lock_in(&mut tx, &mut guard).await? == Fenced::Stale {
+    ///     return Ok(()); // another owner has the key
+    /// }
     /// sqlx::query("INSERT INTO charges (amount) VALUES (5)").execute(&mut *tx).await?;
     /// let ttl = std::time::Duration::from_secs(86_400);
-    /// match store.complete_in(&mut tx, &lease, "ok".into(), ttl, &attempt).await? {
+    /// match store.complete_in(&mut tx, guard.lease(), "ok".into(), ttl, &attempt).await? {
     ///     idemgate_engine::Fenced::Applied => tx.commit().await?,
     ///     idemgate_engine::Fenced::Stale => tx.rollback().await?,
     /// }
