@@ -4,7 +4,9 @@
 //! unreachable while the upstream is generating, so the answer arrives
 //! while the completion cannot be written; the store comes back later.
 //! The client still gets its answer, the record ends DONE, the retry is a
-//! replay, and the upstream ran once.
+//! replay, and the upstream ran once. While the result is held, a retry on
+//! the same gateway, and a duplicate that was already waiting, get it from
+//! memory.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -85,9 +87,33 @@ async fn the_answer_survives_a_store_outage_when_it_arrives() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(reached, "the request never reached the upstream");
+    // A duplicate meets the key in flight and waits for it.
+    let waiter = {
+        let (client, base, key) = (client.clone(), base.clone(), key.clone());
+        tokio::spawn(async move { request(&client, &base, &key).send().await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
     proxy.set_refusing(true);
     proxy.cut().await;
-    tokio::time::sleep(Duration::from_millis(3000)).await;
+    // The answer arrives 1.5 s after the request reached the upstream and
+    // cannot be written: it is held. A retry now, with the store still
+    // down, is answered from memory at once.
+    tokio::time::sleep(Duration::from_millis(1800)).await;
+    let during = tokio::time::timeout(
+        Duration::from_millis(800),
+        request(&client, &base, &key).send(),
+    )
+    .await
+    .expect("a retry during the outage is answered from the held result")
+    .unwrap();
+    assert_eq!(during.status(), 200);
+    assert_eq!(replayed(&during).as_deref(), Some("true"));
+    let during_body = during.bytes().await.unwrap();
+    assert!(
+        waiter.is_finished(),
+        "the waiting duplicate was answered from the held result"
+    );
+    tokio::time::sleep(Duration::from_millis(1000)).await;
     assert!(
         !first.is_finished(),
         "the client was answered while the result could not be stored"
@@ -99,6 +125,11 @@ async fn the_answer_survives_a_store_outage_when_it_arrives() {
     assert_eq!(first.status(), 200);
     assert_eq!(replayed(&first).as_deref(), Some("false"));
     let first_body = first.bytes().await.unwrap();
+    assert_eq!(during_body, first_body, "the held result is the answer");
+    let waiter = waiter.await.unwrap().expect("the waiting duplicate");
+    assert_eq!(waiter.status(), 200);
+    assert_eq!(replayed(&waiter).as_deref(), Some("true"));
+    assert_eq!(waiter.bytes().await.unwrap(), first_body);
 
     let retry = request(&client, &base, &key).send().await.unwrap();
     assert_eq!(retry.status(), 200);

@@ -57,6 +57,7 @@
 //! releases the key, so the retry runs again instead of waiting for a TTL.
 
 pub mod config;
+mod held;
 pub mod key;
 mod latency;
 pub mod live;

@@ -7,6 +7,7 @@
 
 use axum::body::Body;
 use axum::response::Response;
+use bytes::Bytes;
 use http::{HeaderName, HeaderValue};
 use idemgate_engine::{Record, ScopedKey};
 
@@ -36,8 +37,19 @@ pub(crate) fn replay_stored(
     skip: usize,
     outcome: Outcome,
 ) -> Response {
-    let decoded = record
-        .payload()
+    replay_payload(shared, record.payload(), key, skip, outcome)
+}
+
+/// As [`replay_stored`], from an encoded result (a DONE record's payload,
+/// or a result held in memory).
+pub(crate) fn replay_payload(
+    shared: &Shared,
+    payload: Option<&Bytes>,
+    key: &ScopedKey,
+    skip: usize,
+    outcome: Outcome,
+) -> Response {
+    let decoded = payload
         .ok_or(DecodeError::Truncated)
         .and_then(StoredResponse::decode);
     match decoded {

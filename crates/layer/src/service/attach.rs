@@ -43,7 +43,14 @@ pub(super) async fn attach<S: Inner>(
     max: Duration,
 ) -> Response {
     let deadline = Instant::now() + max;
+    // The last look at the store failed: the store, not the owner, is what
+    // keeps this duplicate waiting.
+    let mut store_error: Option<idemgate_engine::StoreError> = None;
     loop {
+        if let Some(res) = keyed.answer_held(&shared, Outcome::Attached) {
+            inflight.note(AttemptOutcome::Attached, None).await;
+            return res;
+        }
         // Another process (or the instant before the owner registers):
         // look at the store in short slices, and at the registry between.
         let mut slice = Duration::from_millis(100);
@@ -73,9 +80,16 @@ pub(super) async fn attach<S: Inner>(
         }
         let remaining = deadline.saturating_duration_since(Instant::now());
         if remaining.is_zero() {
-            return conflict(&shared, &keyed, &inflight).await;
+            return match store_error {
+                Some(e) => store_failed(&shared, &keyed, &e),
+                None => conflict(&shared, &keyed, &inflight).await,
+            };
         }
-        match inflight.settled(slice.min(remaining)).await {
+        let looked = inflight.settled(slice.min(remaining)).await;
+        if looked.is_ok() {
+            store_error = None;
+        }
+        match looked {
             Ok(Settled::StillPending) => {}
             Ok(Settled::Done(record)) if record.fingerprint == keyed.fingerprint => {
                 inflight.note(AttemptOutcome::Attached, None).await;
@@ -93,7 +107,13 @@ pub(super) async fn attach<S: Inner>(
                     Err(e) => return store_failed(&shared, &keyed, &e),
                 }
             }
-            Err(e) => return store_failed(&shared, &keyed, &e),
+            // The owner may be holding its result through the same outage:
+            // keep waiting (the next turn looks at what it holds).
+            Err(e) => {
+                tracing::debug!(error = %e, "store failed while waiting; waiting on");
+                store_error = Some(e);
+                tokio::time::sleep(slice.min(remaining).min(Duration::from_millis(100))).await;
+            }
         }
     }
 }

@@ -21,7 +21,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use futures_util::future::Either;
 use http::{Request, StatusCode, header};
-use idemgate_engine::{Fenced, LeaseGuard, ScopedKey};
+use idemgate_engine::{Fenced, Fingerprint, LeaseGuard, ScopedKey};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -32,6 +32,7 @@ use super::inner::{self, Inner, OutcomeUnknown, RetryableFailure, SendSignal};
 use super::listeners::{Attachers, Client};
 use super::record::{Recorded, Recording, kept_headers};
 use crate::config::{CompletionClock, InflightMode, OutcomeUnknownMode, StreamDialect};
+use crate::held::Held;
 use crate::live::LiveStream;
 use crate::operations;
 use crate::outcome::{StreamJudge, StreamVerdict};
@@ -63,6 +64,7 @@ pub(super) async fn own<S: Inner>(
     let task = Detached {
         shared: Arc::clone(&shared),
         key: keyed.scoped.clone(),
+        fingerprint: keyed.fingerprint,
         client: Client::new(reply),
         attachers: Attachers::new(publisher),
         events: 0,
@@ -96,6 +98,8 @@ struct Detached {
     shared: Arc<Shared>,
     /// The key this execution owns (for the requests-per-key count).
     key: ScopedKey,
+    /// The request it runs, for a result held in memory.
+    fingerprint: Fingerprint,
     /// Where the owner's client stands.
     client: Client,
     /// Duplicates following the execution live.
@@ -425,8 +429,15 @@ impl Detached {
                 };
                 let outcome = match stored.encode() {
                     Ok(payload) => {
+                        let holding = Held {
+                            fingerprint: self.fingerprint,
+                            payload: payload.clone(),
+                        };
                         let held = |e: &idemgate_engine::StoreError| {
                             metrics.completion_held();
+                            // Retries on this replica are answered from here
+                            // until the write lands.
+                            shared.held.hold(&self.key, holding.clone());
                             tracing::warn!(
                                 key = %self.key.key,
                                 error = %e,
@@ -438,6 +449,7 @@ impl Detached {
                         } else {
                             guard.complete_or_hold(payload, status, held).await
                         };
+                        shared.held.drop_held(&self.key);
                         match written {
                             Ok(Fenced::Applied) if unknown => {
                                 tracing::info!(
