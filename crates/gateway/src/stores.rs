@@ -5,7 +5,7 @@
 //! |---|---|---|
 //! | `memory:` | [`MemoryStore`] | in-process (one replica only) |
 //! | `sqlite:PATH` | [`SqliteStore`](idemgate_sqlite::SqliteStore) | in-process |
-//! | `redis://host:port[/db][?prefix=P]` | [`RedisStore`] | Redis Streams ([`RedisLiveEvents`]) |
+//! | `redis://host:port[/db][?prefix=P&wait_replicas=auto\|N]` | [`RedisStore`] | Redis Streams ([`RedisLiveEvents`]) |
 //! | `redis+cluster://host:port[?prefix=P]` | [`RedisStore`] on a cluster (one seed node; the rest is discovered) | Redis Streams |
 //! | `postgres://user@host:port/db[?schema=S&pool=N]` | [`PostgresStore`] | in-process only: a duplicate on another replica waits for DONE, then replays the whole stream (or the events after its `Last-Event-ID`) |
 //!
@@ -30,7 +30,7 @@ use std::sync::Arc;
 use idemgate_engine::{Engine, MemoryStore, Store, StoreError};
 use idemgate_layer::{IdempotencyLayer, LayerConfig, LiveEvents};
 use idemgate_postgres::{PostgresOptions, PostgresStore};
-use idemgate_redis::{RedisOptions, RedisStore};
+use idemgate_redis::{RedisOptions, RedisStore, WaitReplicas};
 use idemgate_redis_live::{FanoutOptions, RedisLiveEvents};
 use idemgate_seal::{KeyRing, SealedStore};
 use idemgate_telemetry::Telemetry;
@@ -133,8 +133,17 @@ async fn open_backend(
             })
         }
         StoreUrl::Redis(u) | StoreUrl::RedisCluster(u) => {
-            let (driver_url, params) = split_params(u, &["prefix", "timeline"]);
+            let (driver_url, params) = split_params(u, &["prefix", "timeline", "wait_replicas"]);
             let mut opts = RedisOptions::default().background_timeline(background(url, &params)?);
+            if let Some(wanted) = param(&params, "wait_replicas") {
+                let wanted = WaitReplicas::parse(wanted).map_err(|e| {
+                    open_error(
+                        url,
+                        StoreError::new(idemgate_engine::StoreErrorKind::Rejected, "redis", e),
+                    )
+                })?;
+                opts = opts.wait_replicas(wanted);
+            }
             let mut fanout = FanoutOptions::default();
             if let Some(ring) = ring {
                 fanout = fanout.key_ring(ring);

@@ -22,6 +22,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, FromRedisValue, Pipeline, RedisError, ScriptInvocation};
 
 /// A connection to one node or to a cluster. Every kind is a cheap clone of
@@ -185,7 +186,15 @@ impl Conn {
                 ClusterClient::builder(nodes)
                     .connection_timeout(connection_timeout)
                     .response_timeout(response_timeout)
-                    .retries(2)
+                    // A failover answers MOVED, ASK, TRYAGAIN or CLUSTERDOWN,
+                    // or drops the dead master's connection, for about a
+                    // second: the client follows redirects and retries these
+                    // with backoff (50 ms doubling, at most 400 ms apart)
+                    // inside the store's operation bound.
+                    .retries(8)
+                    .min_retry_wait(50)
+                    .max_retry_wait(400)
+                    .retry_wait_formula(50, 2)
                     .build()?,
             )),
             None => Opener::Node(Box::new((
@@ -241,6 +250,38 @@ impl Conn {
         inv: &ScriptInvocation<'_>,
     ) -> Result<T, RedisError> {
         dispatch!(self, c => inv.invoke_async(c).await)
+    }
+}
+
+impl Conn {
+    /// Runs one command on the master serving `route` (a cluster), or on
+    /// the node (`None`, or not a cluster): for commands that must reach
+    /// the node a key's writes went to, such as `WAIT` after them.
+    ///
+    /// # Errors
+    /// The driver's error; see [`crate::map_error`].
+    pub async fn query_on_master(
+        &mut self,
+        cmd: &Cmd,
+        route: Option<Route>,
+    ) -> Result<redis::Value, RedisError> {
+        let Some(route) = route else {
+            return self.query(cmd).await;
+        };
+        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+        match self {
+            Self::Plain(c) => cmd.query_async(c).await,
+            Self::Cluster(c) => c.route_command(cmd.clone(), routing).await,
+            Self::Shared(shared) => {
+                let (generation, live) = shared.live().await?;
+                let result = match live {
+                    Live::Node(mut conn) => cmd.query_async(&mut conn).await,
+                    Live::Cluster(mut conn) => conn.route_command(cmd.clone(), routing).await,
+                };
+                shared.check(generation, &result);
+                result
+            }
+        }
     }
 }
 

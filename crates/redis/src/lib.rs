@@ -19,6 +19,8 @@
 //!   opened, and how commands, pipelines and scripts run on it.
 //! - `error`: [`map_error`], the one mapping from driver errors to
 //!   `StoreError` kinds.
+//! - `replication`: `WAIT` for replicas before a DONE record counts as
+//!   written ([`WaitReplicas`]).
 //!
 //! [`Conn`], [`map_error`] and [`hash_tag`] are public because the live
 //! event streams (`idemgate-redis-live`) run on the same connection type,
@@ -46,10 +48,12 @@
 
 mod conn;
 mod error;
+mod replication;
 mod scripts;
 pub mod store;
 mod timeline;
 
 pub use conn::{Conn, cluster_nodes};
 pub use error::{BACKEND, map_error};
+pub use replication::WaitReplicas;
 pub use store::{RedisOptions, RedisStore, hash_tag};

@@ -20,6 +20,7 @@ use sha2::{Digest, Sha256};
 
 use crate::conn::Conn;
 use crate::error::{BACKEND, corrupt, map_error};
+use crate::replication::{self, ReplicaCounts, WaitReplicas};
 use crate::scripts::Scripts;
 use crate::timeline::{Entry, TimelineWriter};
 
@@ -46,6 +47,13 @@ pub struct RedisOptions {
     /// (default true), so that a replay costs one round trip instead of two.
     /// Such entries are best effort either way.
     pub background_timeline: bool,
+    /// How many replicas must acknowledge a DONE record before it counts
+    /// as written (default [`WaitReplicas::Auto`]: 1 when the master
+    /// reports a connected replica). See the `replication` module.
+    pub wait_replicas: WaitReplicas,
+    /// How long a completion waits for those acknowledgements (default
+    /// 500 ms) before it is reported as not written yet.
+    pub wait_timeout: Duration,
 }
 
 impl Default for RedisOptions {
@@ -57,6 +65,8 @@ impl Default for RedisOptions {
             operation_timeout: Duration::from_millis(1500),
             fence_memory: Duration::from_secs(7 * 24 * 3600),
             background_timeline: true,
+            wait_replicas: WaitReplicas::Auto,
+            wait_timeout: Duration::from_millis(500),
         }
     }
 }
@@ -92,6 +102,18 @@ impl RedisOptions {
         self
     }
 
+    /// Sets how many replicas must acknowledge a DONE record.
+    pub fn wait_replicas(mut self, wanted: WaitReplicas) -> Self {
+        self.wait_replicas = wanted;
+        self
+    }
+
+    /// Sets how long a completion waits for its replicas.
+    pub fn wait_timeout(mut self, timeout: Duration) -> Self {
+        self.wait_timeout = timeout;
+        self
+    }
+
     /// Sets whether timeline entries of replays and conflicts are written in
     /// the background.
     pub fn background_timeline(mut self, on: bool) -> Self {
@@ -119,6 +141,8 @@ pub struct RedisStore {
     notify: std::sync::Arc<KeyedNotify>,
     /// Background writer of timeline entries that change no record.
     timeline: Option<std::sync::Arc<TimelineWriter>>,
+    /// What the masters said about their replicas, recently.
+    replicas: std::sync::Arc<ReplicaCounts>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -187,6 +211,7 @@ impl RedisStore {
             opts,
             scripts,
             notify: std::sync::Arc::new(KeyedNotify::new()),
+            replicas: std::sync::Arc::default(),
             timeline,
         })
     }
@@ -419,12 +444,27 @@ impl Store for RedisStore {
                         .arg(MAX_TIMELINE),
                 )
                 .await?;
-            if applied == 1 {
-                self.notify.notify(&lease.key.storage_id());
-                Ok(Fenced::Applied)
-            } else {
-                Ok(Fenced::Stale)
+            if applied != 1 {
+                return Ok(Fenced::Stale);
             }
+            // Written on the master; trusted once replicated (a retry of
+            // this completion finds its own DONE and waits again).
+            let mut conn = self.conn.clone();
+            let waited = replication::wait_for_replicas(
+                &mut conn,
+                &self.replicas,
+                self.opts.wait_replicas,
+                &k.rec,
+                self.opts.wait_timeout,
+            );
+            match tokio::time::timeout(self.opts.operation_timeout + self.opts.wait_timeout, waited)
+                .await
+            {
+                Ok(r) => r?,
+                Err(_) => return Err(timed_out("wait for replicas")),
+            }
+            self.notify.notify(&lease.key.storage_id());
+            Ok(Fenced::Applied)
         })
     }
 

@@ -88,11 +88,27 @@ pub struct Server {
     dir: PathBuf,
     cluster: bool,
     child: Option<std::process::Child>,
+    /// Extra `redis-server` arguments (e.g. `--replicaof`).
+    extra: Vec<String>,
 }
 
 impl Server {
     /// Starts a server in a fresh directory under `root`.
     pub fn start(root: &Path, cluster: bool) -> Self {
+        Self::start_with(root, cluster, &[])
+    }
+
+    /// A replica of the server on `master`.
+    pub fn replica_of(root: &Path, master: u16) -> Self {
+        Self::start_with(
+            root,
+            false,
+            &["--replicaof", "127.0.0.1", &master.to_string()],
+        )
+    }
+
+    /// Starts a server with extra arguments.
+    pub fn start_with(root: &Path, cluster: bool, extra: &[&str]) -> Self {
         require(
             "redis-server",
             Command::new("redis-server")
@@ -108,6 +124,7 @@ impl Server {
             dir,
             cluster,
             child: None,
+            extra: extra.iter().map(|a| (*a).to_owned()).collect(),
         };
         s.restart();
         s
@@ -149,6 +166,7 @@ impl Server {
                 .map(String::from),
             );
         }
+        args.extend(self.extra.iter().cloned());
         let child = Command::new("redis-server")
             .args(&args)
             .stdout(Stdio::null())
@@ -192,6 +210,42 @@ impl Server {
         }
     }
 
+    /// Freezes the process (SIGSTOP): it holds its connections and answers
+    /// nothing, as a stalled host does.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws a paused process (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        if let Some(child) = &self.child {
+            let ok = Command::new("kill")
+                .args([sig, &child.id().to_string()])
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "kill {sig} failed");
+        }
+    }
+
+    /// A field of `INFO replication`, e.g. `connected_slaves`.
+    pub fn replication(&self, field: &str) -> Option<String> {
+        let info = redis_cli(self.port, &["info", "replication"])?;
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("{field}:")))
+            .map(|v| v.trim().to_owned())
+    }
+
+    /// Waits until `INFO replication` has `field:value`.
+    pub fn wait_replication(&self, field: &str, value: &str) {
+        wait_until(&format!("{field}:{value}"), Duration::from_secs(20), || {
+            self.replication(field).as_deref() == Some(value)
+        });
+    }
+
     /// Summed `calls` of the given commands in `INFO commandstats`.
     pub fn calls(&self, commands: &[&str]) -> u64 {
         self.calls_where(|name| commands.contains(&name))
@@ -223,7 +277,7 @@ impl Server {
 }
 
 /// Keeps temp dirs alive for the process (statics are never dropped).
-fn temp_root() -> &'static Path {
+pub fn temp_root() -> &'static Path {
     static ROOT: OnceLock<tempfile::TempDir> = OnceLock::new();
     ROOT.get_or_init(|| tempfile::tempdir().unwrap()).path()
 }

@@ -1,0 +1,132 @@
+//! A DONE record counts as written only once a replica has it: a private
+//! master and replica (`--replicaof`), the replica frozen with SIGSTOP as
+//! a stalled host would be.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use idemgate_engine::{
+    Attempt, AttemptOutcome, Claim, ClientKey, Fenced, Fingerprint, Lease, ScopedKey, Store,
+    StoreErrorKind,
+};
+use idemgate_redis::{RedisStore, WaitReplicas};
+use support::{Server, options, temp_root};
+
+const TTL: Duration = Duration::from_secs(30);
+
+fn key(name: &str) -> ScopedKey {
+    let k = format!("{name}-{:08x}", rand::random::<u32>());
+    ScopedKey::new("tenant", "replication", ClientKey::parse(&k).unwrap())
+}
+
+fn done() -> Attempt {
+    Attempt {
+        at_ms: idemgate_engine::record::now_ms(),
+        replica: "test".into(),
+        outcome: AttemptOutcome::Executed,
+        status: Some(200),
+        latency_us: 1,
+    }
+}
+
+async fn claim(store: &RedisStore, key: &ScopedKey) -> Lease {
+    let fp = Fingerprint::of_value(&serde_json::json!({"q": 1})).unwrap();
+    match store.claim(key, &fp, TTL).await.unwrap() {
+        Claim::Acquired(lease) => lease,
+        Claim::Existing(r) => panic!("expected to acquire, found {r:?}"),
+    }
+}
+
+async fn store(server: &Server, wanted: WaitReplicas) -> RedisStore {
+    RedisStore::connect_with(
+        &server.url(),
+        options()
+            .wait_replicas(wanted)
+            .wait_timeout(Duration::from_millis(300)),
+    )
+    .await
+    .unwrap()
+}
+
+fn pair() -> (Server, Server) {
+    let master = Server::start(temp_root(), false);
+    let replica = Server::replica_of(temp_root(), master.port);
+    master.wait_replication("connected_slaves", "1");
+    replica.wait_replication("master_link_status", "up");
+    (master, replica)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_done_record_waits_for_its_replica() {
+    let (mut master, mut replica) = pair();
+    let store = store(&master, WaitReplicas::Auto).await;
+    let on_replica = RedisStore::connect_with(&replica.url(), options())
+        .await
+        .unwrap();
+
+    // Acknowledged: the replica has it the moment complete returns.
+    let k = key("acked");
+    let lease = claim(&store, &k).await;
+    let w = store
+        .complete(&lease, Bytes::from_static(b"answer"), TTL, &done())
+        .await
+        .unwrap();
+    assert_eq!(w, Fenced::Applied);
+    let copy = on_replica.get(&k).await.unwrap().expect("on the replica");
+    assert!(copy.is_done());
+    assert!(master.calls(&["wait"]) >= 1);
+
+    // The replica stalls: the DONE is written on the master but not
+    // acknowledged, so it is not trusted (a temporary error the owner holds
+    // its result through).
+    let k = key("stalled");
+    let lease = claim(&store, &k).await;
+    replica.pause();
+    let err = store
+        .complete(&lease, Bytes::from_static(b"answer"), TTL, &done())
+        .await
+        .expect_err("an unacknowledged DONE is not trusted");
+    assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
+    assert!(err.to_string().contains("replica"), "{err}");
+    // Thawed, the owner's retry of the same completion is acknowledged.
+    replica.resume();
+    let w = store
+        .complete(&lease, Bytes::from_static(b"answer"), TTL, &done())
+        .await
+        .unwrap();
+    assert_eq!(w, Fenced::Applied);
+    let copy = on_replica.get(&k).await.unwrap().expect("on the replica");
+    assert_eq!(copy.payload().unwrap().as_ref(), b"answer");
+
+    replica.stop();
+    master.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_replicas_waits_for_none_unless_told() {
+    let mut node = Server::start(temp_root(), false);
+    let auto = store(&node, WaitReplicas::Auto).await;
+    let k = key("alone");
+    let lease = claim(&auto, &k).await;
+    let w = auto
+        .complete(&lease, Bytes::from_static(b"answer"), TTL, &done())
+        .await
+        .unwrap();
+    assert_eq!(w, Fenced::Applied);
+    assert_eq!(node.calls(&["wait"]), 0, "no replica, no WAIT");
+
+    // Told to wait for one replica that does not exist: never trusted.
+    let one = store(&node, WaitReplicas::Count(1)).await;
+    let k = key("told");
+    let lease = claim(&one, &k).await;
+    let err = one
+        .complete(&lease, Bytes::from_static(b"answer"), TTL, &done())
+        .await
+        .expect_err("no replica acknowledged");
+    assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
+    node.stop();
+}
