@@ -18,6 +18,9 @@ use crate::ConfigArgs;
 /// Exit status when the configuration cannot be used at all.
 const EXIT_INVALID: u8 = 2;
 
+/// How long the store's server has to answer `check`'s question.
+const STORE_QUESTION: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// Flags of `idemgate check`.
 #[derive(Debug, Args)]
 pub(crate) struct CheckArgs {
@@ -52,7 +55,22 @@ pub(crate) fn run(args: &CheckArgs) -> ExitCode {
             return ExitCode::from(EXIT_INVALID);
         }
     };
-    let findings = idemgate_gateway::plan::findings(&config);
+    let mut findings = idemgate_gateway::plan::findings(&config);
+    // What only the store's server can tell (PostgreSQL's synchronous
+    // standbys), asked within a few seconds.
+    let asked = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map(|rt| {
+            rt.block_on(idemgate_gateway::plan::store_findings(
+                &config,
+                STORE_QUESTION,
+            ))
+        });
+    match asked {
+        Ok(more) => findings.extend(more),
+        Err(e) => eprintln!("idemgate check: the store was not asked: {e}"),
+    }
     let source = match &args.config.config {
         Some(p) => p.display().to_string(),
         None => "no file (defaults, IDEMGATE_* and flags)".to_owned(),

@@ -5,12 +5,13 @@
 //! The mapping states what the gateway will really do with each route: the
 //! lease and its heartbeat (`pending_ttl / 3`, as the engine renews), the
 //! layered timeouts, the key source, the store, the store-error mode. The
-//! only I/O is reading the deployed alert rules file.
+//! only I/O is reading the deployed alert rules file, and, in
+//! [`store_findings`], one question to a PostgreSQL store's server.
 
 use std::path::Path;
 
 use idemgate_check::{
-    AlertRules, Encryption, Finding, KeyPart, KeyPlan, Plan, RoutePlan, StoreKind,
+    AlertRules, Encryption, Finding, KeyPart, KeyPlan, Plan, RoutePlan, Severity, StoreKind,
 };
 
 use idemgate_layer::{DerivePart, KeyMode, StoreErrorMode};
@@ -41,6 +42,57 @@ pub fn plan(config: &GatewayConfig) -> Plan {
 /// The checklist's findings for `config`, errors first.
 pub fn findings(config: &GatewayConfig) -> Vec<Finding> {
     idemgate_check::check(&plan(config))
+}
+
+/// Findings only the store's server can give: whether a PostgreSQL store
+/// of a charging route keeps a committed DONE across a failover (a
+/// synchronous standby). Asks the server once, within `timeout`; nothing
+/// is written. Other stores give none.
+pub async fn store_findings(config: &GatewayConfig, timeout: std::time::Duration) -> Vec<Finding> {
+    let StoreUrl::Postgres(url) = &config.store else {
+        return Vec::new();
+    };
+    let charging: Vec<&str> = config
+        .routes
+        .iter()
+        .filter(|r| r.charges)
+        .map(|r| r.id.as_str())
+        .collect();
+    if charging.is_empty() {
+        return Vec::new();
+    }
+    let fix = "set synchronous_standby_names on the primary (with at least one standby) and keep \
+               synchronous_commit = on or remote_apply; otherwise a failover can lose answers \
+               the store acknowledged"
+        .to_owned();
+    let routes = charging.join(", ");
+    match idemgate_postgres::replication_settings(&crate::stores::postgres_driver_url(url), timeout)
+        .await
+    {
+        Ok(s) if s.commits_survive_failover() => Vec::new(),
+        Ok(s) => vec![Finding {
+            rule: "postgres-async-replication",
+            severity: Severity::Warning,
+            route: None,
+            message: format!(
+                "charging route(s) {routes} use a PostgreSQL server without a synchronous \
+                 standby (synchronous_standby_names = {:?}, synchronous_commit = {}): a \
+                 failover can lose a DONE record, and its retry would run again",
+                s.synchronous_standby_names, s.synchronous_commit
+            ),
+            fix,
+        }],
+        Err(e) => vec![Finding {
+            rule: "postgres-async-replication",
+            severity: Severity::Info,
+            route: None,
+            message: format!(
+                "could not ask the PostgreSQL server whether it has a synchronous standby \
+                 ({e}); charging route(s) {routes} need one to keep answers across a failover"
+            ),
+            fix,
+        }],
+    }
 }
 
 /// The findings that stop [`serve()`](crate::serve()) ([`REFUSED_AT_START`]).

@@ -165,7 +165,7 @@ async fn open_backend(
             })
         }
         StoreUrl::Postgres(u) => {
-            let (driver_url, params) = split_params(u, &["schema", "pool", "timeline"]);
+            let (driver_url, params) = split_params(u, POSTGRES_PARAMS);
             let mut opts =
                 PostgresOptions::default().background_timeline(background(url, &params)?);
             if let Some(schema) = param(&params, "schema") {
@@ -195,6 +195,14 @@ async fn open_backend(
         }
     }
 }
+
+/// The URL the PostgreSQL driver is given: without the store's own
+/// parameters (`schema`, `pool`, `timeline`).
+pub(crate) fn postgres_driver_url(url: &Url) -> String {
+    split_params(url, POSTGRES_PARAMS).0
+}
+
+const POSTGRES_PARAMS: &[&str] = &["schema", "pool", "timeline"];
 
 /// The URL without the query parameters in `ours`, and those parameters.
 fn split_params(url: &Url, ours: &[&str]) -> (String, Vec<(String, String)>) {

@@ -45,10 +45,12 @@
 mod error;
 mod ops;
 mod options;
+mod replication;
 mod rows;
 mod sql;
 pub mod store;
 mod timeline;
 
 pub use options::PostgresOptions;
+pub use replication::{ReplicationSettings, replication_settings};
 pub use store::PostgresStore;
