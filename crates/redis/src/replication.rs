@@ -14,7 +14,12 @@
 //! `n` comes from the store URL (`wait_replicas=N`), or by default from the
 //! master itself: 1 when it reports a connected replica, 0 (no wait) when
 //! it has none, so a single development node pays nothing. What the master
-//! reports is cached for a second.
+//! reports is cached for a second. A replica that stalls or dies is exactly
+//! when a master stops reporting it, and exactly when a DONE must not be
+//! trusted unreplicated: so once a master has been seen with a replica, 1
+//! is kept for [`REPLICA_REMEMBERED_FOR`] after it was last seen. A master
+//! that really lost its replicas for good waits (and holds results) for
+//! that long, then trusts itself alone.
 //!
 //! `WAIT` blocks the connection it is sent on until the replicas answer,
 //! and the store's connection is shared: a slow replica delays the other
@@ -34,7 +39,8 @@ use crate::error::BACKEND;
 /// How many replicas must acknowledge a DONE record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WaitReplicas {
-    /// 1 when the master reports a connected replica, else 0.
+    /// 1 when the master reports a connected replica (or did within
+    /// [`REPLICA_REMEMBERED_FOR`]), else 0.
     Auto,
     /// Exactly this many (0: never wait).
     Count(u32),
@@ -58,32 +64,71 @@ impl WaitReplicas {
 /// How long what a master said about its replicas is trusted.
 const REPLICAS_SEEN_FOR: Duration = Duration::from_secs(1);
 
-/// What the masters reported about their replicas, by the key's
-/// route asked for (`None`: a single node).
+/// How long a master once seen with a replica is still expected to have
+/// one.
+pub const REPLICA_REMEMBERED_FOR: Duration = Duration::from_secs(60);
+
+/// What the masters reported about their replicas, by the key's route
+/// (`None`: a single node): the count wanted, when it was asked, and when
+/// a replica was last seen.
 #[derive(Debug, Default)]
-pub(crate) struct ReplicaCounts(Mutex<Vec<(Option<Route>, u32, Instant)>>);
+pub(crate) struct ReplicaCounts(Mutex<Vec<Seen>>);
+
+#[derive(Debug)]
+struct Seen {
+    route: Option<Route>,
+    wanted: u32,
+    asked: Instant,
+    replica_seen: Option<Instant>,
+}
 
 impl ReplicaCounts {
-    fn cached(&self, slot: Option<Route>) -> Option<u32> {
-        let now = Instant::now();
-        let mut seen = self
-            .0
+    fn seen(&self) -> std::sync::MutexGuard<'_, Vec<Seen>> {
+        self.0
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        seen.retain(|(_, _, at)| now.duration_since(*at) < REPLICAS_SEEN_FOR);
-        seen.iter().find(|(s, _, _)| *s == slot).map(|(_, n, _)| *n)
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn note(&self, slot: Option<Route>, n: u32) {
-        let mut seen = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        // Bounded: a cluster has at most a few hundred masters, and an entry
-        // per slot asked lives a second.
-        if seen.len() < 1024 {
-            seen.push((slot, n, Instant::now()));
+    fn cached(&self, route: Option<Route>) -> Option<u32> {
+        let now = Instant::now();
+        let mut seen = self.seen();
+        // Forget what nobody needs remembered: an answer past its second
+        // whose replica (if any) is past remembering.
+        seen.retain(|s| {
+            now.duration_since(s.asked) < REPLICAS_SEEN_FOR
+                || s.replica_seen
+                    .is_some_and(|at| now.duration_since(at) < REPLICA_REMEMBERED_FOR)
+        });
+        seen.iter()
+            .find(|s| s.route == route && now.duration_since(s.asked) < REPLICAS_SEEN_FOR)
+            .map(|s| s.wanted)
+    }
+
+    /// Notes that the master of `route` reports `replicas` now; returns the
+    /// count to wait for.
+    fn note(&self, route: Option<Route>, replicas: usize) -> u32 {
+        let now = Instant::now();
+        let mut seen = self.seen();
+        let remembered = seen
+            .iter()
+            .filter(|s| s.route == route)
+            .filter_map(|s| s.replica_seen)
+            .max()
+            .filter(|at| now.duration_since(*at) < REPLICA_REMEMBERED_FOR);
+        let replica_seen = if replicas > 0 { Some(now) } else { remembered };
+        let wanted = u32::from(replica_seen.is_some());
+        seen.retain(|s| s.route != route);
+        // Bounded: an entry per route asked (a few per cluster slot in use)
+        // lives at most a minute.
+        if seen.len() < 4096 {
+            seen.push(Seen {
+                route,
+                wanted,
+                asked: now,
+                replica_seen,
+            });
         }
+        wanted
     }
 }
 
@@ -112,9 +157,7 @@ pub(crate) async fn wait_for_replicas(
                     .query_on_master(&redis::cmd("ROLE"), slot)
                     .await
                     .map_err(crate::map_error)?;
-                let n = u32::from(connected_replicas(&role) > 0);
-                counts.note(slot, n);
-                n
+                counts.note(slot, connected_replicas(&role))
             }
         },
     };
@@ -173,6 +216,21 @@ mod tests {
             let e = WaitReplicas::parse(bad).expect_err(bad);
             assert!(e.contains("wait_replicas"), "{e}");
         }
+    }
+
+    #[test]
+    fn a_replica_once_seen_is_still_waited_for_after_it_vanishes() {
+        let counts = ReplicaCounts::default();
+        let a = Some(Route::with_key("a", SlotAddr::Master));
+        let b = Some(Route::with_key("zz", SlotAddr::Master));
+        assert_eq!(counts.note(None, 0), 0, "a lone node waits for none");
+        assert_eq!(counts.note(a, 2), 1);
+        assert_eq!(counts.cached(a), Some(1));
+        // The master stops reporting it (stalled, dead): still waited for.
+        assert_eq!(counts.note(a, 0), 1);
+        // Another master never had one.
+        assert_eq!(counts.note(b, 0), 0);
+        assert_eq!(counts.cached(b), Some(0));
     }
 
     #[test]

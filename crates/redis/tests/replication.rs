@@ -102,7 +102,18 @@ async fn a_done_record_waits_for_its_replica() {
     let copy = on_replica.get(&k).await.unwrap().expect("on the replica");
     assert_eq!(copy.payload().unwrap().as_ref(), b"answer");
 
+    // The replica dies: the master stops reporting it at once, and that is
+    // exactly when an unreplicated DONE must not be trusted.
     replica.stop();
+    master.wait_replication("connected_slaves", "0");
+    tokio::time::sleep(Duration::from_millis(1100)).await; // past the cached ROLE
+    let k = key("orphaned");
+    let lease = claim(&store, &k).await;
+    let err = store
+        .complete(&lease, Bytes::from_static(b"answer"), TTL, &done())
+        .await
+        .expect_err("a replica seen a moment ago is still waited for");
+    assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
     master.stop();
 }
 
