@@ -55,5 +55,5 @@ mod timeline;
 
 pub use conn::{Conn, cluster_nodes};
 pub use error::{BACKEND, map_error};
-pub use replication::WaitReplicas;
+pub use replication::{REPLICA_REMEMBERED_FOR, WaitReplicas};
 pub use store::{RedisOptions, RedisStore, hash_tag};
