@@ -9,5 +9,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/services.sh
-IDEMGATE_SOAK_KEYS=${1:-10000} cargo test -q -p idemgate --test replicas soak -- \
+SOAK_KEYS=${1:-10000} cargo test -q -p idemgate --test replicas soak -- \
   --nocapture --test-threads 1 2>&1 | grep -E "^soak |test result|panicked|FAILED"

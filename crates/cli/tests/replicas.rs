@@ -294,7 +294,7 @@ async fn postgres_duplicates_split_between_two_processes_execute_once() {
     drop_schema(&postgres_url(), &schema).await;
 }
 
-/// The soak: `IDEMGATE_SOAK_KEYS` fresh keys (default 60), each sent as 8
+/// The soak: `SOAK_KEYS` fresh keys (default 60), each sent as 8
 /// concurrent duplicates spread over two replicas, 16 keys at a time,
 /// alternating wait/attach and JSON/SSE. Every key runs upstream exactly
 /// once and every answer of a key is identical. `scripts/soak.sh` runs it
@@ -302,7 +302,7 @@ async fn postgres_duplicates_split_between_two_processes_execute_once() {
 async fn soak(store: &str) {
     const DUPLICATES: usize = 8;
     const KEYS_AT_ONCE: usize = 16;
-    let keys: usize = std::env::var("IDEMGATE_SOAK_KEYS")
+    let keys: usize = std::env::var("SOAK_KEYS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(60);
