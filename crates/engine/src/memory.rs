@@ -253,6 +253,7 @@ impl Store for MemoryStore {
                 token: Lease::new_token(),
                 fence: entry.fence,
                 expires_at_ms: now.saturating_add(ms(pending_ttl)),
+                fingerprint: *fingerprint,
             };
             entry.record = Some(Slot {
                 fingerprint: *fingerprint,

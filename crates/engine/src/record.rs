@@ -61,6 +61,10 @@ pub struct Lease {
     pub fence: u64,
     /// When the lease lapses unless renewed (ms since epoch).
     pub expires_at_ms: u64,
+    /// The fingerprint of the request claimed, so a store can write the
+    /// DONE record again if the PENDING one vanished (lost in a failover,
+    /// or expired and taken by nobody).
+    pub fingerprint: Fingerprint,
 }
 
 impl std::fmt::Debug for Lease {

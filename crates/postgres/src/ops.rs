@@ -50,6 +50,7 @@ impl Store for PostgresStore {
                         token,
                         fence: to_u64(row.try_get("fence").map_err(map_error)?, "fence")?,
                         expires_at_ms: to_u64(row.try_get("exp_ms").map_err(map_error)?, "expiry")?,
+                        fingerprint: *fingerprint,
                     }));
                 }
                 return Ok(Claim::Existing(decode_record(&row)?));

@@ -72,41 +72,74 @@ redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return es
 ";
 
-/// PENDING → DONE. KEYS: record, timeline. ARGV: token, fence, payload,
-/// done_ttl ms, attempt JSON, timeline max. Returns 1 if applied, 0 if stale.
+/// PENDING → DONE. KEYS: record, timeline, fence counter. ARGV: token,
+/// fence, payload, done_ttl ms, attempt JSON, timeline max, fingerprint,
+/// fence memory ms. Returns 1 if applied, 0 if stale.
 ///
 /// The DONE record keeps the owner's token and fence, so that a retry of a
 /// complete whose reply was lost is recognised: the same lease and the same
 /// payload on the DONE record it wrote return 1 without writing again.
+///
+/// A record that vanished (lost in a failover to a replica that never had
+/// it, or expired and claimed by nobody) is written again as DONE: no other
+/// owner holds the key, and the work this lease did stands, so its retry
+/// replays instead of running twice. Not after a newer claim or a forget:
+/// both leave the fence counter above this lease's fence.
 const COMPLETE: &str = r"
 local cur = redis.call('HMGET', KEYS[1], 'st', 'tok', 'fence', 'body')
 if cur[1] == 'D' and cur[2] == ARGV[1] and cur[3] == ARGV[2] and cur[4] == ARGV[3] then
   return 1
 end
-if not (cur[1] == 'P' and cur[2] == ARGV[1] and cur[3] == ARGV[2]) then return 0 end
 local ttl = tonumber(ARGV[4])
 local es = string.format('%.0f', now_ms() + ttl)
+if not cur[1] then
+  local last = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
+  if last > tonumber(ARGV[2]) then return 0 end
+  redis.call('HSET', KEYS[1], 'st', 'D', 'fp', ARGV[7], 'tok', ARGV[1], 'fence', ARGV[2],
+    'exp', es, 'body', ARGV[3])
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  if last < tonumber(ARGV[2]) then
+    redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[8])
+  end
+  push(KEYS[2], ARGV[5], ARGV[6], ttl)
+  return 1
+end
+if not (cur[1] == 'P' and cur[2] == ARGV[1] and cur[3] == ARGV[2]) then return 0 end
 redis.call('HSET', KEYS[1], 'st', 'D', 'exp', es, 'body', ARGV[3])
 redis.call('PEXPIRE', KEYS[1], ttl)
 push(KEYS[2], ARGV[5], ARGV[6], ttl)
 return 1
 ";
 
-/// PENDING → absent. KEYS: record, timeline. ARGV: token, fence, attempt
-/// JSON, timeline max, timeline ttl ms. Returns 1 if applied, 0 if stale.
+/// PENDING → absent. KEYS: record, timeline, fence counter. ARGV: token,
+/// fence, attempt JSON, timeline max, timeline ttl ms, fence memory ms.
+/// Returns 1 if applied, 0 if stale. The fence counter is raised past the
+/// lease's fence: the owner gave the key up, so its own complete must not
+/// write the record again.
 const RELEASE: &str = r"
 if not owned(KEYS[1], ARGV[1], ARGV[2]) then return 0 end
 redis.call('DEL', KEYS[1])
+local fence = tonumber(ARGV[2])
+if (tonumber(redis.call('GET', KEYS[3]) or '0') or 0) <= fence then
+  redis.call('SET', KEYS[3], string.format('%.0f', fence + 1), 'PX', ARGV[6])
+end
 push(KEYS[2], ARGV[3], ARGV[4], ARGV[5])
 return 1
 ";
 
-/// Any state → absent (an operator's forget). KEYS: record, timeline.
-/// ARGV: attempt JSON, timeline max, timeline ttl ms. Returns 1 if there was
-/// a record, 0 otherwise. The fence counter key stays, so the next claim
-/// still gets a greater fence.
+/// Any state → absent (an operator's forget). KEYS: record, timeline,
+/// fence counter. ARGV: attempt JSON, timeline max, timeline ttl ms, fence
+/// memory ms. Returns 1 if there was a record, 0 otherwise. The fence
+/// counter is raised past the record's fence, so the next claim gets a
+/// greater fence and the forgotten owner's complete cannot write the
+/// record again.
 const FORGET: &str = r"
+local fence = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0') or 0
 if redis.call('DEL', KEYS[1]) == 0 then return 0 end
+local last = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
+if last <= fence then
+  redis.call('SET', KEYS[3], string.format('%.0f', fence + 1), 'PX', ARGV[4])
+end
 push(KEYS[2], ARGV[1], ARGV[2], ARGV[3])
 return 1
 ";

@@ -382,6 +382,7 @@ impl Store for RedisStore {
                     fence: as_u64(fence).ok_or_else(|| corrupt("claim fence is not a number"))?,
                     expires_at_ms: as_u64(exp)
                         .ok_or_else(|| corrupt("claim expiry is not a number"))?,
+                    fingerprint: *fingerprint,
                 })),
                 Some((Value::Int(0), fields)) => match decode_record(fields)? {
                     Some(record) => Ok(Claim::Existing(record)),
@@ -436,12 +437,15 @@ impl Store for RedisStore {
                         .complete
                         .key(&k.rec)
                         .key(&k.tl)
+                        .key(&k.fence)
                         .arg(token_hex(lease.token))
                         .arg(lease.fence)
                         .arg(&payload[..])
                         .arg(ttl_ms(done_ttl))
                         .arg(attempt_json(attempt)?)
-                        .arg(MAX_TIMELINE),
+                        .arg(MAX_TIMELINE)
+                        .arg(&lease.fingerprint.0[..])
+                        .arg(ttl_ms(self.opts.fence_memory)),
                 )
                 .await?;
             if applied != 1 {
@@ -483,11 +487,13 @@ impl Store for RedisStore {
                         .release
                         .key(&k.rec)
                         .key(&k.tl)
+                        .key(&k.fence)
                         .arg(token_hex(lease.token))
                         .arg(lease.fence)
                         .arg(attempt_json(attempt)?)
                         .arg(MAX_TIMELINE)
-                        .arg(ttl_ms(timeline_ttl)),
+                        .arg(ttl_ms(timeline_ttl))
+                        .arg(ttl_ms(self.opts.fence_memory)),
                 )
                 .await?;
             if applied == 1 {
@@ -514,9 +520,11 @@ impl Store for RedisStore {
                         .forget
                         .key(&k.rec)
                         .key(&k.tl)
+                        .key(&k.fence)
                         .arg(attempt_json(attempt)?)
                         .arg(MAX_TIMELINE)
-                        .arg(ttl_ms(timeline_ttl)),
+                        .arg(ttl_ms(timeline_ttl))
+                        .arg(ttl_ms(self.opts.fence_memory)),
                 )
                 .await?;
             if removed == 1 {

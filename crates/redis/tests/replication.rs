@@ -141,3 +141,57 @@ async fn a_node_without_replicas_waits_for_none_unless_told() {
     assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
     node.stop();
 }
+
+/// A PENDING record that vanished — lost in a failover to a replica that
+/// never had it, or expired and claimed by nobody — is written again as
+/// DONE by its owner's completion: no other owner holds the key, so the
+/// retry replays instead of running the work twice. Not after a newer
+/// claim, a release or a forget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vanished_record_is_written_again_by_its_owner() {
+    let mut node = Server::start(temp_root(), false);
+    let store = store(&node, WaitReplicas::Auto).await;
+    let k = key("vanished");
+    let lease = claim(&store, &k).await;
+    // What a promoted replica that never had the claim looks like.
+    let tag = idemgate_redis::hash_tag(&k);
+    let prefix = options().prefix;
+    let deleted = std::process::Command::new("redis-cli")
+        .args(["-p", &node.port.to_string(), "del"])
+        .arg(format!("{prefix}:{tag}:rec"))
+        .arg(format!("{prefix}:{tag}:fence"))
+        .output()
+        .unwrap();
+    assert!(deleted.status.success());
+    assert_eq!(store.get(&k).await.unwrap(), None);
+    let w = store
+        .complete(&lease, Bytes::from_static(b"answer"), TTL, &done())
+        .await
+        .unwrap();
+    assert_eq!(w, Fenced::Applied);
+    let rec = store.get(&k).await.unwrap().expect("DONE again");
+    assert!(rec.is_done());
+    assert_eq!(rec.fingerprint, lease.fingerprint);
+    // A later claim finds it and does not run again.
+    let fp = lease.fingerprint;
+    assert!(matches!(
+        store.claim(&k, &fp, TTL).await.unwrap(),
+        Claim::Existing(r) if r.is_done()
+    ));
+    // Released, the owner cannot write it back.
+    let k = key("released");
+    let lease = claim(&store, &k).await;
+    assert_eq!(
+        store.release(&lease, &done(), TTL).await.unwrap(),
+        Fenced::Applied
+    );
+    assert_eq!(
+        store
+            .complete(&lease, Bytes::from_static(b"answer"), TTL, &done())
+            .await
+            .unwrap(),
+        Fenced::Stale
+    );
+    assert_eq!(store.get(&k).await.unwrap(), None);
+    node.stop();
+}

@@ -340,6 +340,7 @@ impl Store for SqliteStore {
                     token,
                     fence,
                     expires_at_ms,
+                    fingerprint: *fingerprint,
                 }),
                 Claimed::Existing(record) => Claim::Existing(record),
             })

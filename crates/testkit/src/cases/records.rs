@@ -385,3 +385,21 @@ pub async fn tenant_isolation(store: Arc<dyn Store>) {
     assert_eq!(ra.payload().map(|p| p.to_vec()), Some(b"A".to_vec()));
     assert_eq!(rb.payload().map(|p| p.to_vec()), Some(b"B".to_vec()));
 }
+
+/// An owner whose PENDING record an operator forgot cannot write it back:
+/// its completion is stale and the key stays absent.
+pub async fn a_forgotten_owner_cannot_complete(store: Arc<dyn Store>) {
+    let key = fresh_key();
+    let lease = acquired(store.claim(&key, &fp("a"), LONG).await.unwrap());
+    let forgotten = attempt(AttemptOutcome::Forgotten);
+    assert!(store.forget(&key, &forgotten, LONG).await.unwrap());
+    let ok = attempt(AttemptOutcome::Executed);
+    assert_eq!(
+        store
+            .complete(&lease, payload(b"late"), LONG, &ok)
+            .await
+            .unwrap(),
+        Fenced::Stale
+    );
+    assert_eq!(store.get(&key).await.unwrap(), None);
+}
