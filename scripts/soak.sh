@@ -10,4 +10,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/services.sh
 SOAK_KEYS=${1:-10000} cargo test -q -p idemgate --test replicas soak -- \
-  --nocapture --test-threads 1 2>&1 | grep -E "^soak |test result|panicked|FAILED"
+  --nocapture --test-threads 1 2>&1 | grep -oE "soak (sqlite|redis|postgres): .*|test result.*|panicked.*|FAILED.*"
