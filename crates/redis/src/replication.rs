@@ -14,7 +14,10 @@
 //! `n` comes from the store URL (`wait_replicas=N`), or by default from the
 //! master itself: 1 when it reports a connected replica, 0 (no wait) when
 //! it has none, so a single development node pays nothing. What the master
-//! reports is cached for a second. A replica that stalls or dies is exactly
+//! reports is cached for a second. In a cluster, the topology names each
+//! master's replicas (`CLUSTER NODES`, read at most once a second), stalled
+//! or not, until a failover promotes one. On a single node, a replica that
+//! stalls or dies is exactly
 //! when a master stops reporting it, and exactly when a DONE must not be
 //! trusted unreplicated: so once a master has been seen with a replica, 1
 //! is kept for [`REPLICA_REMEMBERED_FOR`] after it was last seen. A master
@@ -72,7 +75,11 @@ pub const REPLICA_REMEMBERED_FOR: Duration = Duration::from_secs(60);
 /// (`None`: a single node): the count wanted, when it was asked, and when
 /// a replica was last seen.
 #[derive(Debug, Default)]
-pub(crate) struct ReplicaCounts(Mutex<Vec<Seen>>);
+pub(crate) struct ReplicaCounts {
+    seen: Mutex<Vec<Seen>>,
+    /// A cluster's `CLUSTER NODES` and when it was read.
+    topology: Mutex<Option<(Instant, String)>>,
+}
 
 #[derive(Debug)]
 struct Seen {
@@ -84,7 +91,7 @@ struct Seen {
 
 impl ReplicaCounts {
     fn seen(&self) -> std::sync::MutexGuard<'_, Vec<Seen>> {
-        self.0
+        self.seen
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -132,6 +139,94 @@ impl ReplicaCounts {
     }
 }
 
+impl ReplicaCounts {
+    /// `CLUSTER NODES` as the master of `route` sees it, read at most once
+    /// a second.
+    async fn cluster_nodes(&self, conn: &mut Conn, route: Route) -> Result<String, StoreError> {
+        let fresh = |t: &Option<(Instant, String)>| {
+            t.as_ref()
+                .filter(|(at, _)| at.elapsed() < REPLICAS_SEEN_FOR)
+                .map(|(_, text)| text.clone())
+        };
+        if let Some(text) = fresh(&self.topology_lock()) {
+            return Ok(text);
+        }
+        let reply = conn
+            .query_on_master(redis::cmd("CLUSTER").arg("NODES"), Some(route))
+            .await
+            .map_err(crate::map_error)?;
+        let text: String =
+            redis::from_redis_value(reply).map_err(|e| crate::map_error(e.into()))?;
+        *self.topology_lock() = Some((Instant::now(), text.clone()));
+        Ok(text)
+    }
+
+    fn topology_lock(&self) -> std::sync::MutexGuard<'_, Option<(Instant, String)>> {
+        self.topology
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The cluster slot of `key`: CRC16 (XMODEM) of its hash tag, mod 16384.
+fn slot_of(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tagged = bytes
+        .iter()
+        .position(|b| *b == b'{')
+        .and_then(|open| {
+            let rest = &bytes[open + 1..];
+            let close = rest.iter().position(|b| *b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(bytes);
+    let mut crc: u16 = 0;
+    for byte in tagged {
+        crc ^= u16::from(*byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
+/// How many replicas `CLUSTER NODES` lists for the master serving `slot`
+/// (0 when no live master serves it).
+fn replicas_of_slot(nodes: &str, slot: u16) -> usize {
+    let lines: Vec<Vec<&str>> = nodes
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .filter(|f: &Vec<&str>| f.len() >= 8)
+        .collect();
+    let serves = |f: &Vec<&str>| {
+        f[8..].iter().any(|range| {
+            let mut ends = range.splitn(2, '-');
+            match (
+                ends.next().and_then(|a| a.parse::<u16>().ok()),
+                ends.next().map(str::parse::<u16>),
+            ) {
+                (Some(a), None) => a == slot,
+                (Some(a), Some(Ok(b))) => (a..=b).contains(&slot),
+                _ => false,
+            }
+        })
+    };
+    let Some(master) = lines.iter().find(|f| {
+        let flags = f[2];
+        flags.contains("master") && !flags.contains("fail") && serves(f)
+    }) else {
+        return 0;
+    };
+    lines
+        .iter()
+        .filter(|f| f[3] == master[0] && (f[2].contains("slave") || f[2].contains("replica")))
+        .count()
+}
+
 /// Waits until `wanted` replicas of the master holding `key` acknowledged
 /// every write sent before on the connection.
 ///
@@ -148,16 +243,22 @@ pub(crate) async fn wait_for_replicas(
     let slot = conn
         .is_cluster()
         .then(|| Route::with_key(key, SlotAddr::Master));
-    let n = match wanted {
-        WaitReplicas::Count(n) => n,
-        WaitReplicas::Auto => match counts.cached(slot) {
+    let n = match (wanted, slot) {
+        (WaitReplicas::Count(n), _) => n,
+        // A cluster names each master's replicas, stalled or not, until a
+        // failover or an operator changes them: the topology says it.
+        (WaitReplicas::Auto, Some(route)) => {
+            let nodes = counts.cluster_nodes(conn, route).await?;
+            u32::from(replicas_of_slot(&nodes, slot_of(key)) > 0)
+        }
+        (WaitReplicas::Auto, None) => match counts.cached(None) {
             Some(n) => n,
             None => {
                 let role = conn
-                    .query_on_master(&redis::cmd("ROLE"), slot)
+                    .query_on_master(&redis::cmd("ROLE"), None)
                     .await
                     .map_err(crate::map_error)?;
-                counts.note(slot, connected_replicas(&role))
+                counts.note(None, connected_replicas(&role))
             }
         },
     };
@@ -231,6 +332,35 @@ mod tests {
         // Another master never had one.
         assert_eq!(counts.note(b, 0), 0);
         assert_eq!(counts.cached(b), Some(0));
+    }
+
+    #[test]
+    fn slots_follow_the_hash_tag() {
+        // Reference values of the cluster specification's CRC16.
+        assert_eq!(slot_of("123456789"), 0x31C3 % 16384);
+        assert_eq!(slot_of("foo"), 12182);
+        assert_eq!(slot_of("{user1000}.following"), slot_of("user1000"));
+        assert_eq!(slot_of("a{}b"), slot_of("a{}b"));
+    }
+
+    #[test]
+    fn a_masters_replicas_are_counted_from_the_topology_stalled_or_not() {
+        let nodes = "\
+m1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460
+m2 127.0.0.1:7001@17001 master - 0 0 2 connected 5461-10922
+m3 127.0.0.1:7002@17002 master - 0 0 3 connected 10923-16383
+r1 127.0.0.1:7003@17003 slave,fail? m1 0 0 1 connected
+r2 127.0.0.1:7004@17004 slave m2 0 0 2 connected
+old 127.0.0.1:7005@17005 master,fail - 0 0 0 disconnected
+";
+        assert_eq!(
+            replicas_of_slot(nodes, 0),
+            1,
+            "a stalled replica still counts"
+        );
+        assert_eq!(replicas_of_slot(nodes, 6000), 1);
+        assert_eq!(replicas_of_slot(nodes, 16383), 0, "m3 has none");
+        assert_eq!(replicas_of_slot("", 5), 0);
     }
 
     #[test]

@@ -18,6 +18,7 @@
 #![allow(clippy::unwrap_used, clippy::panic)] // a test suite: failing loudly is its job
 
 pub mod fault;
+pub mod redis_server;
 pub use fault::FaultProxy;
 
 use std::time::{Duration, Instant};

@@ -1,0 +1,265 @@
+//! Private `redis-server` processes for tests: single nodes, replicas
+//! and cluster nodes on free loopback ports, each paired with a watchdog
+//! shell that stops it once the test process is gone (statics are never
+//! dropped), and the faults a test inflicts on them (SIGSTOP, SIGKILL).
+//!
+//! Tests that need one call [`crate::require`] through [`Server::start`]:
+//! under `CI=true` a missing `redis-server` fails them.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::require;
+
+/// A loopback port that is free, as is its cluster bus port (+10000).
+pub fn free_port() -> u16 {
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if port < 50000 && TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// Runs `redis-cli` against the server on `port`; its stdout on success.
+pub fn redis_cli(port: u16, args: &[&str]) -> Option<String> {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Whether a server answers PING on `port`.
+pub fn pings(port: u16) -> bool {
+    redis_cli(port, &["ping"]).is_some_and(|o| o.trim() == "PONG")
+}
+
+/// Polls `ok` every 50 ms until it holds; panics after `limit`.
+pub fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{what} did not happen within {limit:?}");
+}
+
+/// One private `redis-server` process.
+#[derive(Debug)]
+pub struct Server {
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    dir: PathBuf,
+    cluster: bool,
+    child: Option<std::process::Child>,
+    /// Extra `redis-server` arguments (e.g. `--replicaof`).
+    extra: Vec<String>,
+}
+
+impl Server {
+    /// Starts a server in a fresh directory under `root`.
+    pub fn start(root: &Path, cluster: bool) -> Self {
+        Self::start_with(root, cluster, &[])
+    }
+
+    /// A replica of the server on `master`.
+    pub fn replica_of(root: &Path, master: u16) -> Self {
+        Self::start_with(
+            root,
+            false,
+            &["--replicaof", "127.0.0.1", &master.to_string()],
+        )
+    }
+
+    /// Starts a server with extra arguments.
+    pub fn start_with(root: &Path, cluster: bool, extra: &[&str]) -> Self {
+        require(
+            "redis-server",
+            Command::new("redis-server")
+                .arg("--version")
+                .output()
+                .is_ok(),
+        );
+        let port = free_port();
+        let dir = root.join(format!("node-{port}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut s = Self {
+            port,
+            dir,
+            cluster,
+            child: None,
+            extra: extra.iter().map(|a| (*a).to_owned()).collect(),
+        };
+        s.restart();
+        s
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// (Re)starts the process on the same port and directory.
+    pub fn restart(&mut self) {
+        let mut args = vec![
+            "--port".to_owned(),
+            self.port.to_string(),
+            "--bind".to_owned(),
+            "127.0.0.1".to_owned(),
+            "--dir".to_owned(),
+            self.dir.display().to_string(),
+            "--save".to_owned(),
+            String::new(),
+            "--appendonly".to_owned(),
+            "yes".to_owned(),
+            "--appendfsync".to_owned(),
+            "always".to_owned(),
+            "--daemonize".to_owned(),
+            "no".to_owned(),
+        ];
+        if self.cluster {
+            args.extend(
+                [
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                ]
+                .map(String::from),
+            );
+        }
+        args.extend(self.extra.iter().cloned());
+        let child = Command::new("redis-server")
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        let pid = child.id();
+        // The watchdog stops the server when this test process exits; it
+        // ends by itself, so it is deliberately never waited for.
+        #[allow(clippy::zombie_processes)]
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "while kill -0 {me} 2>/dev/null && kill -0 {pid} 2>/dev/null; do sleep 1; done; kill {pid} 2>/dev/null",
+                me = std::process::id()
+            ))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn watchdog");
+        self.child = Some(child);
+        let port = self.port;
+        wait_until("redis-server start", Duration::from_secs(10), || {
+            pings(port)
+        });
+    }
+
+    /// Stops the process (SIGTERM, then SIGKILL) and waits until the port is
+    /// closed.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill").arg(child.id().to_string()).status();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline && child.try_wait().unwrap().is_none() {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            let port = self.port;
+            wait_until("redis-server stop", Duration::from_secs(5), || !pings(port));
+        }
+    }
+
+    /// Kills the process at once (SIGKILL), as a crashed host; the port
+    /// closes.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Freezes the process (SIGSTOP): it holds its connections and answers
+    /// nothing, as a stalled host does.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws a paused process (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        if let Some(child) = &self.child {
+            let ok = Command::new("kill")
+                .args([sig, &child.id().to_string()])
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "kill {sig} failed");
+        }
+    }
+
+    /// A field of `INFO replication`, e.g. `connected_slaves`.
+    pub fn replication(&self, field: &str) -> Option<String> {
+        let info = redis_cli(self.port, &["info", "replication"])?;
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("{field}:")))
+            .map(|v| v.trim().to_owned())
+    }
+
+    /// Waits until `INFO replication` has `field:value`.
+    pub fn wait_replication(&self, field: &str, value: &str) {
+        wait_until(&format!("{field}:{value}"), Duration::from_secs(20), || {
+            self.replication(field).as_deref() == Some(value)
+        });
+    }
+
+    /// Summed `calls` of the given commands in `INFO commandstats`.
+    pub fn calls(&self, commands: &[&str]) -> u64 {
+        self.calls_where(|name| commands.contains(&name))
+    }
+
+    /// Summed `calls` of every command but `INFO` (which reads the counters).
+    pub fn calls_but_info(&self) -> u64 {
+        self.calls_where(|name| name != "info")
+    }
+
+    /// Summed `calls` of every command but `INFO` and those in `skip`.
+    pub fn calls_except(&self, skip: &[&str]) -> u64 {
+        self.calls_where(|name| name != "info" && !skip.contains(&name))
+    }
+
+    fn calls_where(&self, keep: impl Fn(&str) -> bool) -> u64 {
+        let info = redis_cli(self.port, &["info", "commandstats"]).unwrap_or_default();
+        info.lines()
+            .filter_map(|l| {
+                let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+                keep(name).then_some(())?;
+                rest.split(',')
+                    .find_map(|f| f.strip_prefix("calls="))?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    }
+}
