@@ -124,12 +124,30 @@
     lookup(row.key, row.tenant, row.namespace, "", $("f-token").value);
   }
 
+  // The rows shown, so a poll that changes nothing but the times keeps
+  // them (a row under the pointer or with the focus stays put).
+  let shownRows = null;
+
   function renderRecent(r) {
     const tbody = $("recent").querySelector("tbody");
+    const entries = [];
+    for (const kind of Object.keys(KINDS)) {
+      for (const row of r[kind] || []) entries.push([kind, row]);
+    }
+    const signature = JSON.stringify(entries.map(([kind, row]) =>
+      [kind, row.key, row.tenant, row.namespace, row.requests, row.last_outcome]));
+    if (signature === shownRows) {
+      tbody.querySelectorAll("td.when").forEach((td, i) => {
+        const [kind, row] = entries[i];
+        td.textContent = whenText(kind, row, r.time_ms);
+      });
+      return;
+    }
+    shownRows = signature;
     while (tbody.firstChild) tbody.removeChild(tbody.firstChild);
     let n = 0;
-    for (const kind of Object.keys(KINDS)) {
-      for (const row of r[kind] || []) {
+    for (const [kind, row] of entries) {
+      {
         const tr = document.createElement("tr");
         tr.className = "recent-row";
         tr.dataset.kind = kind;
@@ -142,8 +160,10 @@
           [row.prefix || row.namespace, ""],
           [row.tenant.length > 12 ? row.tenant.slice(0, 12) + "…" : row.tenant, ""],
           [String(row.requests), ""],
-          [row.last_outcome || "running", "outcome-" + (row.last_outcome || "running")],
-          [whenText(kind, row, r.time_ms), ""],
+          // A key running now: its execution has no outcome yet.
+          kind === "in_flight" ? ["running", "outcome-running"]
+            : [row.last_outcome || "running", "outcome-" + (row.last_outcome || "running")],
+          [whenText(kind, row, r.time_ms), "when"],
         ];
         for (const [text, cls] of cells) {
           const td = document.createElement("td");
