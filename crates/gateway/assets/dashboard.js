@@ -282,21 +282,27 @@
     lookup(f.key.value.trim(), f.tenant.value.trim(), f.namespace.value.trim(), f.credential.value, f.token.value);
   });
 
-  // ?key=&tenant=&namespace=&token= opens a timeline directly; the token
-  // is then taken out of the address bar (and history).
+  // ?key=&tenant=&namespace= opens a timeline directly, once the admin
+  // token is typed. The token itself is never read from the address: a
+  // secret in a URL ends up in history and logs; a `token=` left there is
+  // taken out.
   const params = new URLSearchParams(window.location.search);
   $("f-key").value = params.get("key") || "";
   $("f-tenant").value = params.get("tenant") || "";
   $("f-namespace").value = params.get("namespace") || "";
-  $("f-token").value = params.get("token") || "";
   if (params.has("token")) {
     params.delete("token");
     const rest = params.toString();
     window.history.replaceState(null, "", window.location.pathname + (rest ? "?" + rest : ""));
   }
-  if ($("f-key").value) {
-    lookup($("f-key").value, $("f-tenant").value, $("f-namespace").value, "", $("f-token").value);
-  }
+  let pendingLookup = Boolean($("f-key").value);
+  $("f-token").addEventListener("change", () => {
+    poll();
+    if (pendingLookup && $("f-token").value) {
+      pendingLookup = false;
+      lookup($("f-key").value, $("f-tenant").value, $("f-namespace").value, "", $("f-token").value);
+    }
+  });
 
   poll();
   setInterval(poll, POLL_MS);
