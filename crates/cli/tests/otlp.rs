@@ -1,7 +1,8 @@
 //! OTLP span export of a real `idemgate serve` process (cargo feature
 //! `otlp`), against a small OTLP/HTTP receiver in this test: the request
 //! span arrives with its idempotency key, the client's trace id and the
-//! client's span as its parent, the
+//! client's span as its parent, the upstream's `traceparent` names that
+//! exported span as its parent (client → gateway → upstream, one trace), the
 //! last batch is flushed on SIGTERM, and a collector that is down changes
 //! nothing for clients.
 #![cfg(feature = "otlp")]
@@ -52,12 +53,17 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 }
 
 /// An OTLP/HTTP receiver: records the body of every `POST /v1/traces`
-/// and answers 200 with an empty (valid) export response.
+/// and answers 200 with an empty (valid) export response. As an upstream,
+/// it records the head of every other request and answers a small chat
+/// completion.
 #[derive(Clone, Default)]
 struct Receiver {
     bodies: Arc<Mutex<Vec<Vec<u8>>>>,
+    heads: Arc<Mutex<Vec<String>>>,
     arrived: Arc<Notify>,
 }
+
+const COMPLETION: &str = r#"{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}"#;
 
 impl Receiver {
     async fn start() -> (Receiver, SocketAddr) {
@@ -125,12 +131,36 @@ impl Receiver {
                         b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n",
                     )
                     .await;
+            } else if request_line.starts_with("post /v1/chat/completions ") {
+                self.heads
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(head.clone());
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{COMPLETION}",
+                    COMPLETION.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
             } else {
                 let _ = stream
                     .write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
                     .await;
             }
         }
+    }
+
+    /// The `traceparent` of each upstream request received so far.
+    fn traceparents(&self) -> Vec<String> {
+        self.heads
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter_map(|h| {
+                h.lines()
+                    .find_map(|l| l.strip_prefix("traceparent:"))
+                    .map(|v| v.trim().to_owned())
+            })
+            .collect()
     }
 
     /// Every body received so far, concatenated.
@@ -168,12 +198,12 @@ struct Gateway {
 }
 
 impl Gateway {
-    async fn start(sim: &SimHandle, extra_args: &[&str], env: &[(&str, &str)]) -> Gateway {
+    async fn start(upstream: &str, extra_args: &[&str], env: &[(&str, &str)]) -> Gateway {
         let mut cmd = Command::new(BIN);
         cmd.args([
             "serve",
             "--upstream",
-            &sim.url(),
+            upstream,
             "--store",
             "memory:",
             "--listen",
@@ -286,7 +316,7 @@ async fn request_span_is_exported_with_key_and_client_trace_id() {
     let (receiver, addr) = Receiver::start().await;
     let sim = sim().await;
     let gw = Gateway::start(
-        &sim,
+        &sim.url(),
         &["--otlp-endpoint", &format!("http://{addr}/")],
         &[("OTEL_BSP_SCHEDULE_DELAY", "100")],
     )
@@ -314,6 +344,56 @@ async fn request_span_is_exported_with_key_and_client_trace_id() {
     );
 }
 
+/// The span id of a `traceparent` (its third field), as 8 bytes.
+fn parent_id_bytes(traceparent: &str) -> Vec<u8> {
+    let fields: Vec<&str> = traceparent.split('-').collect();
+    assert_eq!(fields.len(), 4, "{traceparent}");
+    assert_eq!(fields[2].len(), 16, "{traceparent}");
+    (0..16)
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&fields[2][i..i + 2], 16).expect("a hex number"))
+        .collect()
+}
+
+#[tokio::test]
+async fn upstream_call_is_a_child_of_the_exported_gateway_span() {
+    let (collector, collector_addr) = Receiver::start().await;
+    let (upstream, upstream_addr) = Receiver::start().await;
+    let gw = Gateway::start(
+        &format!("http://{upstream_addr}"),
+        &["--otlp-endpoint", &format!("http://{collector_addr}")],
+        &[("OTEL_BSP_SCHEDULE_DELAY", "100")],
+    )
+    .await;
+    let key = "otlp-child-key-8e2a";
+    assert_eq!(gw.keyed(key).await, 200);
+    let sent = upstream.traceparents();
+    assert_eq!(sent.len(), 1, "one upstream call: {sent:?}");
+    let forwarded = &sent[0];
+    // Same trace as the caller's, a new parent: the gateway's span.
+    assert!(
+        forwarded.starts_with(&format!("00-{TRACE_ID}-")),
+        "{forwarded}"
+    );
+    assert_ne!(
+        forwarded, TRACEPARENT,
+        "the caller's span is not the parent"
+    );
+    // The exported request span has that id as its own (OTLP `Span` field
+    // 2, `span_id`: tag 0x12, length 8) and the caller's span as parent.
+    let mut span_id_field = vec![0x12, 0x08];
+    span_id_field.extend(parent_id_bytes(forwarded));
+    let body = collector.wait_for(&span_id_field).await;
+    assert!(contains(&body, key.as_bytes()));
+    assert!(contains(&body, &trace_id_field()));
+    assert!(contains(&body, &parent_span_id_field()));
+    // A replay calls no upstream.
+    assert_eq!(gw.keyed(key).await, 200);
+    assert_eq!(upstream.traceparents().len(), 1);
+    let (status, log) = gw.stop().await;
+    assert!(status.success(), "exit {status:?}: {log}");
+}
+
 #[tokio::test]
 async fn environment_endpoint_and_last_batch_flushed_on_sigterm() {
     let (receiver, addr) = Receiver::start().await;
@@ -321,7 +401,7 @@ async fn environment_endpoint_and_last_batch_flushed_on_sigterm() {
     // The batch delay is far longer than the test: the span can only
     // arrive through the flush at shutdown.
     let gw = Gateway::start(
-        &sim,
+        &sim.url(),
         &[],
         &[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", &format!("http://{addr}")),
@@ -350,7 +430,7 @@ async fn collector_down_changes_nothing_for_clients() {
     };
     let sim = sim().await;
     let gw = Gateway::start(
-        &sim,
+        &sim.url(),
         &["--otlp-endpoint", &format!("http://{closed}")],
         &[("OTEL_BSP_SCHEDULE_DELAY", "50")],
     )

@@ -1,7 +1,11 @@
 "use strict";
-// The admin dashboard: polls /admin/stats (with the admin token) every 2 s, keeps a short history
-// in memory and draws it as sparklines; looks up one key's timeline with
-// the admin token. No external resources, no build step.
+// The admin dashboard: polls /admin/stats and /admin/recent (with the admin
+// token) every 2 s, keeps a short history in memory and draws it as
+// sparklines, shows the hit ratio against its alert threshold, lists the
+// recent keys (each row opens its timeline), and looks up one key's
+// timeline by tenant id or by the client's credential (sent in the
+// X-Idemgate-Credential header, never in the URL). No external resources,
+// no build step.
 (function () {
   const POLL_MS = 2000;
   const HISTORY = 150; // 5 minutes of 2 s samples
@@ -43,8 +47,38 @@
     svg.appendChild(line);
   }
 
+  // The hit ratio against the rule that alerts on it (as /admin/stats
+  // reports it: the baseline, and the ratio at which the alert fires).
+  function renderAlert(a) {
+    const gauge = $("gauge-ratio"), mark = $("gauge-threshold"), state = $("alert-state");
+    const rule = a.factor + "× baseline, at least " + percent(a.factor * a.floor);
+    // The gauge spans twice the threshold (or 100%), so the mark sits mid-way.
+    const span = a.threshold !== null ? Math.min(1, Math.max(2 * a.threshold, 0.02)) : 1;
+    gauge.style.width = (Math.min(a.ratio / span, 1) * 100).toFixed(1) + "%";
+    gauge.className = "gauge-ratio" + (a.state.startsWith("above") ? " above" : "");
+    state.className = "detail alert-state" + (a.state.startsWith("above") ? " above" : "");
+    if (a.baseline === null) {
+      setText("hit-baseline", "in " + a.minutes_to_baseline + " min");
+      setText("hit-threshold", rule);
+      mark.hidden = true;
+      state.textContent = a.alert + ": no baseline yet (it is the hour ending 15 min ago)";
+      return;
+    }
+    setText("hit-baseline", percent(a.baseline));
+    setText("hit-threshold", percent(a.threshold) + " (" + rule + ")");
+    mark.hidden = false;
+    mark.style.left = (Math.min(a.threshold / span, 1) * 100).toFixed(1) + "%";
+    const text = {
+      above: "above the threshold: " + a.alert + " fires if this lasts 5 min",
+      above_low_traffic: "above the threshold, but under " + a.min_rate + " keyed req/s: " + a.alert + " stays quiet",
+      below: percent(Math.max(0, a.threshold - a.ratio)) + " below the threshold of " + a.alert,
+    };
+    state.textContent = text[a.state] || a.state;
+  }
+
   function render(s) {
     setText("hit-ratio", percent(s.hit_ratio));
+    renderAlert(s.hit_ratio_alert);
     setText("hits", String(s.hits));
     setText("requests", String(s.requests_total));
     setText("conflicts", String(s.inflight_conflicts));
@@ -66,15 +100,105 @@
     spark("spark-tokens", history.tokens);
   }
 
+  const KINDS = { in_flight: "in flight", conflicts: "conflict", fenced: "fenced", most_retried: "retried" };
+
+  function ago(ms) {
+    const s = Math.max(0, Math.round(ms / 1000));
+    if (s < 60) return s + " s ago";
+    if (s < 3600) return Math.round(s / 60) + " min ago";
+    return Math.round(s / 3600) + " h ago";
+  }
+
+  function whenText(kind, row, now) {
+    if (kind === "in_flight") return "running for " + ago(now - row.running_since_ms).replace(" ago", "");
+    if (kind === "conflicts") return ago(now - row.last_conflict_ms);
+    if (kind === "fenced") return ago(now - row.last_fenced_ms);
+    return ago(now - row.last_seen_ms);
+  }
+
+  function openRow(row) {
+    $("f-key").value = row.key;
+    $("f-tenant").value = row.tenant;
+    $("f-credential").value = "";
+    $("f-namespace").value = row.namespace;
+    lookup(row.key, row.tenant, row.namespace, "", $("f-token").value);
+  }
+
+  // The rows shown, so a poll that changes nothing but the times keeps
+  // them (a row under the pointer or with the focus stays put).
+  let shownRows = null;
+
+  function renderRecent(r) {
+    const tbody = $("recent").querySelector("tbody");
+    const entries = [];
+    for (const kind of Object.keys(KINDS)) {
+      for (const row of r[kind] || []) entries.push([kind, row]);
+    }
+    const signature = JSON.stringify(entries.map(([kind, row]) =>
+      [kind, row.key, row.tenant, row.namespace, row.requests, row.last_outcome]));
+    if (signature === shownRows) {
+      tbody.querySelectorAll("td.when").forEach((td, i) => {
+        const [kind, row] = entries[i];
+        td.textContent = whenText(kind, row, r.time_ms);
+      });
+      return;
+    }
+    shownRows = signature;
+    while (tbody.firstChild) tbody.removeChild(tbody.firstChild);
+    let n = 0;
+    for (const [kind, row] of entries) {
+      {
+        const tr = document.createElement("tr");
+        tr.className = "recent-row";
+        tr.dataset.kind = kind;
+        tr.dataset.key = row.key;
+        tr.tabIndex = 0;
+        tr.title = "open the timeline of " + row.key;
+        const cells = [
+          [KINDS[kind], "kind"],
+          [row.key, "key"],
+          [row.prefix || row.namespace, ""],
+          [row.tenant.length > 12 ? row.tenant.slice(0, 12) + "…" : row.tenant, ""],
+          [String(row.requests), ""],
+          // A key running now: its execution has no outcome yet.
+          kind === "in_flight" ? ["running", "outcome-running"]
+            : [row.last_outcome || "running", "outcome-" + (row.last_outcome || "running")],
+          [whenText(kind, row, r.time_ms), "when"],
+        ];
+        for (const [text, cls] of cells) {
+          const td = document.createElement("td");
+          td.textContent = text;
+          if (cls) td.className = cls;
+          tr.appendChild(td);
+        }
+        tr.addEventListener("click", () => openRow(row));
+        tr.addEventListener("keydown", (ev) => { if (ev.key === "Enter") openRow(row); });
+        tbody.appendChild(tr);
+        n += 1;
+      }
+    }
+    $("recent").hidden = n === 0;
+    $("recent-empty").hidden = n > 0;
+  }
+
+  async function getJson(path, token) {
+    const r = await fetch(path, {
+      cache: "no-store",
+      headers: token ? { Authorization: "Bearer " + token } : {},
+    });
+    if (!r.ok) throw new Error("HTTP " + r.status);
+    return r.json();
+  }
+
   async function poll() {
     try {
       const token = $("f-token").value;
-      const r = await fetch("/admin/stats", {
-        cache: "no-store",
-        headers: token ? { Authorization: "Bearer " + token } : {},
-      });
-      if (!r.ok) throw new Error("HTTP " + r.status);
-      render(await r.json());
+      const [stats, recent] = await Promise.all([
+        getJson("/admin/stats", token),
+        getJson("/admin/recent", token),
+      ]);
+      render(stats);
+      renderRecent(recent);
       const st = $("status");
       st.className = "status";
       st.textContent = "updated " + new Date().toLocaleTimeString();
@@ -100,7 +224,7 @@
       " · " + t.attempts.length + " attempt" + (t.attempts.length === 1 ? "" : "s");
   }
 
-  async function lookup(key, tenant, namespace, token) {
+  async function lookup(key, tenant, namespace, credential, token) {
     const summary = $("timeline-summary");
     clearTimeline();
     summary.className = "summary";
@@ -108,10 +232,14 @@
     const q = new URLSearchParams();
     if (tenant) q.set("tenant", tenant);
     if (namespace) q.set("namespace", namespace);
+    // The credential goes in a header, never in the URL (URLs get logged).
+    const headers = {};
+    if (token) headers.Authorization = "Bearer " + token;
+    if (credential) headers["X-Idemgate-Credential"] = credential;
     try {
       const r = await fetch("/admin/keys/" + encodeURIComponent(key) + "/timeline?" + q.toString(), {
         cache: "no-store",
-        headers: token ? { Authorization: "Bearer " + token } : {},
+        headers,
       });
       const body = await r.json();
       if (!r.ok) {
@@ -151,24 +279,30 @@
   $("lookup").addEventListener("submit", (ev) => {
     ev.preventDefault();
     const f = ev.target;
-    lookup(f.key.value.trim(), f.tenant.value.trim(), f.namespace.value.trim(), f.token.value);
+    lookup(f.key.value.trim(), f.tenant.value.trim(), f.namespace.value.trim(), f.credential.value, f.token.value);
   });
 
-  // ?key=&tenant=&namespace=&token= opens a timeline directly; the token
-  // is then taken out of the address bar (and history).
+  // ?key=&tenant=&namespace= opens a timeline directly, once the admin
+  // token is typed. The token itself is never read from the address: a
+  // secret in a URL ends up in history and logs; a `token=` left there is
+  // taken out.
   const params = new URLSearchParams(window.location.search);
   $("f-key").value = params.get("key") || "";
   $("f-tenant").value = params.get("tenant") || "";
   $("f-namespace").value = params.get("namespace") || "";
-  $("f-token").value = params.get("token") || "";
   if (params.has("token")) {
     params.delete("token");
     const rest = params.toString();
     window.history.replaceState(null, "", window.location.pathname + (rest ? "?" + rest : ""));
   }
-  if ($("f-key").value) {
-    lookup($("f-key").value, $("f-tenant").value, $("f-namespace").value, $("f-token").value);
-  }
+  let pendingLookup = Boolean($("f-key").value);
+  $("f-token").addEventListener("change", () => {
+    poll();
+    if (pendingLookup && $("f-token").value) {
+      pendingLookup = false;
+      lookup($("f-key").value, $("f-tenant").value, $("f-namespace").value, "", $("f-token").value);
+    }
+  });
 
   poll();
   setInterval(poll, POLL_MS);

@@ -1,6 +1,7 @@
 //! The admin listener: health, readiness, `/metrics`, the dashboard (`/`,
-//! a static page polling `/admin/stats` with the admin token), the timeline
-//! of one key (`GET /admin/keys/{key}/timeline`) and the operator's forget
+//! a static page polling `/admin/stats` and `/admin/recent` with the admin
+//! token; in `dashboard`, the hit-ratio alert it mirrors in `alert`), the
+//! timeline of one key (`GET /admin/keys/{key}/timeline`) and the operator's forget
 //! (`DELETE /admin/keys/{key}`: clears a key, such as an outcome-unknown
 //! answer on a charging route, once the upstream's side has been checked),
 //! both behind the admin token. A raw credential goes in the
@@ -11,9 +12,9 @@
 //! Without a configured token the token-protected endpoints are off (403),
 //! never open.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, LazyLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Body;
@@ -28,6 +29,11 @@ use subtle::ConstantTimeEq;
 
 use crate::config::Secret;
 use crate::problem::problem;
+
+pub(crate) use alert::HitRatioRule;
+
+mod alert;
+mod dashboard;
 
 /// A route as the admin endpoints name it.
 #[derive(Clone, Debug)]
@@ -53,6 +59,8 @@ pub(crate) struct AdminState {
     pub(crate) admin_token: Option<Secret>,
     /// The configured routes, for namespace lookups.
     pub(crate) routes: Arc<[RouteName]>,
+    /// The hit-ratio alert the dashboard compares the ratio with.
+    pub(crate) hit_ratio_rule: Arc<HitRatioRule>,
 }
 
 /// The admin router.
@@ -61,85 +69,12 @@ pub(crate) fn router(state: AdminState) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
-        .route("/", get(dashboard))
-        .route("/admin/stats", get(stats))
+        .route("/", get(dashboard::page))
+        .route("/admin/stats", get(dashboard::stats))
+        .route("/admin/recent", get(dashboard::recent))
         .route("/admin/keys/{key}/timeline", get(timeline))
         .route("/admin/keys/{key}", delete(forget))
         .with_state(state)
-}
-
-/// The dashboard: one self-contained page (HTML, CSS and JS from
-/// `assets/`, inlined; no external resources, no build step).
-static DASHBOARD: LazyLock<String> = LazyLock::new(|| {
-    include_str!("../assets/dashboard.html")
-        .replacen("/*STYLE*/", include_str!("../assets/dashboard.css"), 1)
-        .replacen("/*SCRIPT*/", include_str!("../assets/dashboard.js"), 1)
-});
-
-/// Only this page's own inline code, and requests to this listener.
-const DASHBOARD_CSP: &str = "default-src 'none'; script-src 'unsafe-inline'; \
-     style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; \
-     base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
-
-async fn dashboard() -> Response<Body> {
-    let mut resp = Response::new(Body::from(DASHBOARD.as_str()));
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/html; charset=utf-8"),
-    );
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(DASHBOARD_CSP),
-    );
-    // The page may carry the admin token in its query: never pass it on.
-    h.insert(
-        header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    resp
-}
-
-/// `GET /admin/stats`: the dashboard's figures, behind the admin token like
-/// every `/admin/` endpoint (only `/healthz`, `/readyz` and `/metrics`, for
-/// probes and scrapers, are open; the dashboard page itself holds no data).
-async fn stats(State(s): State<AdminState>, headers: HeaderMap) -> Response<Body> {
-    if let Some(refusal) = refuse_unauthorized(&s, &headers) {
-        return refusal;
-    }
-    let snap = s.telemetry.snapshot();
-    let outcomes: serde_json::Map<String, serde_json::Value> = snap
-        .requests
-        .iter()
-        .map(|(o, n)| (o.as_str().to_owned(), (*n).into()))
-        .collect();
-    let now_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    let body = serde_json::json!({
-        "time_ms": now_ms,
-        "requests_total": snap.requests_total,
-        "hits": snap.hits,
-        "hit_ratio": snap.hit_ratio,
-        "inflight_conflicts": snap.inflight_conflicts,
-        "tokens_saved": snap.tokens_saved,
-        "stream_events_lost": snap.stream_events_lost,
-        "requests_per_key": { "p50": snap.requests_per_key_p50, "p99": snap.requests_per_key_p99 },
-        "outcomes": outcomes,
-    });
-    let mut resp = Response::new(Body::from(body.to_string()));
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    resp
 }
 
 /// Whether `given` equals `expected`, in time independent of where they
@@ -161,7 +96,7 @@ fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
 
 /// `None` when the request may use a protected endpoint; otherwise the
 /// refusal: 403 while no token is configured, 401 without the right one.
-fn refuse_unauthorized(s: &AdminState, headers: &HeaderMap) -> Option<Response<Body>> {
+pub(crate) fn refuse_unauthorized(s: &AdminState, headers: &HeaderMap) -> Option<Response<Body>> {
     let Some(expected) = &s.admin_token else {
         return Some(problem(
             StatusCode::FORBIDDEN,

@@ -234,6 +234,9 @@ async fn run(
                 done_ttl: r.done_ttl,
             })
             .collect(),
+        hit_ratio_rule: Arc::new(crate::admin::HitRatioRule::configured(
+            config.alert_rules.as_deref(),
+        )),
     });
 
     let (stop_tx, stop_rx) = watch::channel(false);

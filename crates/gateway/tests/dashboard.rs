@@ -1,6 +1,10 @@
-//! The admin dashboard as a person sees it: the real gateway after a small
-//! workload, the page rendered by headless Chromium, and assertions on the
-//! rendered DOM (hit ratio, tokens saved, a key's timeline rows).
+//! The admin dashboard as a person sees it: the real gateway after a
+//! scripted workload (replays, a key retried five times, a slow request
+//! still in flight and a duplicate refused while it runs), the page in
+//! headless Chromium driven as a person would (typing the admin token,
+//! clicking rows, typing a credential into the lookup), and assertions on
+//! what the page shows: the figures, the hit ratio against the alert's
+//! threshold, the recent-keys table, and the timelines the clicks open.
 //!
 //! Needs Debian's `chromium` (or `CHROMIUM=/path`). Under `CI=true` a
 //! missing browser fails the test; elsewhere the test says so and skips.
@@ -10,14 +14,15 @@ mod support;
 
 use support::TestGateway;
 
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::PathBuf;
 use std::time::Duration;
 
+use chromiumoxide::browser::{Browser, BrowserConfig};
+use chromiumoxide::page::{Page, ScreenshotParams};
+use futures_util::StreamExt;
 use idemgate_gateway::GatewayConfig;
 use idemgate_gateway::config::{RawConfig, RawRoute};
 use idemgate_llm_sim::SimConfig;
-use tokio::process::Command;
 
 const CREDENTIAL: &str = "Bearer sk-dashboard-credential-41aa";
 const ADMIN_TOKEN: &str = "dashboard-admin-token-6c1d";
@@ -33,101 +38,103 @@ fn chromium() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Runs headless Chromium on `url` with `mode` (`--dump-dom` or
-/// `--screenshot=…`) and returns its stdout.
-async fn browse(browser: &Path, profile: &Path, url: &str, mode: &str) -> String {
-    let out = tokio::time::timeout(
-        Duration::from_secs(120),
-        Command::new(browser)
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--window-size=1280,1100",
-                "--virtual-time-budget=8000",
-            ])
-            .arg(format!("--user-data-dir={}", profile.display()))
-            .arg(mode)
-            .arg(url)
-            .stdin(Stdio::null())
-            .kill_on_drop(true)
-            .output(),
+/// The value of a JavaScript expression evaluated in the page.
+async fn js<T: serde::de::DeserializeOwned>(page: &Page, expr: &str) -> T {
+    page.evaluate(expr)
+        .await
+        .unwrap_or_else(|e| panic!("evaluate {expr}: {e}"))
+        .into_value()
+        .unwrap_or_else(|e| panic!("value of {expr}: {e}"))
+}
+
+/// The text the element with `id` shows.
+async fn text(page: &Page, id: &str) -> String {
+    js::<String>(
+        page,
+        &format!("document.getElementById({id:?}).textContent.trim()"),
     )
     .await
-    .unwrap_or_else(|_| panic!("chromium did not finish"))
-    .unwrap_or_else(|e| panic!("cannot run chromium: {e}"));
-    assert!(
-        out.status.success(),
-        "chromium failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// The text inside the element with `id` (tags inside it removed).
-fn text_of(dom: &str, id: &str) -> String {
-    let pat = format!("id=\"{id}\"");
-    let at = dom
-        .find(&pat)
-        .unwrap_or_else(|| panic!("no #{id} in the page:\n{dom}"));
-    let open_end = at
-        + dom[at..]
-            .find('>')
-            .unwrap_or_else(|| panic!("#{id} unclosed"));
-    let tag_start = dom[..at]
-        .rfind('<')
-        .unwrap_or_else(|| panic!("#{id} no tag"));
-    let tag: String = dom[tag_start + 1..]
-        .chars()
-        .take_while(|c| c.is_ascii_alphanumeric())
-        .collect();
-    let close = format!("</{tag}>");
-    let inner_end = open_end
-        + dom[open_end..]
-            .find(&close)
-            .unwrap_or_else(|| panic!("#{id} not closed"));
-    strip_tags(&dom[open_end + 1..inner_end])
-}
-
-fn strip_tags(html: &str) -> String {
-    let mut out = String::new();
-    let mut in_tag = false;
-    for c in html.chars() {
-        match c {
-            '<' => in_tag = true,
-            '>' => in_tag = false,
-            c if !in_tag => out.push(c),
-            _ => {}
+/// Waits until `expr` is true in the page (the page polls every 2 s).
+async fn until(page: &Page, expr: &str) {
+    for _ in 0..300 {
+        if js::<bool>(page, expr).await {
+            return;
         }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    out.trim().to_owned()
+    let dom = page.content().await.unwrap_or_default();
+    panic!("the page never showed `{expr}`:\n{dom}");
 }
 
-/// The cells of each `<tr class="attempt">` row.
-fn timeline_rows(dom: &str) -> Vec<Vec<String>> {
-    dom.split("<tr class=\"attempt\"")
-        .skip(1)
-        .map(|row| {
-            let row = &row[..row.find("</tr>").unwrap_or(row.len())];
-            row.split("<td")
-                .skip(1)
-                .map(|cell| {
-                    let body = &cell[cell.find('>').map_or(0, |i| i + 1)..];
-                    strip_tags(&body[..body.find("</td>").unwrap_or(body.len())])
-                })
-                .collect()
-        })
-        .collect()
+/// The cells of every row of the table `selector` matches, as shown.
+async fn rows(page: &Page, selector: &str) -> Vec<Vec<String>> {
+    js(
+        page,
+        &format!(
+            "Array.from(document.querySelectorAll({selector:?})).map(tr => \
+             Array.from(tr.cells).map(td => td.textContent.trim()))"
+        ),
+    )
+    .await
+}
+
+/// Sends one chat completion with `key` and the tenant's credential.
+async fn send(
+    client: &reqwest::Client,
+    base: &str,
+    key: &str,
+    content: &str,
+    extra: Option<(&str, &str)>,
+) -> reqwest::Response {
+    let body = serde_json::json!({
+        "model": "sim-1",
+        "messages": [{"role": "user", "content": content}],
+    })
+    .to_string();
+    let mut req = client
+        .post(format!("{base}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .header("authorization", CREDENTIAL)
+        .header("idempotency-key", key)
+        .body(body);
+    if let Some((name, value)) = extra {
+        req = req.header(name, value);
+    }
+    req.send().await.expect("send the request")
+}
+
+/// The tokens a 200 answer's `usage` says were billed.
+async fn tokens(r: reqwest::Response) -> u64 {
+    assert_eq!(r.status(), 200);
+    let v: serde_json::Value =
+        serde_json::from_slice(&r.bytes().await.expect("read the response body"))
+            .expect("valid JSON");
+    v["usage"]["total_tokens"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{v}"))
+}
+
+/// GET on the admin listener with the token, as JSON.
+async fn admin_json(client: &reqwest::Client, url: String) -> serde_json::Value {
+    serde_json::from_slice(
+        &client
+            .get(url)
+            .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+            .send()
+            .await
+            .expect("send the request")
+            .bytes()
+            .await
+            .expect("read the response body"),
+    )
+    .expect("valid JSON")
 }
 
 #[tokio::test]
-async fn the_dashboard_shows_hit_ratio_tokens_saved_and_a_timeline() {
-    let Some(browser) = chromium() else {
+async fn the_dashboard_shows_recent_keys_the_alert_threshold_and_timelines() {
+    let Some(browser_path) = chromium() else {
         if std::env::var("CI").is_ok_and(|v| v == "true") {
             panic!("chromium is not installed (apt-get install -y chromium)");
         }
@@ -147,6 +154,7 @@ async fn the_dashboard_shows_hit_ratio_tokens_saved_and_a_timeline() {
             prefix: Some("/v1".into()),
             upstream: Some(sim.url()),
             key: Some("optional".into()),
+            on_inflight: Some("reject".into()),
             ..RawRoute::default()
         }],
         ..RawConfig::default()
@@ -154,108 +162,294 @@ async fn the_dashboard_shows_hit_ratio_tokens_saved_and_a_timeline() {
     .expect("it succeeds");
     let gw = TestGateway::start(config).await;
     let (base, admin_url) = (gw.base.clone(), gw.admin.clone());
-
-    // 4 keys x 3 sends: 4 executions, 8 replays; a hit ratio of 8/12.
     let client = reqwest::Client::new();
+    let tenant = idemgate_layer::key::tenant_id(CREDENTIAL.as_bytes());
+
+    // 4 keys x 3 sends and one key sent 5 times: 5 executions, 12 replays.
     let mut saved = 0u64;
     for k in 0..4 {
-        let body = serde_json::json!({
-            "model": "sim-1",
-            "messages": [{"role": "user", "content": "dashboard ".repeat(k + 1)}],
-        })
-        .to_string();
-        let mut first_usage = None;
-        for _ in 0..3 {
-            let r = client
-                .post(format!("{base}/v1/chat/completions"))
-                .header("content-type", "application/json")
-                .header("authorization", CREDENTIAL)
-                .header("idempotency-key", format!("dash-key-{k}"))
-                .body(body.clone())
-                .send()
-                .await
-                .expect("send the request");
-            assert_eq!(r.status(), 200);
-            let v: serde_json::Value =
-                serde_json::from_slice(&r.bytes().await.expect("read the response body"))
-                    .expect("valid JSON");
-            let total = v["usage"]["total_tokens"]
-                .as_u64()
-                .unwrap_or_else(|| panic!("{v}"));
-            match first_usage {
-                None => first_usage = Some(total),
-                Some(u) => saved += u,
-            }
+        let content = "dashboard ".repeat(k + 1);
+        let key = format!("dash-key-{k}");
+        let first = tokens(send(&client, &base, &key, &content, None).await).await;
+        for _ in 0..2 {
+            assert_eq!(
+                tokens(send(&client, &base, &key, &content, None).await).await,
+                first
+            );
+            saved += first;
         }
     }
-    assert_eq!(sim.stats().executions, 4);
+    let first = tokens(send(&client, &base, "dash-retried", "retried", None).await).await;
+    for _ in 0..4 {
+        tokens(send(&client, &base, "dash-retried", "retried", None).await).await;
+        saved += first;
+    }
+    assert_eq!(sim.stats().executions, 5);
+
+    // A slow generation (a minute) stays in flight; its duplicate is
+    // refused with 409 meanwhile: one in-flight conflict.
+    let slow_client = client.clone();
+    let slow_base = base.clone();
+    let slow = tokio::spawn(async move {
+        send(
+            &slow_client,
+            &slow_base,
+            "dash-slow",
+            "slow",
+            Some(("x-sim-latency-ms", "60000")),
+        )
+        .await
+    });
+    for _ in 0..300 {
+        let recent = admin_json(&client, format!("{admin_url}/admin/recent")).await;
+        if recent["in_flight"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty())
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let dup = send(&client, &base, "dash-slow", "slow", None).await;
+    assert_eq!(dup.status(), 409);
 
     // The replays' timeline entries may be written in the background: wait
-    // until the API shows all three before the page looks.
-    let tenant = idemgate_layer::key::tenant_id(CREDENTIAL.as_bytes());
+    // until the API shows all five before the page looks.
     for _ in 0..200 {
-        let v: serde_json::Value = serde_json::from_slice(
-            &client
-                .get(format!(
-                    "{admin_url}/admin/keys/dash-key-0/timeline?tenant={tenant}"
-                ))
-                .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
-                .send()
-                .await
-                .expect("send the request")
-                .bytes()
-                .await
-                .expect("read the response body"),
+        let v = admin_json(
+            &client,
+            format!("{admin_url}/admin/keys/dash-retried/timeline?tenant={tenant}"),
         )
-        .expect("it succeeds");
-        if v["attempts"].as_array().is_some_and(|a| a.len() >= 3) {
+        .await;
+        if v["attempts"].as_array().is_some_and(|a| a.len() >= 5) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 
-    let page =
-        format!("{admin_url}/?key=dash-key-0&tenant={tenant}&namespace=%2Fv1&token={ADMIN_TOKEN}");
     let profile = dir.path().join("chromium-profile");
-    let dom = browse(&browser, &profile, &page, "--dump-dom").await;
+    let (mut browser, mut handler) = Browser::launch(
+        BrowserConfig::builder()
+            .chrome_executable(&browser_path)
+            .no_sandbox()
+            .user_data_dir(&profile)
+            .window_size(1280, 1500)
+            .viewport(None)
+            .args(["disable-gpu", "disable-quic"])
+            .build()
+            .expect("a browser configuration"),
+    )
+    .await
+    .expect("launch chromium");
+    let events = tokio::spawn(async move { while handler.next().await.is_some() {} });
 
-    assert_eq!(text_of(&dom, "hit-ratio"), "66.7%", "{dom}");
-    assert_eq!(text_of(&dom, "hits"), "8");
-    assert_eq!(text_of(&dom, "requests"), "12");
-    assert_eq!(text_of(&dom, "tokens-saved"), saved.to_string());
-    assert_eq!(text_of(&dom, "conflicts"), "0");
-    assert_eq!(text_of(&dom, "per-key-p50"), "3");
-    // The sparklines were drawn from the polled history.
-    assert!(dom.contains("<polyline"), "{dom}");
-
-    let summary = text_of(&dom, "timeline-summary");
-    assert!(summary.contains("dash-key-0"), "{summary}");
-    assert!(summary.contains("state: done (status 200)"), "{summary}");
-    let rows = timeline_rows(&dom);
-    let outcomes: Vec<&str> = rows.iter().map(|r| r[2].as_str()).collect();
-    assert_eq!(outcomes, ["executed", "replayed", "replayed"], "{dom}");
-    assert_eq!(rows[0][3], "200");
-    assert!(
-        rows.iter()
-            .all(|r| r[4].ends_with(" ms") && !r[1].is_empty())
-    );
-    // The token was used but is not shown anywhere on the page.
-    assert!(!dom.contains(ADMIN_TOKEN));
-
-    // A screenshot for people (kept in the test's temporary directory).
-    let shot = dir.path().join("dashboard.png");
-    browse(
-        &browser,
-        &profile,
+    // A person opens the page and types the admin token.
+    let page = browser
+        .new_page(format!("{admin_url}/"))
+        .await
+        .expect("open the dashboard");
+    page.find_element("#f-token")
+        .await
+        .expect("the token field")
+        .click()
+        .await
+        .expect("focus the token field")
+        .type_str(ADMIN_TOKEN)
+        .await
+        .expect("type the token");
+    until(
         &page,
-        &format!("--screenshot={}", shot.display()),
+        "document.querySelectorAll('tr.recent-row').length >= 7",
     )
     .await;
-    let png = std::fs::read(&shot).expect("read");
+    until(
+        &page,
+        "document.getElementById('status').textContent.startsWith('updated')",
+    )
+    .await;
+
+    // The figures: 12 hits of 18 keyed requests (the 409 counts, the slow
+    // request not yet).
+    assert_eq!(text(&page, "hit-ratio").await, "66.7%");
+    assert_eq!(text(&page, "hits").await, "12");
+    assert_eq!(text(&page, "requests").await, "18");
+    assert_eq!(text(&page, "tokens-saved").await, saved.to_string());
+    assert_eq!(text(&page, "conflicts").await, "1");
+    assert_eq!(text(&page, "per-key-p50").await, "3");
+    assert!(
+        js::<bool>(
+            &page,
+            "document.querySelector('#spark-hit-ratio polyline') !== null"
+        )
+        .await
+    );
+
+    // The hit ratio against the alert: a new process has no baseline yet
+    // (the rule's is the hour that ended 15 minutes ago), and the threshold
+    // is the shipped rule's: twice the baseline, at least 2%.
+    let baseline = text(&page, "hit-baseline").await;
+    assert!(
+        baseline == "in 15 min" || baseline == "in 14 min",
+        "{baseline}"
+    );
+    assert_eq!(
+        text(&page, "hit-threshold").await,
+        "2× baseline, at least 2.0%"
+    );
+    let state = text(&page, "alert-state").await;
+    assert!(
+        state.starts_with("IdempotencyHitRatioSurge: no baseline yet"),
+        "{state}"
+    );
+
+    // The recent keys: why, key, route, tenant, requests, last outcome, when.
+    let table = rows(&page, "tr.recent-row").await;
+    let shown: Vec<(&str, &str)> = table
+        .iter()
+        .map(|r| (r[0].as_str(), r[1].as_str()))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("in flight", "dash-slow"),
+            ("conflict", "dash-slow"),
+            ("retried", "dash-retried"),
+            ("retried", "dash-key-3"),
+            ("retried", "dash-key-2"),
+            ("retried", "dash-key-1"),
+            ("retried", "dash-key-0"),
+        ],
+        "{table:?}"
+    );
+    assert_eq!(table[0][5], "running", "{table:?}");
+    assert!(table[0][6].starts_with("running for "), "{table:?}");
+    assert_eq!(table[1][5], "conflict", "the duplicate's outcome");
+    assert_eq!(table[2][4], "5", "requests of the retried key");
+    assert_eq!(table[2][5], "replayed");
+    assert!(table.iter().all(|r| r[2] == "/v1"));
+    assert!(
+        table
+            .iter()
+            .all(|r| tenant.starts_with(r[3].trim_end_matches('…'))),
+        "the tenant id, never the credential: {table:?}"
+    );
+
+    // Clicking the in-flight row opens that key's timeline: still running.
+    page.find_element("tr.recent-row[data-kind='in_flight']")
+        .await
+        .expect("the in-flight row")
+        .click()
+        .await
+        .expect("click the row");
+    until(
+        &page,
+        "document.getElementById('timeline-summary').textContent.includes('dash-slow')",
+    )
+    .await;
+    let summary = text(&page, "timeline-summary").await;
+    assert!(summary.contains("state: pending (running)"), "{summary}");
+
+    // Clicking the retried row: five attempts, the first one executed.
+    page.find_element("tr.recent-row[data-key='dash-retried']")
+        .await
+        .expect("the retried row")
+        .click()
+        .await
+        .expect("click the row");
+    until(
+        &page,
+        "document.getElementById('timeline-summary').textContent.includes('dash-retried')",
+    )
+    .await;
+    until(
+        &page,
+        "document.querySelectorAll('tr.attempt').length === 5",
+    )
+    .await;
+    let summary = text(&page, "timeline-summary").await;
+    assert!(summary.contains("state: done (status 200)"), "{summary}");
+    assert!(summary.contains(&format!("tenant {tenant}")), "{summary}");
+    let attempts = rows(&page, "tr.attempt").await;
+    let outcomes: Vec<&str> = attempts.iter().map(|r| r[2].as_str()).collect();
+    assert_eq!(
+        outcomes,
+        ["executed", "replayed", "replayed", "replayed", "replayed"]
+    );
+    assert_eq!(attempts[0][3], "200");
+    assert!(
+        attempts
+            .iter()
+            .all(|r| r[4].ends_with(" ms") && !r[1].is_empty())
+    );
+
+    // The lookup by credential: key typed, tenant left empty, the client's
+    // credential typed; it goes in a header, never in the page's URL.
+    for (field, value) in [("#f-key", "dash-key-1"), ("#f-credential", CREDENTIAL)] {
+        js::<bool>(
+            &page,
+            &format!("(document.querySelector({field:?}).value = '', true)"),
+        )
+        .await;
+        page.find_element(field)
+            .await
+            .expect("a lookup field")
+            .click()
+            .await
+            .expect("focus the field")
+            .type_str(value)
+            .await
+            .expect("type");
+    }
+    js::<bool>(
+        &page,
+        "(document.getElementById('f-tenant').value = '', true)",
+    )
+    .await;
+    page.find_element("#lookup button[type='submit']")
+        .await
+        .expect("the lookup button")
+        .click()
+        .await
+        .expect("click Look up");
+    until(
+        &page,
+        "document.getElementById('timeline-summary').textContent.includes('dash-key-1')",
+    )
+    .await;
+    until(
+        &page,
+        "document.querySelectorAll('tr.attempt').length === 3",
+    )
+    .await;
+    let summary = text(&page, "timeline-summary").await;
+    assert!(summary.contains(&format!("tenant {tenant}")), "{summary}");
+    let outcomes: Vec<String> = rows(&page, "tr.attempt")
+        .await
+        .into_iter()
+        .map(|r| r[2].clone())
+        .collect();
+    assert_eq!(outcomes, ["executed", "replayed", "replayed"]);
+    let url = page.url().await.expect("the page URL").unwrap_or_default();
+    assert!(!url.contains("sk-dashboard"), "{url}");
+
+    // Neither the token nor the credential is shown anywhere on the page.
+    let dom = page.content().await.expect("the page");
+    assert!(!dom.contains(ADMIN_TOKEN));
+    assert!(!dom.contains("sk-dashboard-credential"));
+
+    // A screenshot for people (kept in the test's temporary directory).
+    let png = page
+        .screenshot(ScreenshotParams::builder().full_page(true).build())
+        .await
+        .expect("a screenshot");
     assert!(png.starts_with(b"\x89PNG"), "not a PNG");
     if let Some(keep) = std::env::var_os("IDEMGATE_DASHBOARD_PNG") {
-        std::fs::copy(&shot, keep).expect("copy");
+        std::fs::write(keep, &png).expect("write the screenshot");
     }
 
+    browser.close().await.expect("close chromium");
+    browser.wait().await.expect("chromium exits");
+    events.abort();
+    slow.abort();
     gw.stop().await.expect("stop cleanly");
 }

@@ -1040,7 +1040,7 @@ fn url_encode(s: &str) -> String {
 }
 
 /// Only the probes and the scrape endpoint are open; the dashboard page is
-/// static (no data), and its data endpoint needs the token like every
+/// static (no data), and its data endpoints need the token like every
 /// `/admin/` endpoint.
 #[tokio::test]
 async fn admin_data_endpoints_need_the_token_probes_and_metrics_do_not() {
@@ -1057,34 +1057,47 @@ async fn admin_data_endpoints_need_the_token_probes_and_metrics_do_not() {
     }
     let page = client.get(format!("{}/", gw.admin)).send().await.unwrap();
     assert!(!page.text().await.unwrap().contains("requests_total\":"));
-    let stats = format!("{}/admin/stats", gw.admin);
-    let r = client.get(&stats).send().await.unwrap();
-    assert_eq!(r.status(), 401);
-    let r = client
-        .get(&stats)
-        .bearer_auth("wrong")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 401);
-    let r = client
-        .get(&stats)
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let v: serde_json::Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
-    assert!(v["requests_total"].is_u64(), "{v}");
+    for data in ["/admin/stats", "/admin/recent"] {
+        let url = format!("{}{data}", gw.admin);
+        let r = client.get(&url).send().await.unwrap();
+        assert_eq!(r.status(), 401, "{data}");
+        let r = client.get(&url).bearer_auth("wrong").send().await.unwrap();
+        assert_eq!(r.status(), 401, "{data}");
+        let r = client
+            .get(&url)
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{data}");
+        let v: serde_json::Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+        if data == "/admin/stats" {
+            assert!(v["requests_total"].is_u64(), "{v}");
+            // The alert it mirrors: the shipped rule without `alert_rules`.
+            let alert = &v["hit_ratio_alert"];
+            assert_eq!(alert["alert"], "IdempotencyHitRatioSurge", "{v}");
+            assert_eq!(alert["factor"], 2.0, "{v}");
+            assert_eq!(alert["floor"], 0.01, "{v}");
+            assert_eq!(alert["source"], "shipped", "{v}");
+        } else {
+            assert!(
+                v["in_flight"].is_array() && v["most_retried"].is_array(),
+                "{v}"
+            );
+            assert_eq!(v["capacity"], 500, "{v}");
+        }
+    }
     gw.stop().await.expect("stop cleanly");
 
     // Without a configured token the data endpoints are off, never open.
     let gw = start_with(&sim.url(), None, |_| {}).await;
-    let r = client
-        .get(format!("{}/admin/stats", gw.admin))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 403);
+    for data in ["/admin/stats", "/admin/recent"] {
+        let r = client
+            .get(format!("{}{data}", gw.admin))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 403, "{data}");
+    }
     gw.stop().await.expect("stop cleanly");
 }

@@ -197,7 +197,7 @@ async fn dispatch<S: Inner>(shared: Arc<Shared>, inner: S, keyed: Keyed) -> Resp
             // Counted once per request that meets its key in flight,
             // whatever happens next: the route's overload signal (clients
             // retrying work that is still running).
-            shared.metrics.met_inflight();
+            shared.metrics.met_inflight(&keyed.scoped);
             if keyed.prefer_async {
                 shared
                     .metrics

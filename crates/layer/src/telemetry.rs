@@ -6,19 +6,22 @@
 //! [`Telemetry::shared`](idemgate_telemetry::Telemetry::shared), which never
 //! installs a recorder: the application picks the exporter (the gateway
 //! installs Prometheus). Every series carries the route (namespace) and, for
-//! requests, a fixed [`Outcome`]; never a key or a tenant. Keys only feed the
-//! requests-per-key distribution, as a hash that is never exported. A
-//! released key carries its reason (`ReleaseReason`), a fixed label too.
+//! requests, a fixed [`Outcome`]; never a key or a tenant. Keys feed the
+//! requests-per-key distribution, as a hash that is never exported, and the
+//! in-memory table of recent keys the admin dashboard lists (tenant id,
+//! route and key, as the key's timeline names them; see
+//! [`idemgate_telemetry::RecentKeys`]). A released key carries its reason
+//! (`ReleaseReason`), a fixed label too.
 //!
 //! Each request is counted once, with its final outcome: an owner when its
 //! execution ends (`executed`, `failed`, `fenced`), before the client hears
 //! the end, so a client that saw its answer also sees it counted.
 
-use std::hash::{DefaultHasher, Hash, Hasher};
-
 use idemgate_engine::ScopedKey;
+#[cfg(test)]
+use idemgate_telemetry::key_id;
 pub use idemgate_telemetry::{Outcome, names};
-use idemgate_telemetry::{RouteTelemetry, Telemetry};
+use idemgate_telemetry::{RouteTelemetry, RunningKey, Telemetry};
 
 use crate::stored::Usage;
 
@@ -103,14 +106,6 @@ pub(crate) struct Metrics {
     route: RouteTelemetry,
 }
 
-/// The id of a scoped key in the requests-per-key distribution: a hash,
-/// kept in memory only.
-pub(crate) fn key_id(key: &ScopedKey) -> u64 {
-    let mut h = DefaultHasher::new();
-    key.hash(&mut h);
-    h.finish()
-}
-
 impl Metrics {
     pub(crate) fn new(route: &str) -> Self {
         Self {
@@ -120,7 +115,10 @@ impl Metrics {
 
     /// A request that ended with `outcome`; `key` when it had one.
     pub(crate) fn request(&self, outcome: Outcome, key: Option<&ScopedKey>) {
-        self.route.request(outcome, key.map(key_id));
+        match key {
+            Some(k) => self.route.key_request(outcome, k),
+            None => self.route.request(outcome, None),
+        }
     }
 
     /// A request answered from a stored result: a hit, and the tokens its
@@ -134,8 +132,13 @@ impl Metrics {
 
     /// A request that met its key PENDING (whatever it does next: refused,
     /// waiting, joining). How it ends is counted by [`Metrics::request`].
-    pub(crate) fn met_inflight(&self) {
-        self.route.inflight_conflict();
+    pub(crate) fn met_inflight(&self, key: &ScopedKey) {
+        self.route.key_conflict(key);
+    }
+
+    /// An execution of `key` begins: listed in flight until the guard drops.
+    pub(crate) fn running(&self, key: &ScopedKey) -> RunningKey {
+        self.route.key_running(key)
     }
 
     /// An execution whose key was released instead of stored.

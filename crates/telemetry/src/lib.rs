@@ -15,12 +15,19 @@
 //!   need state (the sliding hit ratio, requests-per-key histogram),
 //!   refreshed at each scrape; [`RouteTelemetry`] is its handle for one
 //!   route; [`Snapshot`] the figures a dashboard polls.
+//! - `outcome`: [`Outcome`], how a keyed request ended.
+//! - `window`: the sliding hit ratio, its baseline, requests per key.
+//! - `route`: [`RouteTelemetry`], the handle that labels by route, and
+//!   [`RunningKey`].
+//! - `recent`: [`RecentKeys`], the bounded table of keys the dashboard
+//!   lists (most retried, in flight, conflicts, fenced).
 //! - [`InstrumentedStore`]: a [`Store`](idemgate_engine::Store) decorator
 //!   timing every operation by backend and op, and counting errors.
 //! - [`logging`]: the JSON-lines log format, for capturing logs in tests
 //!   (the `idemgate` binary sets up its own subscriber with the same format).
 //! - `otlp` (cargo feature `otlp`): OTLP/HTTP export of the request spans,
-//!   a layer beside the logs.
+//!   a layer beside the logs; [`exported_trace_context`] is the trace
+//!   context that makes a downstream call a child of an exported span.
 //!
 //! # The key decision
 //! Recording and exporting are separate: libraries (the idempotency layer)
@@ -37,6 +44,9 @@ pub mod logging;
 pub mod names;
 #[cfg(feature = "otlp")]
 pub mod otlp;
+mod outcome;
+mod recent;
+mod route;
 mod store;
 mod window;
 
@@ -47,80 +57,42 @@ use std::time::{Duration, Instant};
 use metrics::Label;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-pub use store::InstrumentedStore;
-pub use window::{KeyCounts, RatioWindow};
+use std::hash::{DefaultHasher, Hash, Hasher};
 
-/// How a keyed request ended, as counted in `idempotency_requests_total{outcome}`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Outcome {
-    /// Ran upstream now and was stored (or delivered when too large to store).
-    Executed,
-    /// Answered from a DONE record.
-    Replayed,
-    /// Joined an in-flight run and got its result.
-    Attached,
-    /// Met a PENDING key and was refused (or its wait ran out).
-    Conflict,
-    /// Same key, different payload.
-    Mismatch,
-    /// Ran upstream and failed retryably: the key was released.
-    Failed,
-    /// Ran upstream but its lease had been taken over: not stored.
-    Fenced,
-    /// Refused before any work: missing/malformed key, oversized body.
-    Rejected,
-    /// The store failed and the request was refused (`fail_closed`), or a
-    /// stored result could not be read.
-    StoreError,
-    /// Forwarded without protection: no key on an optional route, or the
-    /// store down under `fail_open`.
-    Unprotected,
-    /// `Prefer: respond-async` on a key already running: pointed at it (202).
-    Accepted,
+use idemgate_engine::ScopedKey;
+use idemgate_engine::record::now_ms;
+
+pub use outcome::Outcome;
+pub use recent::{RecentKey, RecentKeys, RecentSnapshot};
+pub use route::{RouteTelemetry, RunningKey};
+pub use store::InstrumentedStore;
+pub use window::{KeyCounts, RatioHistory, RatioWindow};
+
+/// A W3C trace context to send on a downstream call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceContext {
+    /// The `traceparent` header value.
+    pub traceparent: String,
+    /// The `tracestate` header value, when the trace carries one.
+    pub tracestate: Option<String>,
 }
 
-impl Outcome {
-    /// Every outcome, in label order.
-    pub const ALL: [Outcome; 11] = [
-        Self::Executed,
-        Self::Replayed,
-        Self::Attached,
-        Self::Conflict,
-        Self::Mismatch,
-        Self::Failed,
-        Self::Fenced,
-        Self::Rejected,
-        Self::StoreError,
-        Self::Unprotected,
-        Self::Accepted,
-    ];
-
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Executed => "executed",
-            Self::Replayed => "replayed",
-            Self::Attached => "attached",
-            Self::Conflict => "conflict",
-            Self::Mismatch => "mismatch",
-            Self::Failed => "failed",
-            Self::Fenced => "fenced",
-            Self::Rejected => "rejected",
-            Self::StoreError => "store_error",
-            Self::Unprotected => "unprotected",
-            Self::Accepted => "accepted",
-        }
+/// The trace context naming the current span, as exported over OTLP, as
+/// the parent of a downstream call: so the upstream's spans continue the
+/// trace under the gateway's span (client → gateway → upstream, one tree).
+///
+/// `None` when the current span is not exported (a build without the
+/// `otlp` feature, or no exporting layer installed): the caller's
+/// `traceparent` then goes downstream unchanged, since a parent id naming
+/// a span nobody exported would break the caller's tree.
+pub fn exported_trace_context() -> Option<TraceContext> {
+    #[cfg(feature = "otlp")]
+    {
+        otlp::current_trace_context()
     }
-
-    /// Whether the response came from a stored or live result without an
-    /// upstream call of its own (a "hit").
-    pub fn is_hit(self) -> bool {
-        matches!(self, Self::Replayed | Self::Attached)
-    }
-
-    fn index(self) -> usize {
-        Self::ALL.iter().position(|o| *o == self).unwrap_or(0)
+    #[cfg(not(feature = "otlp"))]
+    {
+        None
     }
 }
 
@@ -128,6 +100,17 @@ impl Outcome {
 const RATIO_WINDOW: Duration = Duration::from_secs(300);
 /// Window over which requests per key are counted.
 const KEY_WINDOW: Duration = Duration::from_secs(600);
+/// Keys the recent-keys table holds at most (a few hundred: what a person
+/// can scan, in well under a megabyte).
+pub const RECENT_KEYS: usize = 500;
+
+/// The id of a scoped key in the requests-per-key distribution: a hash,
+/// kept in memory only.
+pub fn key_id(key: &ScopedKey) -> u64 {
+    let mut h = DefaultHasher::new();
+    key.hash(&mut h);
+    h.finish()
+}
 
 /// The metrics state of one process: the counters behind the derived
 /// gauges and the dashboard, and (once [`Telemetry::global`] ran) the
@@ -142,7 +125,9 @@ struct Inner {
     handle: OnceLock<Option<PrometheusHandle>>,
     /// Held for one short update per request, never across `.await`.
     ratio: Mutex<RatioWindow>,
+    history: Mutex<RatioHistory>,
     keys: Mutex<KeyCounts>,
+    recent: Mutex<RecentKeys>,
     totals: Totals,
 }
 
@@ -168,6 +153,14 @@ pub struct Snapshot {
     pub hits: u64,
     /// Hits / requests over the sliding five-minute window.
     pub hit_ratio: f64,
+    /// Keyed requests in that window (the alert needs more than 0.1/s).
+    pub keyed_requests_5m: u64,
+    /// The hit ratio's baseline as the shipped alert rule computes it (the
+    /// mean over the hour that ended 15 minutes ago); `None` until this
+    /// process has that much history.
+    pub hit_ratio_baseline: Option<f64>,
+    /// Minutes until the baseline has its first sample (0 once it has).
+    pub minutes_to_baseline: u64,
     /// Requests that met a PENDING key, since start.
     pub inflight_conflicts: u64,
     /// Tokens not billed again thanks to replays, since start.
@@ -215,7 +208,9 @@ impl Telemetry {
             inner: Arc::new(Inner {
                 handle: OnceLock::new(),
                 ratio: Mutex::new(RatioWindow::new(RATIO_WINDOW, 10, now)),
+                history: Mutex::new(RatioHistory::new()),
                 keys: Mutex::new(KeyCounts::new(KEY_WINDOW, 200_000, now)),
+                recent: Mutex::new(RecentKeys::new(RECENT_KEYS)),
                 totals: Totals::default(),
             }),
         }
@@ -352,12 +347,26 @@ impl Telemetry {
             .zip(&totals.by_outcome)
             .map(|(o, c)| (*o, c.load(Ordering::Relaxed)))
             .collect();
-        let hit_ratio = self
+        let (hits_5m, keyed_requests_5m) = self
             .inner
             .ratio
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .ratio(now);
+            .counts(now);
+        let hit_ratio = if keyed_requests_5m == 0 {
+            0.0
+        } else {
+            hits_5m as f64 / keyed_requests_5m as f64
+        };
+        let minute = self.sample_history(hit_ratio);
+        let (hit_ratio_baseline, minutes_to_baseline) = {
+            let h = self
+                .inner
+                .history
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            (h.baseline(minute), h.minutes_to_baseline(minute))
+        };
         let (p50, p99) = {
             let keys = self
                 .inner
@@ -371,6 +380,9 @@ impl Telemetry {
             requests,
             hits: totals.hits.load(Ordering::Relaxed),
             hit_ratio,
+            keyed_requests_5m,
+            hit_ratio_baseline,
+            minutes_to_baseline,
             inflight_conflicts: totals.conflicts.load(Ordering::Relaxed),
             tokens_saved: totals.tokens_saved.load(Ordering::Relaxed),
             stream_events_lost: totals.events_lost.load(Ordering::Relaxed),
@@ -392,6 +404,13 @@ impl Telemetry {
     /// Drains the recorder's histogram buffers; call it every few seconds
     /// when nothing scrapes (rendering does it too).
     pub fn run_upkeep(&self) {
+        let ratio = self
+            .inner
+            .ratio
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .ratio(Instant::now());
+        self.sample_history(ratio);
         if let Some(Some(h)) = self.inner.handle.get() {
             h.run_upkeep();
         }
@@ -405,6 +424,7 @@ impl Telemetry {
             .unwrap_or_else(PoisonError::into_inner)
             .ratio(now);
         metrics::gauge!(names::HIT_RATIO).set(ratio);
+        self.sample_history(ratio);
         let mut keys = self
             .inner
             .keys
@@ -412,6 +432,31 @@ impl Telemetry {
             .unwrap_or_else(PoisonError::into_inner);
         observe_per_key(keys.take_finished(now));
         metrics::gauge!(names::KEYS_TRACKED).set(keys.tracked(now) as f64);
+    }
+
+    /// Keeps the five-minute ratio as this minute's baseline sample (the
+    /// first one in a minute counts, as a rule evaluated once a minute);
+    /// returns the minute.
+    fn sample_history(&self, ratio: f64) -> u64 {
+        let minute = now_ms() / 60_000;
+        self.inner
+            .history
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .sample(minute, ratio);
+        minute
+    }
+
+    /// The recent-keys lists, each at most `per_list` long.
+    pub fn recent_keys(&self, per_list: usize) -> RecentSnapshot {
+        self.recent().snapshot(per_list)
+    }
+
+    fn recent(&self) -> std::sync::MutexGuard<'_, RecentKeys> {
+        self.inner
+            .recent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Ends every key's requests-per-key count now, observing each total
@@ -425,64 +470,6 @@ impl Telemetry {
             .unwrap_or_else(PoisonError::into_inner)
             .finish_all(Instant::now());
         observe_per_key(done);
-    }
-}
-
-/// [`Telemetry`] for one route: everything it records carries
-/// `route="<id>"` (a configured route id: low cardinality by construction).
-/// Cheap to clone.
-#[derive(Debug, Clone)]
-pub struct RouteTelemetry {
-    telemetry: Telemetry,
-    route: Arc<str>,
-}
-
-impl RouteTelemetry {
-    fn labels(&self) -> Vec<Label> {
-        vec![Label::new("route", self.route.to_string())]
-    }
-
-    /// The route label.
-    pub fn route(&self) -> &str {
-        &self.route
-    }
-
-    /// As [`Telemetry::request`].
-    pub fn request(&self, outcome: Outcome, key_id: Option<u64>) {
-        self.telemetry.count_request(self.labels(), outcome, key_id);
-    }
-
-    /// As [`Telemetry::inflight_conflict`].
-    pub fn inflight_conflict(&self) {
-        self.telemetry.count_conflict(self.labels());
-    }
-
-    /// As [`Telemetry::tokens_saved`].
-    pub fn tokens_saved(&self, tokens: u64) {
-        self.telemetry.count_tokens(self.labels(), tokens);
-    }
-
-    /// As [`Telemetry::stream_events_lost`].
-    pub fn stream_events_lost(&self, events: u64) {
-        self.telemetry.count_events_lost(self.labels(), events);
-    }
-
-    /// Counts a completion write that failed with a temporary store error
-    /// and will be retried, its result held in memory.
-    pub fn completion_held(&self) {
-        metrics::counter!(names::COMPLETION_HELD, self.labels()).increment(1);
-    }
-
-    /// Counts an execution whose key was released instead of stored.
-    pub fn released(&self, reason: &'static str) {
-        let mut labels = self.labels();
-        labels.push(Label::new("reason", reason));
-        metrics::counter!(names::RELEASED, labels).increment(1);
-    }
-
-    /// Counts an execution that failed after its request was sent.
-    pub fn outcome_unknown(&self) {
-        metrics::counter!(names::OUTCOME_UNKNOWN, self.labels()).increment(1);
     }
 }
 

@@ -18,8 +18,11 @@
 //! client's span: the W3C propagator (`TraceContextPropagator`) reads the
 //! field, and its context is made current while the exporting layer
 //! creates the span, which takes the current context as the parent of a
-//! span without a local one. A trace then shows client → gateway as one
-//! tree.
+//! span without a local one. The call upstream continues the trace:
+//! [`current_trace_context`] (behind [`crate::exported_trace_context`])
+//! gives the exported span's own `traceparent`, which the layer forwards in
+//! place of the caller's. A trace then shows client → gateway → upstream
+//! as one tree.
 //!
 //! Configuration follows the OpenTelemetry environment variables
 //! (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`,
@@ -263,6 +266,28 @@ fn caller_context(traceparent: &str) -> Option<OtelContext> {
     cx.span().span_context().is_valid().then_some(cx)
 }
 
+/// The current span's context as W3C headers (through the same
+/// propagator), when the span is exported: its trace id and its own span
+/// id as the parent, so a downstream call becomes its child.
+pub(crate) fn current_trace_context() -> Option<crate::TraceContext> {
+    use opentelemetry::trace::TraceContextExt as _;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    let span = tracing::Span::current();
+    if span.is_disabled() {
+        return None;
+    }
+    let cx = span.context();
+    if !cx.span().span_context().is_valid() {
+        return None;
+    }
+    let mut carrier: HashMap<String, String> = HashMap::new();
+    TraceContextPropagator::new().inject_context(&cx, &mut carrier);
+    Some(crate::TraceContext {
+        traceparent: carrier.remove(TRACEPARENT_FIELD)?,
+        tracestate: carrier.remove("tracestate").filter(|s| !s.is_empty()),
+    })
+}
+
 /// Reads the `traceparent` field.
 struct TraceparentVisitor(Option<String>);
 
@@ -346,6 +371,37 @@ mod tests {
         assert!(sc.is_remote());
         assert!(caller_context("00-zz-00f067aa0ba902b7-01").is_none());
         assert!(caller_context("").is_none());
+    }
+
+    #[test]
+    fn a_downstream_call_is_a_child_of_the_exported_span() {
+        use opentelemetry::trace::TraceContextExt as _;
+        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+        use tracing_subscriber::layer::SubscriberExt as _;
+        let traces = OtlpTraces {
+            provider: SdkTracerProvider::builder()
+                .with_id_generator(RequestTraceIds)
+                .build(),
+        };
+        let subscriber = tracing_subscriber::registry().with(traces.layer());
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!(
+                "idempotency",
+                trace_id = "4bf92f3577b34da6a3ce929d0e0e4736",
+                traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            );
+            let _entered = span.enter();
+            let own = span.context().span().span_context().span_id();
+            let tc = crate::exported_trace_context().expect("the span is exported");
+            assert_eq!(
+                tc.traceparent,
+                format!("00-4bf92f3577b34da6a3ce929d0e0e4736-{own}-01"),
+                "the caller's trace, the gateway's span as the parent"
+            );
+            assert_ne!(own, SpanId::from(0x00f0_67aa_0ba9_02b7_u64));
+        });
+        // Outside an exported span there is nothing to continue.
+        assert_eq!(crate::exported_trace_context(), None);
     }
 
     #[test]

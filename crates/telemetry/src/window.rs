@@ -1,8 +1,9 @@
-//! The two windows behind the derived gauges: a sliding hit ratio and the
-//! distribution of requests per key. Both are plain data structures driven by
-//! an explicit `now`, so their tests step time exactly.
+//! The windows behind the derived gauges: a sliding hit ratio, its
+//! baseline (as the shipped alert rule computes it), and the distribution of
+//! requests per key. All are plain data structures driven by an explicit
+//! `now`, so their tests step time exactly.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 /// Hits and totals in a ring of time buckets; the ratio covers the last
@@ -43,19 +44,83 @@ impl RatioWindow {
         slot.2 += 1;
     }
 
-    /// Hits / requests over the window (0 when there were none).
-    pub fn ratio(&self, now: Instant) -> f64 {
+    /// Hits and requests over the window.
+    pub fn counts(&self, now: Instant) -> (u64, u64) {
         let n = self.index(now);
         let len = self.slots.len() as u64;
-        let (hits, total) = self
-            .slots
+        self.slots
             .iter()
             .filter(|(b, _, _)| *b != u64::MAX && *b <= n && n - *b < len)
-            .fold((0u64, 0u64), |(h, t), (_, sh, st)| (h + sh, t + st));
+            .fold((0u64, 0u64), |(h, t), (_, sh, st)| (h + sh, t + st))
+    }
+
+    /// Hits / requests over the window (0 when there were none).
+    pub fn ratio(&self, now: Instant) -> f64 {
+        let (hits, total) = self.counts(now);
         if total == 0 {
             0.0
         } else {
             hits as f64 / total as f64
+        }
+    }
+}
+
+/// The hit ratio's baseline as `ops/alerts.yml` defines it
+/// (`avg_over_time(idemgate:hit_ratio:rate5m[1h] offset 15m)`): the mean of
+/// the five-minute ratio, sampled once a minute, over the hour that ended
+/// 15 minutes ago. Minutes are wall-clock minutes (`unix ms / 60 000`).
+#[derive(Debug, Default)]
+pub struct RatioHistory {
+    /// (minute, ratio), oldest first, one per minute at most.
+    samples: VecDeque<(u64, f64)>,
+}
+
+impl RatioHistory {
+    /// How far back the baseline ends, in minutes.
+    pub const OFFSET_MINUTES: u64 = 15;
+    /// How many minutes the baseline averages.
+    pub const SPAN_MINUTES: u64 = 60;
+
+    /// An empty history.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Keeps `ratio` as minute `minute`'s sample, unless that minute has
+    /// one; forgets samples the baseline no longer reaches.
+    pub fn sample(&mut self, minute: u64, ratio: f64) {
+        if self.samples.back().is_some_and(|(m, _)| *m >= minute) {
+            return;
+        }
+        self.samples.push_back((minute, ratio));
+        let reach = Self::OFFSET_MINUTES + Self::SPAN_MINUTES;
+        while self
+            .samples
+            .front()
+            .is_some_and(|(m, _)| m.saturating_add(reach) <= minute)
+        {
+            self.samples.pop_front();
+        }
+    }
+
+    /// The baseline at minute `minute`: the mean of the samples of the
+    /// minutes in `(minute − 75, minute − 15]`; `None` without one (as
+    /// Prometheus has no baseline, and the alert cannot fire, before then).
+    pub fn baseline(&self, minute: u64) -> Option<f64> {
+        let end = minute.checked_sub(Self::OFFSET_MINUTES)?;
+        let (sum, n) = self
+            .samples
+            .iter()
+            .filter(|(m, _)| m.saturating_add(Self::SPAN_MINUTES) > end && *m <= end)
+            .fold((0.0, 0u32), |(s, n), (_, r)| (s + r, n + 1));
+        (n > 0).then(|| sum / f64::from(n))
+    }
+
+    /// Minutes until the baseline has its first sample (0 once it has one).
+    pub fn minutes_to_baseline(&self, minute: u64) -> u64 {
+        match self.samples.front() {
+            Some((first, _)) => (first + Self::OFFSET_MINUTES).saturating_sub(minute),
+            None => Self::OFFSET_MINUTES,
         }
     }
 }
@@ -185,6 +250,34 @@ mod tests {
         }
         assert!((w.ratio(t0 + Duration::from_secs(302)) - 1.0).abs() < 1e-9);
         assert_eq!(w.ratio(t0 + Duration::from_secs(1000)), 0.0);
+    }
+
+    #[test]
+    fn baseline_is_the_hour_that_ended_fifteen_minutes_ago() {
+        let mut h = RatioHistory::new();
+        assert_eq!(h.baseline(100), None);
+        assert_eq!(h.minutes_to_baseline(100), 15);
+        // Minutes 0..=59 at 0.1, then 60.. at 0.5.
+        for m in 0..60 {
+            h.sample(m, 0.1);
+            h.sample(m, 0.9); // a second sample in a minute is ignored
+        }
+        h.sample(60, 0.5);
+        // Not before 15 minutes of history.
+        assert_eq!(h.baseline(14), None);
+        assert_eq!(h.minutes_to_baseline(10), 5);
+        assert!((h.baseline(15).expect("minute 0 counts") - 0.1).abs() < 1e-9);
+        assert_eq!(h.minutes_to_baseline(15), 0);
+        // At minute 75: minutes 1..=60 (59 × 0.1 and one 0.5).
+        let b = h.baseline(75).expect("a full hour");
+        assert!((b - (59.0 * 0.1 + 0.5) / 60.0).abs() < 1e-9, "{b}");
+        for m in 61..120 {
+            h.sample(m, 0.5);
+        }
+        // At minute 134: minutes 60..=119, all 0.5.
+        assert!((h.baseline(134).expect("a full hour") - 0.5).abs() < 1e-9);
+        // Samples out of reach are forgotten.
+        assert!(h.samples.len() <= 76, "{}", h.samples.len());
     }
 
     #[test]

@@ -22,6 +22,7 @@ use futures_util::StreamExt;
 use futures_util::future::Either;
 use http::{Request, StatusCode, header};
 use idemgate_engine::{Fenced, Fingerprint, LeaseGuard, ScopedKey};
+use idemgate_telemetry::RunningKey;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -31,6 +32,7 @@ use super::body::Chunk;
 use super::inner::{self, Inner, OutcomeUnknown, RetryableFailure, SendSignal};
 use super::listeners::{Attachers, Client};
 use super::record::{Recorded, Recording, kept_headers};
+use super::traceparent::continue_trace;
 use crate::config::{CompletionClock, InflightMode, OutcomeUnknownMode, StreamDialect};
 use crate::held::Held;
 use crate::live::LiveStream;
@@ -62,6 +64,7 @@ pub(super) async fn own<S: Inner>(
     });
     let (reply, replied) = oneshot::channel();
     let task = Detached {
+        _running: shared.metrics.running(&keyed.scoped),
         shared: Arc::clone(&shared),
         key: keyed.scoped.clone(),
         fingerprint: keyed.fingerprint,
@@ -95,6 +98,8 @@ enum Decision {
 
 /// One detached execution.
 struct Detached {
+    /// Lists the key in flight on the dashboard while the execution lives.
+    _running: RunningKey,
     shared: Arc<Shared>,
     /// The key this execution owns (for the requests-per-key count).
     key: ScopedKey,
@@ -165,8 +170,10 @@ impl Detached {
 
     /// Calls the inner service and reads its response; returns what to do
     /// with the key. Relays stream events to the client as they arrive.
-    async fn execute<S: Inner>(&mut self, inner: S, request: Request<Body>) -> Decision {
+    async fn execute<S: Inner>(&mut self, inner: S, mut request: Request<Body>) -> Decision {
         let dialect = self.shared.config.stream_dialect_of(request.uri().path());
+        // Inside the request span: the upstream becomes its child.
+        continue_trace(request.headers_mut());
         let res = inner::call(inner, request).await;
         let status = res.status();
         self.client.answered(status.as_u16());

@@ -1,5 +1,8 @@
 //! W3C trace context for protected requests: every request the layer keys
 //! gets a trace id, logged with each line about it and forwarded upstream.
+//! When the request span is exported (the `otlp` feature of
+//! `idemgate-telemetry`, with its layer installed), the upstream gets the
+//! exported span as its parent, so the trace continues through us.
 //!
 //! It exists apart from the request path because it is pure header parsing
 //! with rules of its own (the `traceparent` version 00 layout), tested here
@@ -53,8 +56,8 @@ pub(super) fn caller_traceparent(headers: &HeaderMap) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// The request's trace id. A valid `traceparent` is kept as it is (we
-/// export no spans, so the caller's span stays the upstream's parent);
+/// The request's trace id. A valid `traceparent` is kept as it is (until
+/// [`continue_trace`] names our exported span as the upstream's parent);
 /// otherwise a new trace starts: a fresh `traceparent` replaces the missing
 /// or invalid one (and any `tracestate`, which belongs to the old one), so
 /// the upstream logs the same trace id as we do.
@@ -76,6 +79,28 @@ pub(super) fn ensure_traceparent(headers: &mut HeaderMap) -> String {
     id
 }
 
+/// Makes the upstream call a child of the current (request) span when that
+/// span is exported: its `traceparent` (same trace id, our span's id as
+/// the parent) replaces the one admitted. Spans not exported leave the
+/// headers as they are: the caller's span stays the upstream's parent.
+pub(super) fn continue_trace(headers: &mut HeaderMap) {
+    let Some(tc) = idemgate_telemetry::exported_trace_context() else {
+        return;
+    };
+    let Ok(parent) = HeaderValue::from_str(&tc.traceparent) else {
+        return;
+    };
+    headers.insert(TRACEPARENT, parent);
+    match tc.tracestate.and_then(|s| HeaderValue::from_str(&s).ok()) {
+        Some(state) => {
+            headers.insert(TRACESTATE, state);
+        }
+        None => {
+            headers.remove(TRACESTATE);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,6 +114,19 @@ mod tests {
         let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
         h.insert(TRACEPARENT, HeaderValue::from_static(tp));
         assert_eq!(caller_traceparent(&h).as_deref(), Some(tp));
+    }
+
+    #[test]
+    fn without_an_exported_span_the_callers_traceparent_goes_on() {
+        let given = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut h = HeaderMap::new();
+        h.insert(TRACEPARENT, HeaderValue::from_static(given));
+        h.insert(TRACESTATE, HeaderValue::from_static("v=1"));
+        let span = tracing::info_span!("idempotency", trace_id = "x");
+        let _entered = span.enter();
+        continue_trace(&mut h);
+        assert_eq!(h[TRACEPARENT], given);
+        assert_eq!(h[TRACESTATE], "v=1");
     }
 
     #[test]

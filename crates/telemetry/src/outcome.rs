@@ -1,0 +1,78 @@
+//! How a keyed request ended: the `outcome` label of
+//! `idempotency_requests_total`, and which outcomes are hits. A leaf
+//! module, since the counters, the recent-keys table and the layer all
+//! speak it.
+
+/// How a keyed request ended, as counted in `idempotency_requests_total{outcome}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// Ran upstream now and was stored (or delivered when too large to store).
+    Executed,
+    /// Answered from a DONE record.
+    Replayed,
+    /// Joined an in-flight run and got its result.
+    Attached,
+    /// Met a PENDING key and was refused (or its wait ran out).
+    Conflict,
+    /// Same key, different payload.
+    Mismatch,
+    /// Ran upstream and failed retryably: the key was released.
+    Failed,
+    /// Ran upstream but its lease had been taken over: not stored.
+    Fenced,
+    /// Refused before any work: missing/malformed key, oversized body.
+    Rejected,
+    /// The store failed and the request was refused (`fail_closed`), or a
+    /// stored result could not be read.
+    StoreError,
+    /// Forwarded without protection: no key on an optional route, or the
+    /// store down under `fail_open`.
+    Unprotected,
+    /// `Prefer: respond-async` on a key already running: pointed at it (202).
+    Accepted,
+}
+
+impl Outcome {
+    /// Every outcome, in label order.
+    pub const ALL: [Outcome; 11] = [
+        Self::Executed,
+        Self::Replayed,
+        Self::Attached,
+        Self::Conflict,
+        Self::Mismatch,
+        Self::Failed,
+        Self::Fenced,
+        Self::Rejected,
+        Self::StoreError,
+        Self::Unprotected,
+        Self::Accepted,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Executed => "executed",
+            Self::Replayed => "replayed",
+            Self::Attached => "attached",
+            Self::Conflict => "conflict",
+            Self::Mismatch => "mismatch",
+            Self::Failed => "failed",
+            Self::Fenced => "fenced",
+            Self::Rejected => "rejected",
+            Self::StoreError => "store_error",
+            Self::Unprotected => "unprotected",
+            Self::Accepted => "accepted",
+        }
+    }
+
+    /// Whether the response came from a stored or live result without an
+    /// upstream call of its own (a "hit").
+    pub fn is_hit(self) -> bool {
+        matches!(self, Self::Replayed | Self::Attached)
+    }
+
+    pub(crate) fn index(self) -> usize {
+        Self::ALL.iter().position(|o| *o == self).unwrap_or(0)
+    }
+}
