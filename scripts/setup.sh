@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the test suites need beyond cargo, on a fresh machine of this
 # project's kind: promtool (Debian `prometheus`) for the alert-rule tests,
-# Chromium for the dashboard test (headless), and
+# Chromium for the dashboard test (headless), libfaketime for the
+# wall-clock step test, and
 # a Python venv (.venv) with the official openai/anthropic clients for the
 # end-to-end tests.
 # Idempotent: does nothing when everything is present.
@@ -11,6 +12,8 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+# libfaketime: the wall-clock step test runs the gateway under it.
+[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || need_apt+=(faketime)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
