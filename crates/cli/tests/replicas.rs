@@ -257,24 +257,10 @@ async fn split_duplicates(store: &str) {
                     set.spawn(send(req));
                 }
                 let answers: Vec<Answer> = set.join_all().await;
-                for ans in &answers {
-                    assert_eq!(
-                        ans.status,
-                        200,
-                        "{key}: {}",
-                        String::from_utf8_lossy(&ans.body)
-                    );
-                    assert_eq!(ans.body, answers[0].body, "{key}: every answer identical");
-                }
-                let fresh = answers
-                    .iter()
-                    .filter(|a| a.replayed.as_deref() == Some("false"))
-                    .count();
-                assert_eq!(fresh, 1, "{key}: exactly one answer is the execution");
+                executed_once(&sim, &key, &answers);
                 if stream {
                     assert!(answers[0].body.ends_with(b"data: [DONE]\n\n"), "{key}");
                 }
-                assert_eq!(sim.executions_for(&key), 1, "{key}: one upstream execution");
             }
         }
     }
@@ -361,7 +347,13 @@ async fn soak(store: &str) {
 }
 
 fn check_soaked(sim: &SimHandle, (key, answers): (String, Vec<Answer>)) {
-    for ans in &answers {
+    executed_once(sim, &key, &answers);
+}
+
+/// Every answer of `key` is 200 and identical, exactly one of them fresh,
+/// and the upstream ran it once.
+fn executed_once(sim: &SimHandle, key: &str, answers: &[Answer]) {
+    for ans in answers {
         assert_eq!(
             ans.status,
             200,
@@ -375,7 +367,7 @@ fn check_soaked(sim: &SimHandle, (key, answers): (String, Vec<Answer>)) {
         .filter(|a| a.replayed.as_deref() == Some("false"))
         .count();
     assert_eq!(fresh, 1, "{key}: exactly one answer is the execution");
-    assert_eq!(sim.executions_for(&key), 1, "{key}: one upstream execution");
+    assert_eq!(sim.executions_for(key), 1, "{key}: one upstream execution");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -879,6 +879,19 @@ async fn a_panicking_handler_answers_500_and_releases_the_key() {
     assert_eq!(h.executions(), 2);
 }
 
+/// A keyed JSON request of tenant A with key `t`, held at the handler's
+/// gate when `gated`.
+fn gated_request(gated: bool) -> axum::http::Request<Body> {
+    let mut b = axum::http::Request::post("/json")
+        .header("content-type", "application/json")
+        .header("authorization", "Bearer tenant-a")
+        .header("idempotency-key", "t");
+    if gated {
+        b = b.header("x-gate", "1");
+    }
+    b.body(Body::from("{}")).expect("a valid request")
+}
+
 /// On tokio's paused clock: the 30 s completion timeout elapses at once,
 /// exactly, while the handler still waits on its gate.
 #[tokio::test(start_paused = true)]
@@ -891,16 +904,7 @@ async fn work_past_the_completion_timeout_is_abandoned_and_released() {
             ..config(InflightMode::Reject)
         },
     );
-    let request = |gated: bool| {
-        let mut b = axum::http::Request::post("/json")
-            .header("content-type", "application/json")
-            .header("authorization", "Bearer tenant-a")
-            .header("idempotency-key", "t");
-        if gated {
-            b = b.header("x-gate", "1");
-        }
-        b.body(Body::from("{}")).expect("a valid request")
-    };
+    let request = gated_request;
     let a = app
         .router
         .clone()
@@ -940,16 +944,7 @@ async fn a_charging_completion_timeout_keeps_outcome_unknown() {
             ..config(InflightMode::Reject)
         },
     );
-    let request = |gated: bool| {
-        let mut b = axum::http::Request::post("/json")
-            .header("content-type", "application/json")
-            .header("authorization", "Bearer tenant-a")
-            .header("idempotency-key", "t");
-        if gated {
-            b = b.header("x-gate", "1");
-        }
-        b.body(Body::from("{}")).expect("a valid request")
-    };
+    let request = gated_request;
     let problem_type = |body: &[u8]| {
         let v: serde_json::Value = serde_json::from_slice(body).expect("valid JSON");
         v["type"].clone()

@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idemgate_engine::{
-    Attempt, AttemptOutcome, Begin, ClientKey, Engine, Fenced, Fingerprint, LeaseGuard, Policy,
-    ScopedKey, Store,
+    Attempt, AttemptOutcome, Begin, Engine, Fenced, Fingerprint, LeaseGuard, Policy, ScopedKey,
+    Store,
 };
 use idemgate_postgres::PostgresStore;
 use sqlx::AssertSqlSafe;
@@ -29,18 +29,11 @@ fn engine(store: &PostgresStore) -> Engine {
 }
 
 fn key() -> ScopedKey {
-    let k = format!("iso-{:016x}", rand::random::<u64>());
-    ScopedKey::new("acme", "isolation", ClientKey::parse(&k).unwrap())
+    idemgate_testkit::fresh_key()
 }
 
 fn attempt() -> Attempt {
-    Attempt {
-        at_ms: idemgate_engine::record::now_ms(),
-        replica: "test".into(),
-        outcome: AttemptOutcome::Executed,
-        status: Some(200),
-        latency_us: 1,
-    }
+    idemgate_testkit::attempt(AttemptOutcome::Executed)
 }
 
 async fn owner(engine: &Engine, key: &ScopedKey) -> LeaseGuard {

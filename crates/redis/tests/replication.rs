@@ -10,35 +10,20 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idemgate_engine::{
-    Attempt, AttemptOutcome, Claim, ClientKey, Fenced, Fingerprint, Lease, ScopedKey, Store,
-    StoreErrorKind,
+    Attempt, AttemptOutcome, Claim, Fenced, Lease, ScopedKey, Store, StoreErrorKind,
 };
 use idemgate_redis::{RedisStore, WaitReplicas};
+use idemgate_testkit::{acquired, attempt, fp, fresh_key};
 use support::{Server, options, temp_root};
 
 const TTL: Duration = Duration::from_secs(30);
 
-fn key(name: &str) -> ScopedKey {
-    let k = format!("{name}-{:08x}", rand::random::<u32>());
-    ScopedKey::new("tenant", "replication", ClientKey::parse(&k).unwrap())
-}
-
 fn done() -> Attempt {
-    Attempt {
-        at_ms: idemgate_engine::record::now_ms(),
-        replica: "test".into(),
-        outcome: AttemptOutcome::Executed,
-        status: Some(200),
-        latency_us: 1,
-    }
+    attempt(AttemptOutcome::Executed)
 }
 
 async fn claim(store: &RedisStore, key: &ScopedKey) -> Lease {
-    let fp = Fingerprint::of_value(&serde_json::json!({"q": 1})).unwrap();
-    match store.claim(key, &fp, TTL).await.unwrap() {
-        Claim::Acquired(lease) => lease,
-        Claim::Existing(r) => panic!("expected to acquire, found {r:?}"),
-    }
+    acquired(store.claim(key, &fp("q"), TTL).await.unwrap())
 }
 
 async fn store(server: &Server, wanted: WaitReplicas) -> RedisStore {
@@ -69,7 +54,7 @@ async fn a_done_record_waits_for_its_replica() {
         .unwrap();
 
     // Acknowledged: the replica has it the moment complete returns.
-    let k = key("acked");
+    let k = fresh_key();
     let lease = claim(&store, &k).await;
     let w = store
         .complete(&lease, Bytes::from_static(b"answer"), TTL, &done())
@@ -83,7 +68,7 @@ async fn a_done_record_waits_for_its_replica() {
     // The replica stalls: the DONE is written on the master but not
     // acknowledged, so it is not trusted (a temporary error the owner holds
     // its result through).
-    let k = key("stalled");
+    let k = fresh_key();
     let lease = claim(&store, &k).await;
     replica.pause();
     let err = store
@@ -107,7 +92,7 @@ async fn a_done_record_waits_for_its_replica() {
     replica.stop();
     master.wait_replication("connected_slaves", "0");
     tokio::time::sleep(Duration::from_millis(1100)).await; // past the cached ROLE
-    let k = key("orphaned");
+    let k = fresh_key();
     let lease = claim(&store, &k).await;
     let err = store
         .complete(&lease, Bytes::from_static(b"answer"), TTL, &done())
@@ -121,7 +106,7 @@ async fn a_done_record_waits_for_its_replica() {
 async fn a_node_without_replicas_waits_for_none_unless_told() {
     let mut node = Server::start(temp_root(), false);
     let auto = store(&node, WaitReplicas::Auto).await;
-    let k = key("alone");
+    let k = fresh_key();
     let lease = claim(&auto, &k).await;
     let w = auto
         .complete(&lease, Bytes::from_static(b"answer"), TTL, &done())
@@ -132,7 +117,7 @@ async fn a_node_without_replicas_waits_for_none_unless_told() {
 
     // Told to wait for one replica that does not exist: never trusted.
     let one = store(&node, WaitReplicas::Count(1)).await;
-    let k = key("told");
+    let k = fresh_key();
     let lease = claim(&one, &k).await;
     let err = one
         .complete(&lease, Bytes::from_static(b"answer"), TTL, &done())
@@ -151,7 +136,7 @@ async fn a_node_without_replicas_waits_for_none_unless_told() {
 async fn a_vanished_record_is_written_again_by_its_owner() {
     let mut node = Server::start(temp_root(), false);
     let store = store(&node, WaitReplicas::Auto).await;
-    let k = key("vanished");
+    let k = fresh_key();
     let lease = claim(&store, &k).await;
     // What a promoted replica that never had the claim looks like.
     let tag = idemgate_redis::hash_tag(&k);
@@ -179,7 +164,7 @@ async fn a_vanished_record_is_written_again_by_its_owner() {
         Claim::Existing(r) if r.is_done()
     ));
     // Released, the owner cannot write it back.
-    let k = key("released");
+    let k = fresh_key();
     let lease = claim(&store, &k).await;
     assert_eq!(
         store.release(&lease, &done(), TTL).await.unwrap(),

@@ -57,7 +57,8 @@ pub fn fp(s: &str) -> Fingerprint {
     Fingerprint::of_request("POST", "/test", s.as_bytes(), &[])
 }
 
-pub(crate) fn acquired(c: Claim) -> Lease {
+/// The lease of a claim that must have acquired the key.
+pub fn acquired(c: Claim) -> Lease {
     match c {
         Claim::Acquired(l) => l,
         Claim::Existing(r) => panic!("expected Acquired, got Existing({r:?})"),
@@ -75,7 +76,8 @@ pub(crate) fn payload(bytes: &[u8]) -> Bytes {
     Bytes::copy_from_slice(bytes)
 }
 
-pub(crate) fn attempt(outcome: AttemptOutcome) -> idemgate_engine::Attempt {
+/// An attempt with `outcome`, stamped now.
+pub fn attempt(outcome: AttemptOutcome) -> idemgate_engine::Attempt {
     idemgate_engine::Attempt {
         at_ms: idemgate_engine::record::now_ms(),
         replica: "conformance".into(),
