@@ -1,5 +1,6 @@
 //! Private Redis servers for the tests: a single node (for restart and
-//! round-trip counting, never the shared one on 6379) and a 3-node cluster.
+//! round-trip counting, never the shared one on 6379), a 3-node cluster,
+//! and servers that speak TLS only (certificates from the testkit).
 //!
 //! Servers run from a temp dir on free loopback ports. Each is paired with a
 //! watchdog shell that stops it once the test process is gone, so nothing
@@ -53,12 +54,17 @@ pub fn free_port() -> u16 {
 }
 
 fn redis_cli(port: u16, args: &[&str]) -> Option<String> {
-    let out = Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(args)
-        .stderr(Stdio::null())
-        .output()
-        .ok()?;
+    redis_cli_on(port, None, args)
+}
+
+/// `redis-cli` on `port`, over TLS trusting `ca` when given.
+fn redis_cli_on(port: u16, ca: Option<&Path>, args: &[&str]) -> Option<String> {
+    let mut cmd = Command::new("redis-cli");
+    cmd.args(["-h", "127.0.0.1", "-p", &port.to_string()]);
+    if let Some(ca) = ca {
+        cmd.arg("--tls").arg("--cacert").arg(ca);
+    }
+    let out = cmd.args(args).stderr(Stdio::null()).output().ok()?;
     out.status
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
@@ -67,6 +73,11 @@ fn redis_cli(port: u16, args: &[&str]) -> Option<String> {
 /// Whether a server answers PING on `port`.
 pub fn pings(port: u16) -> bool {
     redis_cli(port, &["ping"]).is_some_and(|o| o.trim() == "PONG")
+}
+
+/// Whether a TLS server answers PING on `port`, trusting `ca`.
+fn pings_tls(port: u16, ca: &Path) -> bool {
+    redis_cli_on(port, Some(ca), &["ping"]).is_some_and(|o| o.trim() == "PONG")
 }
 
 fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
@@ -87,12 +98,28 @@ pub struct Server {
     pub port: u16,
     dir: PathBuf,
     cluster: bool,
+    /// Set for a server that speaks TLS only.
+    tls: Option<idemgate_testkit::tls::CertFiles>,
     child: Option<std::process::Child>,
 }
 
 impl Server {
     /// Starts a server in a fresh directory under `root`.
     pub fn start(root: &Path, cluster: bool) -> Self {
+        Self::start_with(root, cluster, None)
+    }
+
+    /// Starts a server that speaks only TLS, with the certificate `certs`
+    /// (clients are not asked for one).
+    pub fn start_tls(root: &Path, cluster: bool, certs: &idemgate_testkit::tls::CertFiles) -> Self {
+        Self::start_with(root, cluster, Some(certs.clone()))
+    }
+
+    fn start_with(
+        root: &Path,
+        cluster: bool,
+        tls: Option<idemgate_testkit::tls::CertFiles>,
+    ) -> Self {
         require(
             "redis-server",
             Command::new("redis-server")
@@ -107,22 +134,40 @@ impl Server {
             port,
             dir,
             cluster,
+            tls,
             child: None,
         };
         s.restart();
         s
     }
 
-    /// `redis://127.0.0.1:<port>`.
+    /// `redis://127.0.0.1:<port>`, or for a TLS server
+    /// `rediss://localhost:<port>/?tls_ca=<its CA file>`.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        match &self.tls {
+            None => format!("redis://127.0.0.1:{}", self.port),
+            Some(certs) => format!(
+                "rediss://localhost:{}/?tls_ca={}",
+                self.port,
+                certs.ca.display()
+            ),
+        }
+    }
+
+    fn ping(&self) -> bool {
+        match &self.tls {
+            None => pings(self.port),
+            Some(certs) => pings_tls(self.port, &certs.ca),
+        }
     }
 
     /// (Re)starts the process on the same port and directory.
     pub fn restart(&mut self) {
+        // A TLS server has its plain port turned off (0).
+        let plain = if self.tls.is_some() { 0 } else { self.port };
         let mut args = vec![
             "--port".to_owned(),
-            self.port.to_string(),
+            plain.to_string(),
             "--bind".to_owned(),
             "127.0.0.1".to_owned(),
             "--dir".to_owned(),
@@ -136,6 +181,23 @@ impl Server {
             "--daemonize".to_owned(),
             "no".to_owned(),
         ];
+        if let Some(certs) = &self.tls {
+            args.extend([
+                "--tls-port".to_owned(),
+                self.port.to_string(),
+                "--tls-cert-file".to_owned(),
+                certs.cert.display().to_string(),
+                "--tls-key-file".to_owned(),
+                certs.key.display().to_string(),
+                "--tls-ca-cert-file".to_owned(),
+                certs.ca.display().to_string(),
+                "--tls-auth-clients".to_owned(),
+                "no".to_owned(),
+            ]);
+            if self.cluster {
+                args.extend(["--tls-cluster", "yes"].map(String::from));
+            }
+        }
         if self.cluster {
             args.extend(
                 [
@@ -170,9 +232,8 @@ impl Server {
             .spawn()
             .expect("spawn watchdog");
         self.child = Some(child);
-        let port = self.port;
         wait_until("redis-server start", Duration::from_secs(10), || {
-            pings(port)
+            self.ping()
         });
     }
 
@@ -187,8 +248,7 @@ impl Server {
             }
             let _ = child.kill();
             let _ = child.wait();
-            let port = self.port;
-            wait_until("redis-server stop", Duration::from_secs(5), || !pings(port));
+            wait_until("redis-server stop", Duration::from_secs(5), || !self.ping());
         }
     }
 
@@ -255,6 +315,69 @@ pub fn cluster_url() -> &'static str {
                 });
             }
             let url = format!("redis+cluster://{}", addrs.join(","));
+            (nodes, url)
+        })
+        .1
+}
+
+/// This process's certificates (a CA and a server certificate for
+/// `localhost` and 127.0.0.1), written under the temp root.
+pub fn certs() -> &'static idemgate_testkit::tls::CertFiles {
+    static CERTS: OnceLock<idemgate_testkit::tls::CertFiles> = OnceLock::new();
+    CERTS.get_or_init(|| {
+        let dir = temp_root().join("certs");
+        std::fs::create_dir_all(&dir).unwrap();
+        idemgate_testkit::tls::TestCerts::generate().write(&dir)
+    })
+}
+
+/// A single node that speaks only TLS, shared by every test of this
+/// binary; returns its `rediss://…?tls_ca=…` URL.
+pub fn tls_url() -> &'static str {
+    static NODE: OnceLock<(Server, String)> = OnceLock::new();
+    &NODE
+        .get_or_init(|| {
+            let server = Server::start_tls(temp_root(), false, certs());
+            let url = server.url();
+            (server, url)
+        })
+        .1
+}
+
+/// A 3-primary cluster that speaks only TLS (the cluster bus too), shared
+/// by every test of this binary; returns its `rediss+cluster://` URL.
+pub fn tls_cluster_url() -> &'static str {
+    static CLUSTER: OnceLock<(Vec<Server>, String)> = OnceLock::new();
+    &CLUSTER
+        .get_or_init(|| {
+            require(
+                "redis-cli",
+                Command::new("redis-cli").arg("--version").output().is_ok(),
+            );
+            let certs = certs();
+            let nodes: Vec<Server> = (0..3)
+                .map(|_| Server::start_tls(temp_root(), true, certs))
+                .collect();
+            let addrs: Vec<String> = nodes
+                .iter()
+                .map(|n| format!("127.0.0.1:{}", n.port))
+                .collect();
+            let mut args = vec!["--cluster", "create"];
+            args.extend(addrs.iter().map(String::as_str));
+            args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+            let created = redis_cli_on(nodes[0].port, Some(&certs.ca), &args);
+            assert!(created.is_some(), "redis-cli --cluster create (TLS) failed");
+            for n in &nodes {
+                wait_until("cluster_state:ok", Duration::from_secs(20), || {
+                    redis_cli_on(n.port, Some(&certs.ca), &["cluster", "info"])
+                        .is_some_and(|i| i.contains("cluster_state:ok"))
+                });
+            }
+            let url = format!(
+                "rediss+cluster://{}/?tls_ca={}",
+                addrs.join(","),
+                certs.ca.display()
+            );
             (nodes, url)
         })
         .1
