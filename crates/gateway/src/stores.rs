@@ -5,9 +5,9 @@
 //! |---|---|---|
 //! | `memory:` | [`MemoryStore`] | in-process (one replica only) |
 //! | `sqlite:PATH` | [`SqliteStore`](idemgate_sqlite::SqliteStore) | in-process |
-//! | `redis://host:port[/db][?prefix=P]` | [`RedisStore`] | Redis Streams ([`RedisLiveEvents`]) |
-//! | `redis+cluster://host:port[?prefix=P]` | [`RedisStore`] on a cluster (one seed node; the rest is discovered) | Redis Streams |
-//! | `postgres://user@host:port/db[?schema=S&pool=N]` | [`PostgresStore`] | in-process only: a duplicate on another replica waits for DONE, then replays the whole stream (or the events after its `Last-Event-ID`) |
+//! | `redis://host:port[/db][?prefix=P]`, `rediss://…` (TLS) | [`RedisStore`] | Redis Streams ([`RedisLiveEvents`]) |
+//! | `redis+cluster://host:port[?prefix=P]`, `rediss+cluster://…` (TLS) | [`RedisStore`] on a cluster (one seed node; the rest is discovered) | Redis Streams |
+//! | `postgres://user@host:port/db[?schema=S&pool=N&sslmode=M]` | [`PostgresStore`] | in-process only: a duplicate on another replica waits for DONE, then replays the whole stream (or the events after its `Last-Event-ID`) |
 //!
 //! Query parameters the gateway reads are removed before the URL reaches
 //! the driver: `prefix` (Redis key prefix, default `idemgate`; lets several
@@ -16,7 +16,10 @@
 //! `timeline` (`background`, the default: timeline entries of replays and
 //! conflicts are written in batches off the request path; `inline`: each is
 //! written before the request is answered, one more round trip). Every
-//! other parameter is passed through.
+//! other parameter is passed through: the drivers' own, and the TLS ones
+//! — `tls_ca=PATH` for `rediss://` (read by the Redis store, for its
+//! connections and the live streams' alike), `sslmode` and `sslrootcert`
+//! for PostgreSQL. TLS needs the gateway's `tls` feature.
 //!
 //! With a key ring, the store is wrapped in a [`SealedStore`]: every
 //! payload is sealed before it reaches the backend and opened on read, the
