@@ -26,7 +26,9 @@
 //! same way for every backend, and the Redis live streams seal their
 //! entries with the same ring. A payload that does not open is a store
 //! error (counted in `idemgate_seal_failures_total{reason}`), so each route
-//! applies its `on_store_error` policy to it.
+//! applies its `on_store_error` policy to it; a live entry that does not
+//! open is counted the same way, and is a store error for the duplicate
+//! that reads it.
 
 use std::sync::Arc;
 
@@ -35,6 +37,7 @@ use idemgate_layer::{IdempotencyLayer, LayerConfig, LiveEvents};
 use idemgate_postgres::{PostgresOptions, PostgresStore};
 use idemgate_redis::{RedisOptions, RedisStore};
 use idemgate_redis_live::{FanoutOptions, RedisLiveEvents};
+use idemgate_seal::store::FailureHook;
 use idemgate_seal::{KeyRing, SealedStore};
 use idemgate_telemetry::Telemetry;
 use url::Url;
@@ -89,12 +92,17 @@ pub(crate) async fn open_store(
 ) -> Result<OpenStore, GatewayError> {
     let mut opened = open_backend(url, ring.clone()).await?;
     if let Some(ring) = ring {
-        let hook = Arc::new(|kind: &idemgate_seal::SealErrorKind| {
-            Telemetry::shared().seal_failure(idemgate_seal::store::failure_reason(kind));
-        });
-        opened.store = Arc::new(SealedStore::new(opened.store, ring).on_failure(hook));
+        opened.store = Arc::new(SealedStore::new(opened.store, ring).on_failure(seal_failures()));
     }
     Ok(opened)
+}
+
+/// Counts a payload or live entry that could not be sealed or opened in
+/// `idemgate_seal_failures_total{reason}`.
+fn seal_failures() -> FailureHook {
+    Arc::new(|kind: &idemgate_seal::SealErrorKind| {
+        Telemetry::shared().seal_failure(idemgate_seal::store::failure_reason(kind));
+    })
 }
 
 /// Loads the key ring at `path`.
@@ -140,7 +148,7 @@ async fn open_backend(
             let mut opts = RedisOptions::default().background_timeline(background(url, &params)?);
             let mut fanout = FanoutOptions::default();
             if let Some(ring) = ring {
-                fanout = fanout.key_ring(ring);
+                fanout = fanout.key_ring(ring).on_seal_failure(seal_failures());
             }
             if let Some(prefix) = param(&params, "prefix") {
                 opts = opts.prefix(prefix);
