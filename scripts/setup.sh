@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the test suites need beyond cargo, on a fresh machine of this
 # project's kind: promtool (Debian `prometheus`) for the alert-rule tests,
-# Chromium for the dashboard test (headless), and
+# Chromium for the dashboard test (headless), the Redis server and client
+# (built with TLS) and the PostgreSQL server binaries (initdb, postgres) for
+# the suites that start private servers, plain or TLS-only, and
 # a Python venv (.venv) with the official openai/anthropic clients for the
 # end-to-end tests.
 # Idempotent: does nothing when everything is present.
@@ -11,6 +13,8 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+{ command -v redis-server && command -v redis-cli; } >/dev/null 2>&1 || need_apt+=(redis-server)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
