@@ -1,6 +1,7 @@
 //! The Redis Streams backend against the shared Redis on 127.0.0.1:6379
 //! under a random key prefix, and against a private 3-primary Redis
-//! Cluster (started with the Redis store's test helpers). Owner and
+//! Cluster and a private Redis that speaks TLS only (both started with
+//! the Redis store's test helpers). Owner and
 //! follower use separate `RedisLiveEvents` instances, as two replicas
 //! would, so every follow goes through Redis rather than the in-process
 //! registry.
@@ -384,4 +385,32 @@ async fn sealed_entries_that_do_not_open_are_counted_store_errors() {
         .query_async(&mut conn)
         .await
         .unwrap();
+}
+
+/// Followers on a replica that reaches Redis over TLS (a private server
+/// that speaks TLS only, its CA named by `tls_ca`): the shared connection
+/// and the dedicated blocking ones alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_follow_from_cursor_then_live() {
+    let url = tokio::task::spawn_blocking(support::tls_url).await.unwrap();
+    follow_from_cursor_then_live(url).await;
+}
+
+#[tokio::test]
+async fn a_password_in_the_url_is_not_in_the_connect_error() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    for url in [
+        format!("redis://:s3cr3t-pw@127.0.0.1:{port}/"),
+        format!("rediss+cluster://:s3cr3t-pw@127.0.0.1:{port}/"),
+    ] {
+        let err = RedisLiveEvents::connect(&url, FanoutOptions::default())
+            .await
+            .expect_err("nothing listens there");
+        let shown = format!("{err} | {err:?}");
+        assert!(!shown.contains("s3cr3t-pw"), "{shown}");
+    }
 }
