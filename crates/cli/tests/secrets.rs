@@ -74,6 +74,10 @@ async fn stores_that_cannot_be_opened_never_show_the_password() {
             "postgres",
         ),
         (
+            format!("postgres://u@127.0.0.1:{dead}/test?schema=s&password={PW}"),
+            "postgres",
+        ),
+        (
             format!(
                 "postgres://u:{PW}@127.0.0.1:{dead}/test?sslmode=verify-full&sslrootcert=/nonexistent.pem"
             ),
