@@ -1,7 +1,8 @@
 //! Secrets never reach the output of the `idemgate` binary: a password in
 //! the store URL, the admin token and the encryption key are not in what
 //! `serve` writes when its store cannot be opened, nor in its logs (at
-//! debug level) while it serves, nor in what `keys show` and `check` print.
+//! debug level) while it serves, nor in its admin answers, nor in what
+//! `keys show` and `check` print.
 //!
 //! The running case uses the shared PostgreSQL (trust authentication
 //! accepts any password); a missing server fails it.
@@ -247,6 +248,16 @@ async fn a_running_gateway_never_logs_its_secrets() {
         .await
         .expect("send the request");
     assert_eq!(refused.status(), 401);
+    // The dashboard page, opened once with the token in its query.
+    let page = client
+        .get(format!(
+            "http://127.0.0.1:{admin_port}/?token={ADMIN_TOKEN}"
+        ))
+        .send()
+        .await
+        .expect("send the request");
+    assert_eq!(page.status(), 200);
+    let page = page.text().await.expect("read the page");
     let metrics = client
         .get(format!("http://127.0.0.1:{admin_port}/metrics"))
         .send()
@@ -273,6 +284,7 @@ async fn a_running_gateway_never_logs_its_secrets() {
     let secrets = [PW, ADMIN_TOKEN, key_text.as_str()];
     assert_hidden("the log", &logged, &secrets);
     assert_hidden("/admin/stats", &stats, &secrets);
+    assert_hidden("the dashboard page", &page, &secrets);
     assert_hidden("/metrics", &metrics, &secrets);
 
     let (_, checked) = run(dir.path(), &["check", "--config", "gw.toml"], &[]).await;
