@@ -1,10 +1,9 @@
 //! The Redis Streams backend against the shared Redis on 127.0.0.1:6379
 //! under a random key prefix, and against a private 3-primary Redis
-//! Cluster and a private Redis that speaks TLS only (both started with
-//! the Redis store's test helpers). Owner and
-//! follower use separate `RedisLiveEvents` instances, as two replicas
-//! would, so every follow goes through Redis rather than the in-process
-//! registry.
+//! Cluster and a private Redis that speaks TLS only (both started with the
+//! Redis store's test helpers). Owner and follower use separate
+//! `RedisLiveEvents` instances, as two replicas would, so every follow
+//! goes through Redis rather than the in-process registry.
 //!
 //! Sealed streams: an entry that does not open (a key the reader does not
 //! hold, an entry copied to another position) is a store error, counted by
