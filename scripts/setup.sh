@@ -2,7 +2,9 @@
 # Installs what the test suites need beyond cargo, on a fresh machine of this
 # project's kind: promtool (Debian `prometheus`) for the alert-rule tests,
 # Chromium for the dashboard test (headless), libfaketime for the
-# wall-clock step test, and
+# wall-clock step test, the Redis server and client (built with TLS) and
+# the PostgreSQL server binaries (initdb, postgres) for the suites that
+# start private servers, plain or TLS-only, and
 # a Python venv (.venv) with the official openai/anthropic clients for the
 # end-to-end tests.
 # Idempotent: does nothing when everything is present.
@@ -14,6 +16,8 @@ command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 # libfaketime: the wall-clock step test runs the gateway under it.
 [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || need_apt+=(faketime)
+{ command -v redis-server && command -v redis-cli; } >/dev/null 2>&1 || need_apt+=(redis-server)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -81,7 +81,8 @@ pub(crate) struct ConfigArgs {
     #[arg(long)]
     admin_listen: Option<String>,
     /// Store URL: sqlite:PATH (default sqlite:idemgate.db), memory:,
-    /// redis://…, redis+cluster://…, postgres://…
+    /// redis://…, redis+cluster://…, postgres://… (rediss://… and
+    /// `?sslmode=…` with TLS)
     #[arg(long)]
     store: Option<String>,
     /// Lease length, e.g. 30s.

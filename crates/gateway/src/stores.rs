@@ -5,9 +5,9 @@
 //! |---|---|---|
 //! | `memory:` | [`MemoryStore`] | in-process (one replica only) |
 //! | `sqlite:PATH` | [`SqliteStore`](idemgate_sqlite::SqliteStore) | in-process |
-//! | `redis://host:port[/db][?prefix=P&wait_replicas=auto\|N]` | [`RedisStore`] | Redis Streams ([`RedisLiveEvents`]) |
-//! | `redis+cluster://host:port[?prefix=P]` | [`RedisStore`] on a cluster (one seed node; the rest is discovered) | Redis Streams |
-//! | `postgres://user@host:port/db[?schema=S&pool=N]` | [`PostgresStore`] | in-process only: a duplicate on another replica waits for DONE, then replays the whole stream (or the events after its `Last-Event-ID`) |
+//! | `redis://host:port[/db][?prefix=P&wait_replicas=auto\|N]`, `rediss://…` (TLS) | [`RedisStore`] | Redis Streams ([`RedisLiveEvents`]) |
+//! | `redis+cluster://host:port[?prefix=P]`, `rediss+cluster://…` (TLS) | [`RedisStore`] on a cluster (one seed node; the rest is discovered) | Redis Streams |
+//! | `postgres://user@host:port/db[?schema=S&pool=N&sslmode=M]` | [`PostgresStore`] | in-process only: a duplicate on another replica waits for DONE, then replays the whole stream (or the events after its `Last-Event-ID`) |
 //!
 //! Query parameters the gateway reads are removed before the URL reaches
 //! the driver: `prefix` (Redis key prefix, default `idemgate`; lets several
@@ -16,14 +16,19 @@
 //! `timeline` (`background`, the default: timeline entries of replays and
 //! conflicts are written in batches off the request path; `inline`: each is
 //! written before the request is answered, one more round trip). Every
-//! other parameter is passed through.
+//! other parameter is passed through: the drivers' own, and the TLS ones
+//! — `tls_ca=PATH` for `rediss://` (read by the Redis store, for its
+//! connections and the live streams' alike), `sslmode` and `sslrootcert`
+//! for PostgreSQL. TLS needs the gateway's `tls` feature.
 //!
 //! With a key ring, the store is wrapped in a [`SealedStore`]: every
 //! payload is sealed before it reaches the backend and opened on read, the
 //! same way for every backend, and the Redis live streams seal their
 //! entries with the same ring. A payload that does not open is a store
 //! error (counted in `idemgate_seal_failures_total{reason}`), so each route
-//! applies its `on_store_error` policy to it.
+//! applies its `on_store_error` policy to it; a live entry that does not
+//! open is counted the same way, and is a store error for the duplicate
+//! that reads it.
 
 use std::sync::Arc;
 
@@ -32,6 +37,7 @@ use idemgate_layer::{IdempotencyLayer, LayerConfig, LiveEvents};
 use idemgate_postgres::{PostgresOptions, PostgresStore};
 use idemgate_redis::{RedisOptions, RedisStore, WaitReplicas};
 use idemgate_redis_live::{FanoutOptions, RedisLiveEvents};
+use idemgate_seal::store::FailureHook;
 use idemgate_seal::{KeyRing, SealedStore};
 use idemgate_telemetry::Telemetry;
 use url::Url;
@@ -86,12 +92,17 @@ pub(crate) async fn open_store(
 ) -> Result<OpenStore, GatewayError> {
     let mut opened = open_backend(url, ring.clone()).await?;
     if let Some(ring) = ring {
-        let hook = Arc::new(|kind: &idemgate_seal::SealErrorKind| {
-            Telemetry::shared().seal_failure(idemgate_seal::store::failure_reason(kind));
-        });
-        opened.store = Arc::new(SealedStore::new(opened.store, ring).on_failure(hook));
+        opened.store = Arc::new(SealedStore::new(opened.store, ring).on_failure(seal_failures()));
     }
     Ok(opened)
+}
+
+/// Counts a payload or live entry that could not be sealed or opened in
+/// `idemgate_seal_failures_total{reason}`.
+fn seal_failures() -> FailureHook {
+    Arc::new(|kind: &idemgate_seal::SealErrorKind| {
+        Telemetry::shared().seal_failure(idemgate_seal::store::failure_reason(kind));
+    })
 }
 
 /// Loads the key ring at `path`.
@@ -146,7 +157,7 @@ async fn open_backend(
             }
             let mut fanout = FanoutOptions::default();
             if let Some(ring) = ring {
-                fanout = fanout.key_ring(ring);
+                fanout = fanout.key_ring(ring).on_seal_failure(seal_failures());
             }
             if let Some(prefix) = param(&params, "prefix") {
                 opts = opts.prefix(prefix);

@@ -539,3 +539,82 @@ async fn store_body_false_keeps_status_and_headers_and_replays_an_empty_body() {
         "the body was stored"
     );
 }
+
+/// Replica A seals under key `a`; replica B holds only key `b` (a rotation
+/// whose first step was skipped on it). A duplicate of A's stream sent to
+/// B meets a live head it cannot open: a store error (503, counted) while
+/// A's stream still runs — neither passed through, nor taken for "no
+/// stream" (which would wait for A's DONE record).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_entry_that_does_not_open_is_a_counted_store_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let sim = idemgate_llm_sim::spawn(idemgate_llm_sim::SimConfig::default())
+        .await
+        .unwrap();
+    let prefix = tag();
+    let store = format!("{REDIS}/?prefix={prefix}");
+    let a = start(config(
+        &store,
+        &sim.url(),
+        Some(&key_file(dir.path(), &["a"], "a")),
+    ))
+    .await;
+    let b = start(config(
+        &store,
+        &sim.url(),
+        Some(&key_file(dir.path(), &["b"], "b")),
+    ))
+    .await;
+    let client = reqwest::Client::new();
+    let request = |gw: &TestGateway| {
+        client
+            .post(format!("{}/v1/chat/completions", gw.base))
+            .header("content-type", "application/json")
+            .header("authorization", "Bearer sk-enc-test")
+            .header("idempotency-key", "live-unopenable")
+            // ~3 s of generation: 60 tokens, 50 ms apart.
+            .header("x-sim-tokens", "60")
+            .header("x-sim-token-interval-ms", "50")
+            .body(
+                serde_json::json!({
+                    "model": "sim-1",
+                    "stream": true,
+                    "messages": [{"role": "user", "content": "hello"}],
+                })
+                .to_string(),
+            )
+    };
+    let mut first = request(&a).send().await.unwrap();
+    assert_eq!(first.status(), 200);
+    // The first event is out: A's stream head is published.
+    let chunk = first.chunk().await.unwrap();
+    assert!(chunk.is_some_and(|c| !c.is_empty()));
+    let a_ended = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let a_ended = std::sync::Arc::clone(&a_ended);
+        tokio::spawn(async move {
+            while first.chunk().await.unwrap().is_some() {}
+            a_ended.store(true, std::sync::atomic::Ordering::SeqCst);
+        })
+    };
+    let dup = request(&b).send().await.unwrap();
+    assert_eq!(dup.status(), 503);
+    assert!(
+        !a_ended.load(std::sync::atomic::Ordering::SeqCst),
+        "B answered while A's stream ran, not after its DONE"
+    );
+    let body = dup.text().await.unwrap();
+    assert!(body.contains("store-unavailable"), "{body}");
+    let m = metrics(&b).await;
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("idemgate_seal_failures_total{reason=\"unknown_key_id\"}")),
+        "{m}"
+    );
+    // A's own client is served to the end, once.
+    reader.await.unwrap();
+    assert_eq!(sim.executions_for("live-unopenable"), 1);
+    stop(b).await;
+    stop(a).await;
+    drop_prefix(&prefix).await;
+}

@@ -27,7 +27,7 @@ use std::fmt;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use idemgate_engine::ScopedKey;
+use idemgate_engine::{ScopedKey, StoreError};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -64,7 +64,8 @@ pub struct LiveStream {
 ///   `fence` (the fence of the PENDING record found) if one is known: it
 ///   may wait until `deadline` for the owner to know whether its response
 ///   is a stream. [`Joined::Unknown`] means "nothing to follow here": the caller
-///   waits for the record in the store instead.
+///   waits for the record in the store instead; [`Joined::Failed`] is a
+///   store error.
 pub trait LiveEvents: Send + Sync + fmt::Debug {
     /// Starts publishing one execution.
     fn publish(&self, stream: LiveStream) -> Box<dyn LivePublisher>;
@@ -120,6 +121,10 @@ pub enum Joined {
     NotStreaming,
     /// No stream known (none, not yet, or it ended): look at the store.
     Unknown,
+    /// A stream is known but cannot be read: a store error (for example an
+    /// entry sealed under a key this process does not hold). The caller
+    /// answers as it answers any store error while attaching.
+    Failed(StoreError),
 }
 
 /// The next piece of a followed stream.

@@ -12,9 +12,20 @@ pub(crate) const BACKEND: &str = "postgres";
 ///   failure, deadlock): `Unavailable` — a retry may succeed;
 /// - a closed pool: `Closed`;
 /// - values that do not decode: `Corrupt`;
+/// - a server certificate the TLS client does not trust (unknown
+///   authority, another host's name, expired): `Rejected`, since retrying
+///   cannot help, with a hint at `sslrootcert`;
 /// - everything else (bad URL, missing tables, permissions, data errors):
 ///   `Rejected`.
 pub(crate) fn map_error(e: sqlx::Error) -> StoreError {
+    if untrusted_certificate(&e) {
+        let message = format!(
+            "{e}: the server's TLS certificate is not trusted for this host; \
+             name the authority that signed it with `sslrootcert=PATH` in the URL \
+             (`sslmode=verify-full`), and connect by a name the certificate holds"
+        );
+        return StoreError::new(StoreErrorKind::Rejected, BACKEND, message).with_source(e);
+    }
     let kind = match &e {
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
@@ -38,6 +49,14 @@ pub(crate) fn map_error(e: sqlx::Error) -> StoreError {
         _ => StoreErrorKind::Rejected,
     };
     StoreError::new(kind, BACKEND, e.to_string()).with_source(e)
+}
+
+/// Whether `e` is rustls refusing the server's certificate (its message
+/// for `rustls::Error::InvalidCertificate`, which the driver passes on as
+/// an I/O or TLS error).
+fn untrusted_certificate(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Io(_) | sqlx::Error::Tls(_))
+        && e.to_string().contains("invalid peer certificate")
 }
 
 /// A row this version cannot read.

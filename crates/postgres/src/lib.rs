@@ -41,6 +41,14 @@
 //! together or not at all, so neither "charged twice" nor "charged but no
 //! result" can happen — which no store outside the business database can
 //! promise.
+//!
+//! # TLS
+//! With the `tls` feature (on by default) the URL's `sslmode` works as
+//! with libpq: `require` encrypts without checking the certificate,
+//! `verify-ca` checks it against the Mozilla roots and the authorities in
+//! the `sslrootcert` file, `verify-full` also checks the host name
+//! (`postgres://app@db.internal/app?sslmode=verify-full&sslrootcert=/etc/idemgate/pg-ca.pem`).
+//! It is rustls (aws-lc-rs), the same TLS stack as the Redis store's.
 
 mod error;
 mod ops;

@@ -60,13 +60,14 @@ impl PostgresStore {
         Self::connect_with(url, PostgresOptions::default()).await
     }
 
-    /// Opens a pool to `url` (`postgres://user@host:port/db`) and, unless
-    /// disabled, creates or upgrades the schema.
+    /// Opens a pool to `url` (`postgres://user@host:port/db`, with
+    /// `?sslmode=…&sslrootcert=…` for TLS) and, unless disabled, creates or
+    /// upgrades the schema.
     ///
     /// # Errors
-    /// `Rejected` for a malformed URL or option, or a database whose schema
-    /// is newer than this build; `Unavailable` when the server cannot be
-    /// reached.
+    /// `Rejected` for a malformed URL or option, a server certificate that
+    /// is not trusted, or a database whose schema is newer than this build;
+    /// `Unavailable` when the server cannot be reached.
     pub async fn connect_with(url: &str, opts: PostgresOptions) -> Result<Self, StoreError> {
         let connect = PgConnectOptions::from_str(url)
             .map_err(map_error)?

@@ -11,7 +11,7 @@ use std::fmt;
 use std::time::Duration;
 
 use idemgate_engine::{StoreError, StoreErrorKind};
-use idemgate_redis::{BACKEND, Conn, cluster_nodes, map_error};
+use idemgate_redis::{BACKEND, Conn, Endpoint, map_error};
 use redis::AsyncConnectionConfig;
 use redis::cluster::ClusterClient;
 
@@ -19,7 +19,7 @@ use crate::options::FanoutOptions;
 
 /// What makes dedicated connections.
 pub(crate) enum Clients {
-    Single(redis::Client),
+    Single(Box<redis::Client>),
     /// Built with a response timeout longer than a blocking read.
     Cluster(Box<ClusterClient>),
 }
@@ -41,17 +41,21 @@ fn blocking_timeout(opts: &FanoutOptions) -> Duration {
 impl Clients {
     /// The maker of dedicated connections for `url`.
     fn new(url: &str, opts: &FanoutOptions) -> Result<Self, StoreError> {
-        match cluster_nodes(url) {
-            Some(nodes) => ClusterClient::builder(nodes)
+        let endpoint = Endpoint::parse(url).map_err(map_error)?;
+        if endpoint.is_cluster() {
+            endpoint
+                .cluster_builder()
                 .connection_timeout(opts.connection_timeout)
                 .response_timeout(blocking_timeout(opts))
                 .retries(1)
                 .build()
                 .map(|c| Self::Cluster(Box::new(c)))
-                .map_err(map_error),
-            None => redis::Client::open(url)
-                .map(Self::Single)
-                .map_err(map_error),
+                .map_err(map_error)
+        } else {
+            endpoint
+                .node_client()
+                .map(|c| Self::Single(Box::new(c)))
+                .map_err(map_error)
         }
     }
 

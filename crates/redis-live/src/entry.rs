@@ -9,13 +9,20 @@
 //! With a key ring, the values of `h` and `e` entries are sealed, bound to
 //! the stream key, the entry id and the field ([`seal_entry`],
 //! [`open_entry`]): an entry copied to another stream or position does not
-//! open, and a follower that meets one falls back to the stored result.
+//! open. Such an entry is a store error of kind `Corrupt`, like a record
+//! that does not open, and the failure hook counts it: a duplicate that
+//! meets it while joining gets the store-error answer, a follower that
+//! meets it mid-stream sees the stream break.
 
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
+use idemgate_engine::{StoreError, StoreErrorKind};
 use idemgate_layer::stored::{StoredBody, StoredResponse};
-use idemgate_seal::KeyRing;
+use idemgate_redis::BACKEND;
+use idemgate_seal::SealError;
 use redis::Value;
+
+use crate::options::FanoutOptions;
 
 /// Largest sequence part of an id, for the upper end of a range.
 pub(crate) const MAX_SEQ: u64 = u64::MAX;
@@ -57,47 +64,67 @@ fn entry_ad(stream: &str, fence: u64, seq: u64, field: &str) -> Vec<u8> {
     ])
 }
 
-/// The value written for entry `fence-seq` of `stream`: sealed with `ring`
-/// if there is one. `None` when sealing failed (the writer then stops).
+/// Reports a seal or open failure to the hook, and makes it a store error.
+fn failed(opts: &FanoutOptions, e: SealError, what: String) -> StoreError {
+    if let Some(hook) = &opts.on_seal_failure {
+        hook(e.kind());
+    }
+    StoreError::new(StoreErrorKind::Corrupt, BACKEND, format!("{what}: {e}")).with_source(e)
+}
+
+/// The value written for entry `fence-seq` of `stream`: sealed with the
+/// key ring if there is one.
+///
+/// # Errors
+/// `Corrupt` when sealing failed (the writer then stops).
 pub(crate) fn seal_entry(
-    ring: Option<&KeyRing>,
+    opts: &FanoutOptions,
     stream: &str,
     fence: u64,
     seq: u64,
     field: &str,
     value: Bytes,
-) -> Option<Bytes> {
-    match ring {
-        None => Some(value),
-        Some(ring) => match ring.seal(&entry_ad(stream, fence, seq, field), &value) {
-            Ok(sealed) => Some(Bytes::from(sealed)),
-            Err(e) => {
-                tracing::warn!(error = %e, "live stream entry could not be sealed");
-                None
-            }
-        },
+) -> Result<Bytes, StoreError> {
+    match opts.key_ring.as_deref() {
+        None => Ok(value),
+        Some(ring) => ring
+            .seal(&entry_ad(stream, fence, seq, field), &value)
+            .map(Bytes::from)
+            .map_err(|e| {
+                failed(
+                    opts,
+                    e,
+                    format!("live stream entry {fence}-{seq} ({field}) could not be sealed"),
+                )
+            }),
     }
 }
 
-/// The plaintext of entry `fence-seq` of `stream`. `None` when it does not
-/// open (the follower then finishes from the stored result).
+/// The plaintext of entry `fence-seq` of `stream`.
+///
+/// # Errors
+/// `Corrupt` when it does not open (a key this process does not hold, a
+/// changed byte, an entry written without sealing).
 pub(crate) fn open_entry(
-    ring: Option<&KeyRing>,
+    opts: &FanoutOptions,
     stream: &str,
     fence: u64,
     seq: u64,
     field: &str,
     value: &Bytes,
-) -> Option<Bytes> {
-    match ring {
-        None => Some(value.clone()),
-        Some(ring) => match ring.open(&entry_ad(stream, fence, seq, field), value) {
-            Ok(opened) => Some(Bytes::from(opened)),
-            Err(e) => {
-                tracing::warn!(error = %e, "live stream entry could not be opened");
-                None
-            }
-        },
+) -> Result<Bytes, StoreError> {
+    match opts.key_ring.as_deref() {
+        None => Ok(value.clone()),
+        Some(ring) => ring
+            .open(&entry_ad(stream, fence, seq, field), value)
+            .map(Bytes::from)
+            .map_err(|e| {
+                failed(
+                    opts,
+                    e,
+                    format!("live stream entry {fence}-{seq} ({field}) does not open"),
+                )
+            }),
     }
 }
 

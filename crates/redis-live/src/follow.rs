@@ -7,6 +7,7 @@ use std::sync::Arc;
 use bytes::BytesMut;
 use futures_util::future::BoxFuture;
 use http::{HeaderMap, StatusCode};
+use idemgate_engine::StoreError;
 use idemgate_layer::live::{LiveFollower, Next};
 use idemgate_redis::Conn;
 use redis::Value;
@@ -14,28 +15,39 @@ use redis::Value;
 use crate::entry::{self, Entry, Kind, MAX_SEQ, id};
 use crate::state::Inner;
 
-/// The head of the stream of the owner with `fence`, if it has published one.
-pub(crate) async fn head(inner: &Inner, key: &str, fence: u64) -> Option<(StatusCode, HeaderMap)> {
+/// The head of the stream of the owner with `fence`, if it has published
+/// one (`None` too when Redis cannot be read: the caller looks at the
+/// store, which reports an outage itself).
+///
+/// # Errors
+/// A head that does not open (`Corrupt`): it must not be mistaken for no
+/// stream at all.
+pub(crate) async fn head(
+    inner: &Inner,
+    key: &str,
+    fence: u64,
+) -> Result<Option<(StatusCode, HeaderMap)>, StoreError> {
     let mut cmd = redis::cmd("XRANGE");
     cmd.arg(key).arg(id(fence, 0)).arg(id(fence, 0));
     let reply: Value = match inner.shared().query(&cmd).await {
         Ok(v) => v,
         Err(e) => {
             tracing::debug!(error = %e, "live stream head not readable");
-            return None;
+            return Ok(None);
         }
     };
-    let entries = entry::range(&reply)?;
+    let Some(entries) = entry::range(&reply) else {
+        return Ok(None);
+    };
     match entries.first() {
         Some(Entry {
             kind: Kind::Head(value),
             ..
         }) => {
-            let opened =
-                entry::open_entry(inner.opts.key_ring.as_deref(), key, fence, 0, "h", value)?;
-            entry::decode_head(&opened)
+            let opened = entry::open_entry(&inner.opts, key, fence, 0, "h", value)?;
+            Ok(entry::decode_head(&opened))
         }
-        _ => None,
+        _ => Ok(None),
     }
 }
 
@@ -53,6 +65,9 @@ pub(crate) struct RemoteFollow {
     /// Entries went missing (trimmed, or a writer stopped): only the stored
     /// result can finish this stream.
     lost: bool,
+    /// An entry did not open: the follow ends as failed, once the events
+    /// before it are handed out.
+    broken: bool,
 }
 
 impl std::fmt::Debug for RemoteFollow {
@@ -62,6 +77,7 @@ impl std::fmt::Debug for RemoteFollow {
             .field("fence", &self.fence)
             .field("backlog", &self.backlog.len())
             .field("lost", &self.lost)
+            .field("broken", &self.broken)
             .finish_non_exhaustive()
     }
 }
@@ -76,11 +92,15 @@ impl RemoteFollow {
             blocking: None,
             caught_up: false,
             lost: false,
+            broken: false,
         }
     }
 
     /// Hands out what the backlog holds from `cursor` on.
     fn drain(&mut self, cursor: &mut usize) -> Option<Next> {
+        if self.broken {
+            return Some(Next::Failed);
+        }
         let mut chunk = BytesMut::new();
         while let Some(e) = self.backlog.front() {
             let next_seq = u64::try_from(*cursor).unwrap_or(u64::MAX).saturating_add(1);
@@ -114,17 +134,25 @@ impl RemoteFollow {
             }
             match &e.kind {
                 Kind::Event(b) => {
-                    let ring = self.inner.opts.key_ring.as_deref();
-                    let Some(b) = entry::open_entry(ring, &self.key, e.fence, e.seq, "e", b) else {
-                        // Not what this owner wrote: only the stored
-                        // result can finish the stream.
-                        self.lost = true;
-                        self.backlog.clear();
-                        break;
-                    };
-                    chunk.extend_from_slice(&b);
-                    *cursor += 1;
-                    self.backlog.pop_front();
+                    match entry::open_entry(&self.inner.opts, &self.key, e.fence, e.seq, "e", b) {
+                        Ok(b) => {
+                            chunk.extend_from_slice(&b);
+                            *cursor += 1;
+                            self.backlog.pop_front();
+                        }
+                        Err(err) => {
+                            // A store error, as a record that does not
+                            // open: the follow fails (after the events
+                            // before it), as on a store error mid-stream.
+                            tracing::warn!(error = %err, "store failed while following a stream");
+                            self.broken = true;
+                            self.backlog.clear();
+                            if chunk.is_empty() {
+                                return Some(Next::Failed);
+                            }
+                            break;
+                        }
+                    }
                 }
                 Kind::End { complete } if chunk.is_empty() => {
                     let complete = *complete;

@@ -15,7 +15,8 @@
 //! - `state`: what the backend shares with its publishers and followers.
 //! - `conn`: the shared connection and dedicated connections for blocking
 //!   reads, on the Redis store's connection type and error mapping.
-//! - `entry`: stream entry ids and the decoding of replies.
+//! - `entry`: stream entry ids, the decoding of replies, and the sealing of
+//!   entries with the store's key ring.
 //! - `publish`: the owner's side — a background writer per stream.
 //! - `follow`: a follower's side — `XRANGE` from the cursor, then
 //!   `XREAD BLOCK`.
@@ -45,6 +46,12 @@
 //!
 //! Duplicates served by the process that runs the stream use the in-process
 //! registry (no Redis round trip); only the others read the stream.
+//!
+//! With a key ring ([`FanoutOptions::key_ring`]) the head and the events
+//! are sealed as stored answers are: Redis never holds them readable. An
+//! entry that does not open is a store error, never skipped: joining
+//! returns `Joined::Failed`, following ends the stream as failed, and
+//! [`FanoutOptions::on_seal_failure`] counts it.
 
 mod conn;
 mod entry;
@@ -136,12 +143,13 @@ impl LiveEvents for RedisLiveEvents {
             }
             let stream = self.stream_key(key);
             match follow::head(&self.inner, &stream, fence).await {
-                Some((status, headers)) => Joined::Streaming {
+                Ok(Some((status, headers))) => Joined::Streaming {
                     status,
                     headers,
                     follow: Box::new(RemoteFollow::new(Arc::clone(&self.inner), stream, fence)),
                 },
-                None => Joined::Unknown,
+                Ok(None) => Joined::Unknown,
+                Err(e) => Joined::Failed(e),
             }
         })
     }

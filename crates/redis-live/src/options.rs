@@ -1,14 +1,16 @@
 //! [`FanoutOptions`], the settings of the live event streams. A leaf: the
 //! backend, its connections and its readers and writers all read them.
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use idemgate_seal::KeyRing;
+use idemgate_seal::store::FailureHook;
 
 /// Settings of [`RedisLiveEvents`](crate::RedisLiveEvents). `Default` gives
 /// the documented defaults.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct FanoutOptions {
     /// Key prefix (default `idemgate`), the same as the store's so that a
     /// record and its stream share a hash slot.
@@ -32,6 +34,25 @@ pub struct FanoutOptions {
     /// Seals the head and event entries (default none: written as
     /// received). Every replica needs the keys the others seal under.
     pub key_ring: Option<Arc<KeyRing>>,
+    /// Called with each entry that could not be sealed or opened, as
+    /// `SealedStore`'s hook is for records (a metric counts both).
+    pub on_seal_failure: Option<FailureHook>,
+}
+
+impl fmt::Debug for FanoutOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FanoutOptions")
+            .field("prefix", &self.prefix)
+            .field("max_len", &self.max_len)
+            .field("block", &self.block)
+            .field("end_grace", &self.end_grace)
+            .field("response_timeout", &self.response_timeout)
+            .field("connection_timeout", &self.connection_timeout)
+            .field("read_count", &self.read_count)
+            .field("key_ring", &self.key_ring)
+            .field("on_seal_failure", &self.on_seal_failure.is_some())
+            .finish()
+    }
 }
 
 impl Default for FanoutOptions {
@@ -45,6 +66,7 @@ impl Default for FanoutOptions {
             connection_timeout: Duration::from_secs(1),
             read_count: 512,
             key_ring: None,
+            on_seal_failure: None,
         }
     }
 }
@@ -59,6 +81,12 @@ impl FanoutOptions {
     /// Seals the stream's head and event entries with `ring`.
     pub fn key_ring(mut self, ring: Arc<KeyRing>) -> Self {
         self.key_ring = Some(ring);
+        self
+    }
+
+    /// Calls `hook` with each entry that could not be sealed or opened.
+    pub fn on_seal_failure(mut self, hook: FailureHook) -> Self {
+        self.on_seal_failure = Some(hook);
         self
     }
 

@@ -145,22 +145,16 @@ async fn write(
         let mut ended = false;
         for op in batch.drain(..) {
             let (field, value, entry_id) = match op {
-                Op::Head(head) => {
-                    let Some(head) =
-                        seal_entry(opts.key_ring.as_deref(), &key, fence, 0, "h", head)
-                    else {
-                        return;
-                    };
-                    ("h", head, id(fence, 0))
-                }
+                Op::Head(head) => match seal_entry(opts, &key, fence, 0, "h", head) {
+                    Ok(head) => ("h", head, id(fence, 0)),
+                    Err(e) => return not_sealed(&e),
+                },
                 Op::Event(event) => {
                     seq += 1;
-                    let Some(event) =
-                        seal_entry(opts.key_ring.as_deref(), &key, fence, seq, "e", event)
-                    else {
-                        return;
-                    };
-                    ("e", event, id(fence, seq))
+                    match seal_entry(opts, &key, fence, seq, "e", event) {
+                        Ok(event) => ("e", event, id(fence, seq)),
+                        Err(e) => return not_sealed(&e),
+                    }
                 }
                 Op::End { complete } => {
                     seq += 1;
@@ -194,4 +188,10 @@ async fn write(
             return;
         }
     }
+}
+
+/// A writer that could not seal an entry stops: nothing unsealed is ever
+/// written, and followers finish from the stored result.
+fn not_sealed(e: &idemgate_engine::StoreError) {
+    tracing::warn!(error = %e, "live stream not published further");
 }

@@ -1,9 +1,13 @@
 //! The Redis Streams backend against the shared Redis on 127.0.0.1:6379
 //! under a random key prefix, and against a private 3-primary Redis
-//! Cluster (started with the Redis store's test helpers). Owner and
-//! follower use separate `RedisLiveEvents` instances, as two replicas
-//! would, so every follow goes through Redis rather than the in-process
-//! registry.
+//! Cluster and a private Redis that speaks TLS only (both started with the
+//! Redis store's test helpers). Owner and follower use separate
+//! `RedisLiveEvents` instances, as two replicas would, so every follow
+//! goes through Redis rather than the in-process registry.
+//!
+//! Sealed streams: an entry that does not open (a key the reader does not
+//! hold, an entry copied to another position) is a store error, counted by
+//! the seal-failure hook, never skipped.
 //!
 //! Under `CI=true` a missing Redis fails the suite; it never skips.
 
@@ -12,14 +16,17 @@
 #[path = "../../redis/tests/support/mod.rs"]
 mod support;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
-use idemgate_engine::{ClientKey, ScopedKey};
+use idemgate_engine::{ClientKey, ScopedKey, StoreErrorKind};
 use idemgate_layer::LiveEvents;
 use idemgate_layer::live::{Joined, LiveFollower, LiveStream, Next};
 use idemgate_redis_live::{FanoutOptions, RedisLiveEvents};
+use idemgate_seal::store::FailureHook;
+use idemgate_seal::{KeyRing, SealErrorKind};
 use tokio::time::Instant;
 
 const REDIS: &str = "redis://127.0.0.1:6379";
@@ -72,6 +79,7 @@ async fn join(r: &RedisLiveEvents, key: &ScopedKey, fence: u64) -> Box<dyn LiveF
                 return follow;
             }
             Joined::NotStreaming => panic!("a stream was published"),
+            Joined::Failed(e) => panic!("the stream cannot be read: {e}"),
             Joined::Unknown => tokio::time::sleep(Duration::from_millis(20)).await,
         }
     }
@@ -265,4 +273,143 @@ async fn cluster_takeover() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_unknown_and_dropped() {
     unknown_and_dropped(cluster().await).await;
+}
+
+fn ring(id: &str) -> Arc<KeyRing> {
+    let line = idemgate_seal::generate_key_line(id).unwrap();
+    Arc::new(KeyRing::parse(&format!("*{line}\n")).unwrap())
+}
+
+/// A hook that records each failure's reason.
+fn counting() -> (FailureHook, Arc<Mutex<Vec<&'static str>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let into = Arc::clone(&seen);
+    let hook: FailureHook = Arc::new(move |kind: &SealErrorKind| {
+        into.lock()
+            .unwrap()
+            .push(idemgate_seal::store::failure_reason(kind));
+    });
+    (hook, seen)
+}
+
+async fn sealed_replica(prefix: &str, ring: Arc<KeyRing>, hook: FailureHook) -> RedisLiveEvents {
+    let opts = FanoutOptions::default()
+        .prefix(prefix)
+        .block(Duration::from_millis(200))
+        .key_ring(ring)
+        .on_seal_failure(hook);
+    match RedisLiveEvents::connect(REDIS, opts).await {
+        Ok(r) => r,
+        Err(e) => {
+            support::require(&format!("Redis at {REDIS} ({e})"), false);
+            unreachable!()
+        }
+    }
+}
+
+#[tokio::test]
+async fn sealed_entries_that_do_not_open_are_counted_store_errors() {
+    let p = prefix();
+    let (hook, seen) = counting();
+    let mine = ring("k1");
+    let owner = sealed_replica(&p, Arc::clone(&mine), Arc::clone(&hook)).await;
+    let friend = sealed_replica(&p, mine, Arc::clone(&hook)).await;
+    // A replica whose ring lacks the owner's key (a rotation done halfway).
+    let stranger = sealed_replica(&p, ring("k2"), hook).await;
+    let key = ScopedKey::new("t", "ns", ClientKey::mint());
+    let publisher = owner.publish(stream(&key, 1000));
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", "text/event-stream".parse().unwrap());
+    publisher.streaming(StatusCode::OK, headers);
+    publisher.event(event(1));
+
+    // The replica with the key follows; the stranger gets a store error,
+    // not "no stream here".
+    let mut follow = join(&friend, &key, 1000).await;
+    match stranger.join(&key, 1000, soon()).await {
+        Joined::Failed(e) => {
+            assert_eq!(e.kind(), StoreErrorKind::Corrupt, "{e}");
+            assert!(e.to_string().contains("does not open"), "{e}");
+        }
+        Joined::Streaming { .. } => panic!("a head sealed under another key was read"),
+        other => panic!("a head that does not open is a store error, got {other:?}"),
+    }
+    assert_eq!(*seen.lock().unwrap(), ["unknown_key_id"]);
+
+    let mut cursor = 0;
+    assert_eq!(follow.next(&mut cursor).await, Next::Events(event(1)));
+    // Entry 1's sealed bytes copied to position 2, in Redis itself: bound
+    // to its position, it does not open there, and the follow fails.
+    let stream_key = friend.stream_key(&key);
+    let client = redis::Client::open(REDIS).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let first: redis::Value = redis::cmd("XRANGE")
+        .arg(&stream_key)
+        .arg("1000-1")
+        .arg("1000-1")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let sealed = match &first {
+        redis::Value::Array(entries) => match entries.first() {
+            Some(redis::Value::Array(parts)) => match parts.get(1) {
+                Some(redis::Value::Array(fields)) => fields.get(1).cloned(),
+                Some(redis::Value::Map(fields)) => fields.first().map(|(_, v)| v.clone()),
+                _ => None,
+            },
+            _ => None,
+        },
+        _ => None,
+    };
+    let Some(redis::Value::BulkString(sealed)) = sealed else {
+        panic!("entry 1 is not in the stream: {first:?}");
+    };
+    assert_ne!(sealed, event(1).to_vec(), "entries are sealed in Redis");
+    let _: String = redis::cmd("XADD")
+        .arg(&stream_key)
+        .arg("1000-2")
+        .arg("e")
+        .arg(sealed)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let (rest, end) = read_all(&mut follow, &mut cursor).await;
+    assert!(rest.is_empty(), "nothing of the moved entry is handed out");
+    assert_eq!(end, Next::Failed);
+    assert_eq!(cursor, 1);
+    assert_eq!(*seen.lock().unwrap(), ["unknown_key_id", "tampered"]);
+    drop(publisher);
+    let _: i64 = redis::cmd("DEL")
+        .arg(&stream_key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}
+
+/// Followers on a replica that reaches Redis over TLS (a private server
+/// that speaks TLS only, its CA named by `tls_ca`): the shared connection
+/// and the dedicated blocking ones alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_follow_from_cursor_then_live() {
+    let url = tokio::task::spawn_blocking(support::tls_url).await.unwrap();
+    follow_from_cursor_then_live(url).await;
+}
+
+#[tokio::test]
+async fn a_password_in_the_url_is_not_in_the_connect_error() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    for url in [
+        format!("redis://:s3cr3t-pw@127.0.0.1:{port}/"),
+        format!("rediss+cluster://:s3cr3t-pw@127.0.0.1:{port}/"),
+    ] {
+        let err = RedisLiveEvents::connect(&url, FanoutOptions::default())
+            .await
+            .expect_err("nothing listens there");
+        let shown = format!("{err} | {err:?}");
+        assert!(!shown.contains("s3cr3t-pw"), "{shown}");
+    }
 }

@@ -25,6 +25,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, FromRedisValue, Pipeline, RedisError, ScriptInvocation};
 
+use crate::endpoint::Endpoint;
+
 /// A connection to one node or to a cluster. Every kind is a cheap clone of
 /// a shared multiplexed connection.
 #[derive(Clone)]
@@ -166,7 +168,8 @@ macro_rules! dispatch {
 impl Conn {
     /// Opens the shared connection to `redis://host:port[/db]` (one node,
     /// reconnecting) or `redis+cluster://host:port[,host:port…]` (a cluster;
-    /// any reachable node is enough to discover the rest).
+    /// any reachable node is enough to discover the rest); `rediss://` and
+    /// `rediss+cluster://` with TLS (see [`Endpoint`]).
     ///
     /// `connection_timeout` bounds each connection attempt and
     /// `response_timeout` each command's answer; a command that times out
@@ -174,16 +177,19 @@ impl Conn {
     /// whole call themselves: a cluster may try several nodes.
     ///
     /// # Errors
-    /// The driver's error: a malformed URL, or a server that cannot be
-    /// reached. [`crate::map_error`] turns it into a `StoreError`.
+    /// The driver's error: a malformed URL, a certificate that is not
+    /// trusted, or a server that cannot be reached. [`crate::map_error`]
+    /// turns it into a `StoreError`.
     pub async fn open(
         url: &str,
         connection_timeout: Duration,
         response_timeout: Duration,
     ) -> Result<Self, RedisError> {
-        let opener = match cluster_nodes(url) {
-            Some(nodes) => Opener::Cluster(Box::new(
-                ClusterClient::builder(nodes)
+        let endpoint = Endpoint::parse(url)?;
+        let opener = if endpoint.is_cluster() {
+            Opener::Cluster(Box::new(
+                endpoint
+                    .cluster_builder()
                     .connection_timeout(connection_timeout)
                     .response_timeout(response_timeout)
                     // A failover answers MOVED, ASK, TRYAGAIN or CLUSTERDOWN,
@@ -196,16 +202,17 @@ impl Conn {
                     .max_retry_wait(400)
                     .retry_wait_formula(50, 2)
                     .build()?,
-            )),
-            None => Opener::Node(Box::new((
-                redis::Client::open(url)?,
+            ))
+        } else {
+            Opener::Node(Box::new((
+                endpoint.node_client()?,
                 ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(connection_timeout))
                     .set_response_timeout(Some(response_timeout))
                     .set_number_of_retries(1)
                     .set_min_delay(Duration::from_millis(50))
                     .set_max_delay(Duration::from_millis(250)),
-            ))),
+            )))
         };
         let shared = Arc::new(Shared {
             opener,
@@ -282,47 +289,5 @@ impl Conn {
                 result
             }
         }
-    }
-}
-
-/// Splits `redis+cluster://[auth@]h1:p1,h2:p2[/…]` into one `redis://` URL per
-/// node; `None` for any other scheme.
-pub fn cluster_nodes(url: &str) -> Option<Vec<String>> {
-    let rest = url.strip_prefix("redis+cluster://")?;
-    let (auth, hosts) = match rest.rsplit_once('@') {
-        Some((auth, hosts)) => (format!("{auth}@"), hosts),
-        None => (String::new(), rest),
-    };
-    let (hosts, tail) = match hosts.find(['/', '?']) {
-        Some(i) => hosts.split_at(i),
-        None => (hosts, ""),
-    };
-    Some(
-        hosts
-            .split(',')
-            .filter(|h| !h.is_empty())
-            .map(|h| format!("redis://{auth}{h}{tail}"))
-            .collect(),
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cluster_urls_split_per_node() {
-        assert_eq!(
-            cluster_nodes("redis+cluster://a:1,b:2"),
-            Some(vec!["redis://a:1".to_owned(), "redis://b:2".to_owned()])
-        );
-        assert_eq!(
-            cluster_nodes("redis+cluster://u:p@a:1,b:2/0"),
-            Some(vec![
-                "redis://u:p@a:1/0".to_owned(),
-                "redis://u:p@b:2/0".to_owned()
-            ])
-        );
-        assert_eq!(cluster_nodes("redis://a:1"), None);
     }
 }

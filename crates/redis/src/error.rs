@@ -13,9 +13,20 @@ pub const BACKEND: &str = "redis";
 ///   moved mid-failover, no node for the slot), a loading or read-only
 ///   server: `Unavailable` (temporary, a retry may succeed);
 /// - unexpected reply types and parse failures: `Corrupt`;
+/// - a server certificate the TLS client does not trust (unknown
+///   authority, another host's name, expired): `Rejected`, since retrying
+///   cannot help, with a hint at `tls_ca`;
 /// - everything else the server refused (ACLs, OOM, script errors, bad
 ///   configuration): `Rejected`.
 pub fn map_error(e: RedisError) -> StoreError {
+    if untrusted_certificate(&e) {
+        let message = format!(
+            "{e}: the server's TLS certificate is not trusted for this host; \
+             name the authority that signed it with `tls_ca=PATH` in the URL, \
+             and connect by a name the certificate holds"
+        );
+        return StoreError::new(StoreErrorKind::Rejected, BACKEND, message).with_source(e);
+    }
     let kind = match e.kind() {
         ErrorKind::Io | ErrorKind::ClusterConnectionNotFound => StoreErrorKind::Unavailable,
         ErrorKind::Server(
@@ -34,6 +45,13 @@ pub fn map_error(e: RedisError) -> StoreError {
         _ => StoreErrorKind::Rejected,
     };
     StoreError::new(kind, BACKEND, e.to_string()).with_source(e)
+}
+
+/// Whether `e` is rustls refusing the server's certificate (its message
+/// for `rustls::Error::InvalidCertificate`; the driver keeps the typed
+/// error behind a shared I/O error).
+fn untrusted_certificate(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Io && e.to_string().contains("invalid peer certificate")
 }
 
 /// A reply this version cannot read.

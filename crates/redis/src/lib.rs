@@ -17,14 +17,24 @@
 //!   record (replays, conflicts), batched off the request path.
 //! - `conn`: [`Conn`], the connection to a node or a cluster, how it is
 //!   opened, and how commands, pipelines and scripts run on it.
+//! - `endpoint`: [`Endpoint`], what a URL names (node or cluster, plain or
+//!   TLS, the certificate authority to trust) and the driver clients for it.
 //! - `error`: [`map_error`], the one mapping from driver errors to
 //!   `StoreError` kinds.
 //! - `replication`: `WAIT` for replicas before a DONE record counts as
 //!   written ([`WaitReplicas`]).
 //!
-//! [`Conn`], [`map_error`] and [`hash_tag`] are public because the live
-//! event streams (`idemgate-redis-live`) run on the same connection type,
-//! report errors the same way and keep their keys in the record's slot.
+//! [`Conn`], [`Endpoint`], [`map_error`] and [`hash_tag`] are public
+//! because the live event streams (`idemgate-redis-live`) run on the same
+//! connection type, open their clients from the same URL, report errors
+//! the same way and keep their keys in the record's slot.
+//!
+//! # TLS
+//! `rediss://` (and `rediss+cluster://`) connect with rustls (the `tls`
+//! feature, on by default), verifying the server against the system's
+//! root certificates, or against the certificate authorities of the PEM
+//! file named by the URL's `tls_ca` parameter
+//! (`rediss://:PASSWORD@host:6380/?tls_ca=/etc/idemgate/redis-ca.pem`).
 //!
 //! # The key decision
 //! **Every operation is one round trip and one atomic step on the server.**
@@ -47,13 +57,15 @@
 //! [`RedisOptions::fence_memory`]), and still growing after it is forgotten.
 
 mod conn;
+mod endpoint;
 mod error;
 mod replication;
 mod scripts;
 pub mod store;
 mod timeline;
 
-pub use conn::{Conn, cluster_nodes};
+pub use conn::Conn;
+pub use endpoint::{Endpoint, TLS_CA_PARAM};
 pub use error::{BACKEND, map_error};
 pub use replication::{REPLICA_REMEMBERED_FOR, WaitReplicas};
 pub use store::{RedisOptions, RedisStore, hash_tag};

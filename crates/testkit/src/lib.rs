@@ -14,12 +14,17 @@
 //! The suite is never edited to make a backend pass: a backend that fails a
 //! case is wrong. Lease expiry cases sleep through real TTLs (a server's own
 //! clock is involved), sized so a loaded machine does not flake them.
+//!
+//! [`tls`] makes the certificates of the suites that run over TLS: each
+//! store runs the whole suite once more on a server of its own that only
+//! speaks TLS.
 
 #![allow(clippy::unwrap_used, clippy::panic)] // a test suite: failing loudly is its job
 
 pub mod fault;
 pub mod redis_server;
 pub use fault::FaultProxy;
+pub mod tls;
 
 use std::time::{Duration, Instant};
 

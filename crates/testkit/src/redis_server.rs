@@ -14,6 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::require;
+use crate::tls::CertFiles;
 
 /// A loopback port that is free, as is its cluster bus port (+10000).
 pub fn free_port() -> u16 {
@@ -31,12 +32,17 @@ pub fn free_port() -> u16 {
 
 /// Runs `redis-cli` against the server on `port`; its stdout on success.
 pub fn redis_cli(port: u16, args: &[&str]) -> Option<String> {
-    let out = Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(args)
-        .stderr(Stdio::null())
-        .output()
-        .ok()?;
+    redis_cli_on(port, None, args)
+}
+
+/// `redis-cli` on `port`, over TLS trusting `ca` when given.
+pub fn redis_cli_on(port: u16, ca: Option<&Path>, args: &[&str]) -> Option<String> {
+    let mut cmd = Command::new("redis-cli");
+    cmd.args(["-h", "127.0.0.1", "-p", &port.to_string()]);
+    if let Some(ca) = ca {
+        cmd.arg("--tls").arg("--cacert").arg(ca);
+    }
+    let out = cmd.args(args).stderr(Stdio::null()).output().ok()?;
     out.status
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
@@ -45,6 +51,11 @@ pub fn redis_cli(port: u16, args: &[&str]) -> Option<String> {
 /// Whether a server answers PING on `port`.
 pub fn pings(port: u16) -> bool {
     redis_cli(port, &["ping"]).is_some_and(|o| o.trim() == "PONG")
+}
+
+/// Whether a TLS server answers PING on `port`, trusting `ca`.
+pub fn pings_tls(port: u16, ca: &Path) -> bool {
+    redis_cli_on(port, Some(ca), &["ping"]).is_some_and(|o| o.trim() == "PONG")
 }
 
 /// Polls `ok` every 50 ms until it holds; panics after `limit`.
@@ -66,6 +77,8 @@ pub struct Server {
     pub port: u16,
     dir: PathBuf,
     cluster: bool,
+    /// Set for a server that speaks TLS only.
+    tls: Option<CertFiles>,
     child: Option<std::process::Child>,
     /// Extra `redis-server` arguments (e.g. `--replicaof`).
     extra: Vec<String>,
@@ -74,7 +87,13 @@ pub struct Server {
 impl Server {
     /// Starts a server in a fresh directory under `root`.
     pub fn start(root: &Path, cluster: bool) -> Self {
-        Self::start_with(root, cluster, &[])
+        Self::launch(root, cluster, None, &[])
+    }
+
+    /// Starts a server that speaks only TLS, with the certificate `certs`
+    /// (clients are not asked for one).
+    pub fn start_tls(root: &Path, cluster: bool, certs: &CertFiles) -> Self {
+        Self::launch(root, cluster, Some(certs.clone()), &[])
     }
 
     /// A replica of the server on `master`.
@@ -88,6 +107,10 @@ impl Server {
 
     /// Starts a server with extra arguments.
     pub fn start_with(root: &Path, cluster: bool, extra: &[&str]) -> Self {
+        Self::launch(root, cluster, None, extra)
+    }
+
+    fn launch(root: &Path, cluster: bool, tls: Option<CertFiles>, extra: &[&str]) -> Self {
         require(
             "redis-server",
             Command::new("redis-server")
@@ -102,6 +125,7 @@ impl Server {
             port,
             dir,
             cluster,
+            tls,
             child: None,
             extra: extra.iter().map(|a| (*a).to_owned()).collect(),
         };
@@ -109,16 +133,33 @@ impl Server {
         s
     }
 
-    /// `redis://127.0.0.1:<port>`.
+    /// `redis://127.0.0.1:<port>`, or for a TLS server
+    /// `rediss://localhost:<port>/?tls_ca=<its CA file>`.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        match &self.tls {
+            None => format!("redis://127.0.0.1:{}", self.port),
+            Some(certs) => format!(
+                "rediss://localhost:{}/?tls_ca={}",
+                self.port,
+                certs.ca.display()
+            ),
+        }
+    }
+
+    fn ping(&self) -> bool {
+        match &self.tls {
+            None => pings(self.port),
+            Some(certs) => pings_tls(self.port, &certs.ca),
+        }
     }
 
     /// (Re)starts the process on the same port and directory.
     pub fn restart(&mut self) {
+        // A TLS server has its plain port turned off (0).
+        let plain = if self.tls.is_some() { 0 } else { self.port };
         let mut args = vec![
             "--port".to_owned(),
-            self.port.to_string(),
+            plain.to_string(),
             "--bind".to_owned(),
             "127.0.0.1".to_owned(),
             "--dir".to_owned(),
@@ -132,6 +173,23 @@ impl Server {
             "--daemonize".to_owned(),
             "no".to_owned(),
         ];
+        if let Some(certs) = &self.tls {
+            args.extend([
+                "--tls-port".to_owned(),
+                self.port.to_string(),
+                "--tls-cert-file".to_owned(),
+                certs.cert.display().to_string(),
+                "--tls-key-file".to_owned(),
+                certs.key.display().to_string(),
+                "--tls-ca-cert-file".to_owned(),
+                certs.ca.display().to_string(),
+                "--tls-auth-clients".to_owned(),
+                "no".to_owned(),
+            ]);
+            if self.cluster {
+                args.extend(["--tls-cluster", "yes"].map(String::from));
+            }
+        }
         if self.cluster {
             args.extend(
                 [
@@ -167,9 +225,8 @@ impl Server {
             .spawn()
             .expect("spawn watchdog");
         self.child = Some(child);
-        let port = self.port;
         wait_until("redis-server start", Duration::from_secs(10), || {
-            pings(port)
+            self.ping()
         });
     }
 
@@ -184,8 +241,7 @@ impl Server {
             }
             let _ = child.kill();
             let _ = child.wait();
-            let port = self.port;
-            wait_until("redis-server stop", Duration::from_secs(5), || !pings(port));
+            wait_until("redis-server stop", Duration::from_secs(5), || !self.ping());
         }
     }
 

@@ -77,6 +77,7 @@ pub(super) async fn attach<S: Inner>(
             // The owner stores before answering: wait for DONE.
             Joined::NotStreaming => slice = max,
             Joined::Unknown => {}
+            Joined::Failed(e) => return store_failed(&shared, &keyed, &e),
         }
         let remaining = deadline.saturating_duration_since(Instant::now());
         if remaining.is_zero() {

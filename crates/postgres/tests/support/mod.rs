@@ -1,7 +1,7 @@
 //! Databases for the tests: the shared server (127.0.0.1:5432, db `test`)
 //! under a random schema per test process, and private instances (initdb in
-//! a temp dir, own port) for tests that restart the server or count
-//! statements.
+//! a temp dir, own port) for tests that restart the server, count
+//! statements or speak TLS only.
 
 #![allow(
     dead_code,
@@ -130,15 +130,35 @@ pub struct Private {
     /// Its port on 127.0.0.1.
     pub port: u16,
     dir: tempfile::TempDir,
+    /// Set for a server that accepts TCP connections over TLS only.
+    tls: Option<idemgate_testkit::tls::CertFiles>,
 }
 
 impl Private {
     /// initdb + start, with `pg_stat_statements` loaded.
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// initdb + start with `ssl=on` and the certificate `certs`
+    /// (copied into the cluster's directory), accepting TCP connections
+    /// over TLS only (`hostssl` lines alone in `pg_hba.conf`).
+    pub fn start_tls(certs: &idemgate_testkit::tls::TestCerts) -> Self {
+        Self::start_with(Some(certs))
+    }
+
+    fn start_with(certs: Option<&idemgate_testkit::tls::TestCerts>) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("idemgate-pg")
             .tempdir()
             .unwrap();
+        // The server reads its key as user postgres (chown below), and
+        // refuses a key that others can read (written 0600).
+        let tls = certs.map(|c| {
+            let tls_dir = dir.path().join("tls");
+            std::fs::create_dir(&tls_dir).unwrap();
+            c.write(&tls_dir)
+        });
         if is_root() {
             let ok = Command::new("chown")
                 .args(["-R", "postgres:postgres"])
@@ -164,7 +184,16 @@ impl Private {
             "initdb failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let me = Self { port, dir };
+        let me = Self { port, dir, tls };
+        if me.tls.is_some() {
+            std::fs::write(
+                me.data().join("pg_hba.conf"),
+                "local all all trust\n\
+                 hostssl all all 127.0.0.1/32 trust\n\
+                 hostssl all all ::1/128 trust\n",
+            )
+            .unwrap();
+        }
         me.restart_server();
         me
     }
@@ -199,6 +228,11 @@ impl Private {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
+    /// The CA file of a TLS server.
+    pub fn ca(&self) -> &Path {
+        &self.tls.as_ref().expect("a TLS server").ca
+    }
+
     /// Stops the server: `immediate` is a crash (no checkpoint; recovery
     /// replays the WAL on start), `fast` a clean shutdown.
     pub fn stop(&self, mode: &str) {
@@ -215,11 +249,18 @@ impl Private {
     pub fn restart_server(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let opts = format!(
+            let mut opts = format!(
                 "-p {} -k {} -c listen_addresses=127.0.0.1 -c shared_preload_libraries=pg_stat_statements -c max_connections=60",
                 self.port,
                 self.dir.path().display()
             );
+            if let Some(certs) = &self.tls {
+                opts.push_str(&format!(
+                    " -c ssl=on -c ssl_cert_file={} -c ssl_key_file={}",
+                    certs.cert.display(),
+                    certs.key.display()
+                ));
+            }
             let ok = pg_command(&pg_bin("pg_ctl"))
                 .arg("-D")
                 .arg(self.data())

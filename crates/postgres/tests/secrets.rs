@@ -1,0 +1,80 @@
+//! A password in the store URL never shows: not in the error of a store
+//! that cannot be opened (its `Display` or its `Debug`, the driver's
+//! source included) — a closed port, a malformed URL or option, a role the
+//! server does not know — nor in the `Debug` of an open store.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::time::Duration;
+
+use idemgate_postgres::{PostgresOptions, PostgresStore};
+
+const PW: &str = "s3cr3t-pw";
+
+fn assert_hidden(what: &str, shown: &str) {
+    assert!(!shown.contains(PW), "{what} shows the password: {shown}");
+}
+
+/// A port nothing listens on.
+fn closed_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+fn options() -> PostgresOptions {
+    PostgresOptions::default()
+        .schema(support::run_schema())
+        .max_connections(2)
+        .operation_timeout(Duration::from_secs(1))
+}
+
+#[tokio::test]
+async fn failed_opens_never_show_the_password() {
+    let port = closed_port();
+    let urls = [
+        format!("postgres://u:{PW}@127.0.0.1:{port}/test"),
+        format!("postgres://u:{PW}@127.0.0.1:{port}/test?sslmode=require"),
+        format!("postgres://u:{PW}@127.0.0.1:{port}/test?sslmode=bogus"),
+        format!("postgres://u:{PW}@127.0.0.1:notaport/test"),
+        format!("postgres://u:{PW}@[::1/test"),
+        format!(
+            "postgres://u:{PW}@127.0.0.1:{port}/test?sslmode=verify-full&sslrootcert=/nonexistent.pem"
+        ),
+        // The shared server (trust authentication) does not know this role.
+        format!(
+            "postgres://igtest_no_such_role:{PW}@{}",
+            support::shared_url().trim_start_matches("postgres://postgres@")
+        ),
+    ];
+    for url in &urls {
+        let err = PostgresStore::connect_with(url, options())
+            .await
+            .expect_err("nothing to connect to");
+        assert_hidden(url, &format!("{err} | {err:?}"));
+        let mut source = std::error::Error::source(&err);
+        while let Some(s) = source {
+            assert_hidden(url, &format!("{s} | {s:?}"));
+            source = s.source();
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_open_store_does_not_show_the_password() {
+    // Trust authentication accepts any password.
+    let url = support::shared_url().replacen("postgres@", &format!("postgres:{PW}@"), 1);
+    let store = match PostgresStore::connect_with(&url, options()).await {
+        Ok(store) => store,
+        Err(e) => {
+            support::require(
+                &format!("PostgreSQL at {} ({e})", support::shared_url()),
+                false,
+            );
+            unreachable!()
+        }
+    };
+    assert_hidden("the store", &format!("{store:?}"));
+    assert_hidden("the pool", &format!("{:?}", store.pool()));
+}
