@@ -140,9 +140,15 @@ async fn acknowledged_results_survive_a_failover_to_a_stale_replica() {
         .unwrap(),
     );
     let prefix = format!("igfail{:08x}", rand::random::<u32>());
+    // The shard that fails, and a seed outside it: a gateway that has to
+    // reconnect from scratch starts from its seed (the store URL names one).
+    let (m, r) = a_shard(&nodes);
+    let seed = (0..nodes.len())
+        .find(|i| *i != m && *i != r)
+        .expect("another shard");
     let store = format!(
         "redis+cluster://127.0.0.1:{}/?prefix={prefix}",
-        nodes[0].port
+        nodes[seed].port
     );
     let a = TestGateway::start(config(&store, &sim.url())).await;
     let b = TestGateway::start(config(&store, &sim.url())).await;
@@ -207,7 +213,6 @@ async fn acknowledged_results_survive_a_failover_to_a_stale_replica() {
         "before the stall: {} answered",
         answered.lock().unwrap().len()
     );
-    let (m, r) = a_shard(&nodes);
     // The replica stalls; its master drops the link (repl-timeout 2 s) and
     // goes on alone.
     nodes[r].pause();

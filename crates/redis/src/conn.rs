@@ -248,6 +248,19 @@ impl Conn {
         dispatch!(self, c => pipe.query_async(c).await)
     }
 
+    /// Runs a pipeline and returns its replies. On a cluster the whole
+    /// pipeline goes, in order on one connection, to the node of its first
+    /// keyed command.
+    ///
+    /// # Errors
+    /// The driver's error; see [`crate::map_error`].
+    pub async fn query_pipe<T: FromRedisValue>(
+        &mut self,
+        pipe: &Pipeline,
+    ) -> Result<T, RedisError> {
+        dispatch!(self, c => pipe.query_async(c).await)
+    }
+
     /// Runs a prepared Lua script (`EVALSHA`, loading it on `NOSCRIPT`).
     ///
     /// # Errors

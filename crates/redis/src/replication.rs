@@ -4,8 +4,8 @@
 //! any replica has it. If the master dies and a replica that never received
 //! a DONE record is promoted, the record is gone, and the retry that needed
 //! the stored answer (the one that follows a timeout) runs the work again.
-//! So after the completion script applies, the store sends `WAIT n timeout`
-//! to the same master, and a DONE that fewer than `n` replicas acknowledged
+//! So the store sends `WAIT n timeout` right behind the completion script,
+//! in one pipeline on the same connection to the same master, and a DONE that fewer than `n` replicas acknowledged
 //! is reported as a temporary failure: the owner holds the result in
 //! memory and writes it again (the script recognises its own DONE), until
 //! it is acknowledged or the lease runs out. Nothing unacknowledged is
@@ -227,23 +227,20 @@ fn replicas_of_slot(nodes: &str, slot: u16) -> usize {
         .count()
 }
 
-/// Waits until `wanted` replicas of the master holding `key` acknowledged
-/// every write sent before on the connection.
+/// How many replicas must acknowledge a write of `key` now.
 ///
 /// # Errors
-/// `Unavailable` when fewer acknowledged within `timeout`; the driver's
-/// error otherwise.
-pub(crate) async fn wait_for_replicas(
+/// The driver's error, asking the master about its replicas.
+pub(crate) async fn replicas_wanted(
     conn: &mut Conn,
     counts: &ReplicaCounts,
     wanted: WaitReplicas,
     key: &str,
-    timeout: Duration,
-) -> Result<(), StoreError> {
-    let slot = conn
+) -> Result<u32, StoreError> {
+    let route = conn
         .is_cluster()
         .then(|| Route::with_key(key, SlotAddr::Master));
-    let n = match (wanted, slot) {
+    Ok(match (wanted, route) {
         (WaitReplicas::Count(n), _) => n,
         // A cluster names each master's replicas, stalled or not, until a
         // failover or an operator changes them: the topology says it.
@@ -261,30 +258,39 @@ pub(crate) async fn wait_for_replicas(
                 counts.note(None, connected_replicas(&role))
             }
         },
-    };
-    if n == 0 {
-        return Ok(());
-    }
+    })
+}
+
+/// `WAIT n timeout`. It must follow the write it waits for on the same
+/// connection: a connection that wrote nothing has nothing to wait for,
+/// and `WAIT` answers at once with every replica. So the store sends it in
+/// one pipeline right after the completion script.
+pub(crate) fn wait_cmd(n: u32, timeout: Duration) -> redis::Cmd {
     let millis = u64::try_from(timeout.as_millis())
         .unwrap_or(u64::MAX)
         .max(1);
-    let acked: i64 = redis::from_redis_value(
-        conn.query_on_master(redis::cmd("WAIT").arg(n).arg(millis), slot)
-            .await
-            .map_err(crate::map_error)?,
-    )
-    .map_err(|e| crate::map_error(e.into()))?;
+    let mut cmd = redis::cmd("WAIT");
+    cmd.arg(n).arg(millis);
+    cmd
+}
+
+/// The error for a write that `acked` of `n` replicas acknowledged within
+/// `timeout`; `Ok` when enough did.
+///
+/// # Errors
+/// `Unavailable`: too few acknowledged, the write is not trusted yet.
+pub(crate) fn check_acks(acked: i64, n: u32, timeout: Duration) -> Result<(), StoreError> {
     if acked >= i64::from(n) {
-        Ok(())
-    } else {
-        Err(StoreError::new(
-            StoreErrorKind::Unavailable,
-            BACKEND,
-            format!(
-                "DONE acknowledged by {acked} of {n} replica(s) within {millis} ms; not trusted yet"
-            ),
-        ))
+        return Ok(());
     }
+    Err(StoreError::new(
+        StoreErrorKind::Unavailable,
+        BACKEND,
+        format!(
+            "DONE acknowledged by {acked} of {n} replica(s) within {} ms; not trusted yet",
+            timeout.as_millis()
+        ),
+    ))
 }
 
 /// The number of replicas in a master's `ROLE` reply (0 for a replica's

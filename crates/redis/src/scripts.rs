@@ -176,6 +176,12 @@ pub(crate) struct Scripts {
 }
 
 impl Scripts {
+    /// The completion script's source (for `SCRIPT LOAD` where a pipeline
+    /// met `NOSCRIPT`).
+    pub(crate) fn complete_code(&self) -> String {
+        format!("{PUSH}{COMPLETE}")
+    }
+
     pub(crate) fn new() -> Self {
         let with_helpers = |body: &str| Script::new(&format!("{PUSH}{body}"));
         Self {

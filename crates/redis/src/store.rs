@@ -260,6 +260,100 @@ impl RedisStore {
     }
 }
 
+/// The completion script's keys and arguments, for `EVALSHA` alone or in
+/// a pipeline with `WAIT`.
+struct CompleteArgs<'a> {
+    keys: [&'a String; 3],
+    token: String,
+    fence: u64,
+    payload: &'a Bytes,
+    done_ttl: u64,
+    attempt: Vec<u8>,
+    fingerprint: &'a [u8; 32],
+    fence_memory: u64,
+}
+
+impl CompleteArgs<'_> {
+    fn apply(&self, inv: &mut ScriptInvocation<'_>) {
+        for key in self.keys {
+            inv.key(key);
+        }
+        inv.arg(&self.token)
+            .arg(self.fence)
+            .arg(&self.payload[..])
+            .arg(self.done_ttl)
+            .arg(&self.attempt)
+            .arg(MAX_TIMELINE)
+            .arg(&self.fingerprint[..])
+            .arg(self.fence_memory);
+    }
+
+    fn evalsha(&self, hash: &str) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(hash).arg(self.keys.len());
+        for key in self.keys {
+            cmd.arg(key);
+        }
+        cmd.arg(&self.token)
+            .arg(self.fence)
+            .arg(&self.payload[..])
+            .arg(self.done_ttl)
+            .arg(&self.attempt)
+            .arg(MAX_TIMELINE)
+            .arg(&self.fingerprint[..])
+            .arg(self.fence_memory);
+        cmd
+    }
+}
+
+impl RedisStore {
+    /// The completion script then `WAIT n`, one pipeline on the key's
+    /// master; loads the script once on `NOSCRIPT`. Returns the script's
+    /// answer and the replicas that acknowledged.
+    async fn complete_and_wait(
+        &self,
+        args: &CompleteArgs<'_>,
+        n: u32,
+    ) -> Result<(i64, i64), StoreError> {
+        let hash = self.scripts.complete.get_hash();
+        let mut pipe = redis::pipe();
+        pipe.add_command(args.evalsha(hash))
+            .add_command(replication::wait_cmd(n, self.opts.wait_timeout));
+        let bound = self.opts.operation_timeout + self.opts.wait_timeout;
+        let run = |pipe: redis::Pipeline| {
+            let mut conn = self.conn.clone();
+            async move {
+                match tokio::time::timeout(bound, conn.query_pipe::<(i64, i64)>(&pipe)).await {
+                    Ok(r) => Ok(r),
+                    Err(_) => Err(timed_out("complete")),
+                }
+            }
+        };
+        match run(pipe.clone()).await? {
+            Ok(answer) => Ok(answer),
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                // Load it where the key lives, then once more.
+                let mut load = redis::cmd("SCRIPT");
+                load.arg("LOAD").arg(self.scripts.complete_code());
+                let route = self.conn.is_cluster().then(|| {
+                    redis::cluster_routing::Route::with_key(
+                        args.keys[0],
+                        redis::cluster_routing::SlotAddr::Master,
+                    )
+                });
+                let mut conn = self.conn.clone();
+                self.bounded(
+                    "load the completion script",
+                    conn.query_on_master(&load, route),
+                )
+                .await?;
+                run(pipe).await?.map_err(map_error)
+            }
+            Err(e) => Err(map_error(e)),
+        }
+    }
+}
+
 /// The hash tag of `key`'s Redis keys, braces included: 32 hex digits of
 /// SHA-256 of the storage id. Every key kept for one record (and anything
 /// another component keeps next to it, such as its live event stream) is
@@ -430,42 +524,41 @@ impl Store for RedisStore {
     ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
         Box::pin(async move {
             let k = self.keys(&lease.key);
-            let applied: i64 = self
-                .invoke(
-                    "complete",
-                    self.scripts
-                        .complete
-                        .key(&k.rec)
-                        .key(&k.tl)
-                        .key(&k.fence)
-                        .arg(token_hex(lease.token))
-                        .arg(lease.fence)
-                        .arg(&payload[..])
-                        .arg(ttl_ms(done_ttl))
-                        .arg(attempt_json(attempt)?)
-                        .arg(MAX_TIMELINE)
-                        .arg(&lease.fingerprint.0[..])
-                        .arg(ttl_ms(self.opts.fence_memory)),
-                )
-                .await?;
-            if applied != 1 {
-                return Ok(Fenced::Stale);
-            }
-            // Written on the master; trusted once replicated (a retry of
-            // this completion finds its own DONE and waits again).
             let mut conn = self.conn.clone();
-            let waited = replication::wait_for_replicas(
+            let asking = replication::replicas_wanted(
                 &mut conn,
                 &self.replicas,
                 self.opts.wait_replicas,
                 &k.rec,
-                self.opts.wait_timeout,
             );
-            match tokio::time::timeout(self.opts.operation_timeout + self.opts.wait_timeout, waited)
+            let n = tokio::time::timeout(self.opts.operation_timeout, asking)
                 .await
-            {
-                Ok(r) => r?,
-                Err(_) => return Err(timed_out("wait for replicas")),
+                .map_err(|_| timed_out("ask about replicas"))??;
+            let args = CompleteArgs {
+                keys: [&k.rec, &k.tl, &k.fence],
+                token: token_hex(lease.token),
+                fence: lease.fence,
+                payload: &payload,
+                done_ttl: ttl_ms(done_ttl),
+                attempt: attempt_json(attempt)?,
+                fingerprint: &lease.fingerprint.0,
+                fence_memory: ttl_ms(self.opts.fence_memory),
+            };
+            let applied: i64 = if n == 0 {
+                let mut inv = self.scripts.complete.prepare_invoke();
+                args.apply(&mut inv);
+                self.invoke("complete", &inv).await?
+            } else {
+                // The script and WAIT in one pipeline: WAIT must follow the
+                // write on its connection (see `replication`).
+                let (applied, acked) = self.complete_and_wait(&args, n).await?;
+                if applied == 1 {
+                    replication::check_acks(acked, n, self.opts.wait_timeout)?;
+                }
+                applied
+            };
+            if applied != 1 {
+                return Ok(Fenced::Stale);
             }
             self.notify.notify(&lease.key.storage_id());
             Ok(Fenced::Applied)
