@@ -389,6 +389,7 @@ async fn forget(args: &ShowArgs) -> anyhow::Result<ExitCode> {
         outcome: AttemptOutcome::Forgotten,
         status: None,
         latency_us: 0,
+        repeated: None,
     };
     let mut forgotten = None;
     let mut failed = None;

@@ -44,6 +44,6 @@ pub use key::{ClientKey, DerivedKey, KeyError, ScopedKey, natural_key};
 pub use memory::{Clock, ManualClock, MemoryStore, MonotonicClock, SystemClock};
 pub use policy::{OnInflight, Policy};
 pub use record::{
-    Attempt, AttemptOutcome, Claim, Fenced, Lease, MAX_TIMELINE, Record, RecordState,
+    Attempt, AttemptOutcome, Claim, Fenced, Lease, MAX_TIMELINE, Record, RecordState, Repeated,
 };
 pub use store::{BoxFuture, Store, StoreError, StoreErrorKind};

@@ -60,6 +60,7 @@ async fn main() {
         outcome: AttemptOutcome::Executed,
         status: Some(200),
         latency_us: 0,
+        repeated: None,
     };
     let engine = Engine::new(std::sync::Arc::new(store.clone()));
     let (mut claim, mut complete, mut replay) = (Vec::new(), Vec::new(), Vec::new());

@@ -10,7 +10,7 @@ use crate::error::{SqliteError, store_error};
 
 /// The schema version this build writes, kept in `PRAGMA user_version`.
 /// A file with a higher version is refused rather than misread.
-pub(crate) const SCHEMA_VERSION: i64 = 1;
+pub(crate) const SCHEMA_VERSION: i64 = 2;
 
 /// Version 1.
 ///
@@ -60,6 +60,15 @@ CREATE TABLE IF NOT EXISTS counters (
     value       INTEGER NOT NULL
 );
 INSERT OR IGNORE INTO counters(name, value) VALUES ('fence', 0);
+";
+
+/// Version 2: an attempt row may stand for several attempts of one
+/// outcome from one replica (replays gathered over one timeline flush):
+/// `repeat_count` (NULL for a single attempt) and the last one's time.
+/// Added columns only, so version 1 files are migrated in place.
+const SCHEMA_V2: &str = "
+ALTER TABLE attempts ADD COLUMN repeat_count INTEGER;
+ALTER TABLE attempts ADD COLUMN last_at_ms INTEGER;
 ";
 
 /// Opens one connection (writer or reader) with the busy timeout set.
@@ -133,9 +142,15 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<(), SqliteError> {
     // Another process may have created the schema while we waited.
     let found = user_version(&tx).map_err(|e| setup_error(path, e))?;
     check_version(path, found)?;
-    if found < SCHEMA_VERSION {
+    if found < 1 {
         tx.execute_batch(SCHEMA_V1)
             .map_err(|e| setup_error(path, e))?;
+    }
+    if found < 2 {
+        tx.execute_batch(SCHEMA_V2)
+            .map_err(|e| setup_error(path, e))?;
+    }
+    if found < SCHEMA_VERSION {
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)
             .map_err(|e| setup_error(path, e))?;
     }

@@ -468,7 +468,7 @@ impl Store for SqliteStore {
                         "SELECT {ATTEMPT_COLUMNS} FROM attempts
                      WHERE id = ?1
                        AND EXISTS (SELECT 1 FROM timelines WHERE id = ?1 AND keep_until > ?2)
-                     ORDER BY seq"
+                     ORDER BY at_ms, seq"
                     ))
                     .and_then(|mut stmt| {
                         stmt.query_map(params![id, now], raw_attempt)?

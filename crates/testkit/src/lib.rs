@@ -81,6 +81,7 @@ pub(crate) fn attempt(outcome: AttemptOutcome) -> idemgate_engine::Attempt {
         outcome,
         status: Some(200),
         latency_us: 1,
+        repeated: None,
     }
 }
 

@@ -216,8 +216,9 @@ pub(super) fn append_attempt(
     keep_until: u64,
 ) -> rusqlite::Result<()> {
     tx.prepare_cached(
-        "INSERT INTO attempts(id, at_ms, replica, outcome, status, latency_us)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO attempts(id, at_ms, replica, outcome, status, latency_us,
+                              repeat_count, last_at_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     )?
     .execute(params![
         id,
@@ -226,6 +227,8 @@ pub(super) fn append_attempt(
         attempt.outcome.as_str(),
         attempt.status,
         int(attempt.latency_us),
+        attempt.repeated.map(|r| int(r.count)),
+        attempt.repeated.map(|r| int(r.last_at_ms)),
     ])?;
     let entries: i64 = tx
         .prepare_cached(
