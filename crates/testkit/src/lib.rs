@@ -17,7 +17,9 @@
 
 #![allow(clippy::unwrap_used, clippy::panic)] // a test suite: failing loudly is its job
 
+pub mod counting;
 pub mod fault;
+pub use counting::{Calls, CountingStore};
 pub use fault::FaultProxy;
 
 use std::time::{Duration, Instant};
