@@ -144,7 +144,11 @@ pub struct CachedStore {
     cache: Mutex<Cache>,
     max_bytes: usize,
     stats: CacheStats,
+    on_hit: Option<HitHook>,
 }
+
+/// Called on every call answered from the cache (for a metric).
+pub type HitHook = Arc<dyn Fn() + Send + Sync>;
 
 impl std::fmt::Debug for CachedStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -164,7 +168,14 @@ impl CachedStore {
             cache: Mutex::new(Cache::default()),
             max_bytes,
             stats: CacheStats::default(),
+            on_hit: None,
         }
+    }
+
+    /// Calls `hook` on every call answered from the cache.
+    pub fn on_hit(mut self, hook: HitHook) -> Self {
+        self.on_hit = Some(hook);
+        self
     }
 
     /// The wrapped store.
@@ -214,12 +225,14 @@ impl CachedStore {
             None => None,
         };
         drop(cache);
-        let counter = if hit.is_some() {
-            &self.stats.hits
+        if hit.is_some() {
+            self.stats.hits.fetch_add(1, Ordering::Relaxed);
+            if let Some(hook) = &self.on_hit {
+                hook();
+            }
         } else {
-            &self.stats.misses
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
+            self.stats.misses.fetch_add(1, Ordering::Relaxed);
+        }
         hit
     }
 
