@@ -1,10 +1,11 @@
 //! The embedded SQLite store for idemgate: the default store, which works
 //! on a fresh machine with no server.
 //!
-//! One file in WAL mode with `synchronous=FULL`: a claim or a result is
-//! acknowledged only once it would survive a power loss or a `kill -9`.
-//! Several processes may share the file; each claim stays atomic across
-//! them.
+//! One file in WAL mode. A result (DONE) or a forget is acknowledged only
+//! once it would survive a power loss or a `kill -9` (`synchronous=FULL`);
+//! a claim only once it would survive a `kill -9` (`synchronous=NORMAL`:
+//! why a claim needs no fsync is in the `writer` module). Several
+//! processes may share the file; each claim stays atomic across them.
 //!
 //! # Layout
 //! - [`store`]: [`SqliteStore`] (the [`idemgate_engine::Store`]
@@ -45,4 +46,4 @@ pub mod store;
 mod writer;
 
 pub use error::{BoxError, SqliteError};
-pub use store::{SqliteOptions, SqliteStore};
+pub use store::{CommitCounts, SqliteOptions, SqliteStore};

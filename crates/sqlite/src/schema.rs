@@ -21,9 +21,12 @@ pub(crate) const SCHEMA_VERSION: i64 = 2;
 ///   `timelines` holds the retention time and the entry count (so the
 ///   oldest entries are trimmed without counting), and deleting a
 ///   `timelines` row deletes its attempts (trigger).
-/// - `counters`: the store-wide fence counter. Fences come from it, so they
-///   grow for every key even after an expired record was purged, and across
-///   every process sharing the file (writers are serialized).
+/// - `counters`: the store-wide fence counter (`fence`). Fences come from
+///   it, so they grow for every key even after an expired record was
+///   purged, and across every process sharing the file (writers are
+///   serialized). Its durable ceiling (`fence_ceiling`, written when first
+///   needed) bounds every fence issued, so that claims committed without
+///   an fsync cannot make a fence repeat after a power loss.
 const SCHEMA_V1: &str = "
 CREATE TABLE IF NOT EXISTS records (
     id          TEXT PRIMARY KEY NOT NULL,
@@ -97,7 +100,9 @@ pub(crate) fn connect_reader(
 }
 
 /// Puts the file in WAL mode with `synchronous=FULL` (a commit is on disk
-/// before it is acknowledged) and creates or checks the schema.
+/// before it is acknowledged; the writer relaxes it to `NORMAL` for the
+/// batches that need no fsync, see `writer`) and creates or checks the
+/// schema.
 pub(crate) fn prepare_writer(
     conn: &mut Connection,
     path: &Path,
