@@ -15,8 +15,11 @@
 //! default `idemgate`), `pool` (PostgreSQL pool size, default 10) and
 //! `timeline` (`background`, the default: timeline entries of replays and
 //! conflicts are written in batches off the request path; `inline`: each is
-//! written before the request is answered, one more round trip). Every
-//! other parameter is passed through.
+//! written before the request is answered, one more round trip), and, for
+//! PostgreSQL, `claim_commit` (`sync`, the default; `async`: claims are
+//! committed with `synchronous_commit = off`, which a database crash can
+//! turn into a second execution, see `PostgresOptions::synchronous_claims`).
+//! Every other parameter is passed through.
 //!
 //! With a key ring, the store is wrapped in a [`SealedStore`]: every
 //! payload is sealed before it reaches the backend and opened on read, the
@@ -156,9 +159,11 @@ async fn open_backend(
             })
         }
         StoreUrl::Postgres(u) => {
-            let (driver_url, params) = split_params(u, &["schema", "pool", "timeline"]);
-            let mut opts =
-                PostgresOptions::default().background_timeline(background(url, &params)?);
+            let (driver_url, params) =
+                split_params(u, &["schema", "pool", "timeline", "claim_commit"]);
+            let mut opts = PostgresOptions::default()
+                .background_timeline(background(url, &params)?)
+                .synchronous_claims(synchronous_claims(url, &params)?);
             if let Some(schema) = param(&params, "schema") {
                 opts = opts.schema(schema);
             }
@@ -218,6 +223,22 @@ fn background(url: &StoreUrl, params: &[(String, String)]) -> Result<bool, Gatew
     }
 }
 
+/// The `claim_commit` parameter: whether a claim's commit waits for its WAL.
+fn synchronous_claims(url: &StoreUrl, params: &[(String, String)]) -> Result<bool, GatewayError> {
+    match param(params, "claim_commit") {
+        None | Some("sync") => Ok(true),
+        Some("async") => Ok(false),
+        Some(other) => Err(open_error(
+            url,
+            StoreError::new(
+                idemgate_engine::StoreErrorKind::Rejected,
+                url.backend(),
+                format!("claim_commit={other:?}: use `sync` or `async`"),
+            ),
+        )),
+    }
+}
+
 fn param<'a>(params: &'a [(String, String)], name: &str) -> Option<&'a str> {
     params
         .iter()
@@ -254,5 +275,15 @@ mod tests {
         assert_eq!(param(&params, "schema"), Some("s1"));
         assert_eq!(param(&params, "pool"), Some("4"));
         assert_eq!(param(&params, "prefix"), None);
+    }
+
+    #[test]
+    fn claim_commit_is_sync_unless_asked_otherwise() {
+        let url = StoreUrl::parse("postgres://u@h/db").expect("a store URL");
+        let with = |v: &str| vec![("claim_commit".to_owned(), v.to_owned())];
+        assert!(synchronous_claims(&url, &[]).expect("the default"));
+        assert!(synchronous_claims(&url, &with("sync")).expect("sync"));
+        assert!(!synchronous_claims(&url, &with("async")).expect("async"));
+        assert!(synchronous_claims(&url, &with("off")).is_err());
     }
 }

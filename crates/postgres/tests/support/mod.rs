@@ -130,11 +130,18 @@ pub struct Private {
     /// Its port on 127.0.0.1.
     pub port: u16,
     dir: tempfile::TempDir,
+    /// More `-c name=value` server settings.
+    settings: String,
 }
 
 impl Private {
     /// initdb + start, with `pg_stat_statements` loaded.
     pub fn start() -> Self {
+        Self::start_with("")
+    }
+
+    /// [`Private::start`] with more server settings (`-c name=value …`).
+    pub fn start_with(settings: &str) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("idemgate-pg")
             .tempdir()
@@ -164,7 +171,11 @@ impl Private {
             "initdb failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let me = Self { port, dir };
+        let me = Self {
+            port,
+            dir,
+            settings: settings.to_owned(),
+        };
         me.restart_server();
         me
     }
@@ -216,9 +227,10 @@ impl Private {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let opts = format!(
-                "-p {} -k {} -c listen_addresses=127.0.0.1 -c shared_preload_libraries=pg_stat_statements -c max_connections=60",
+                "-p {} -k {} -c listen_addresses=127.0.0.1 -c shared_preload_libraries=pg_stat_statements -c max_connections=60 {}",
                 self.port,
-                self.dir.path().display()
+                self.dir.path().display(),
+                self.settings
             );
             let ok = pg_command(&pg_bin("pg_ctl"))
                 .arg("-D")
