@@ -10,11 +10,15 @@
 //! serializes this thread with the writers of other processes sharing the
 //! file.
 //!
-//! **Which commits are synced.** A batch holding a result (`complete`) or
-//! an operator's `forget` is committed with `synchronous=FULL`: on disk
-//! before anyone is answered. A batch of claims, renewals, releases and
-//! timeline entries only is committed with `synchronous=NORMAL`: written to
-//! the WAL (so it survives the process being killed) but not fsynced. The
+//! **Which commits are synced.** Each batch is committed in two parts.
+//! Claims, renewals, releases and timeline entries come first, committed
+//! with `synchronous=NORMAL`: written to the WAL (so they survive the
+//! process being killed) but not fsynced, and answered at once. Results
+//! (`complete`) and an operator's `forget` follow in a commit with
+//! `synchronous=FULL`: on disk before they are answered. Every op of one
+//! batch was sent before any was answered, so committing the parts in
+//! this order is a valid serial order, and a claim never waits for the
+//! fsync of the results queued beside it. The
 //! WAL is a log: a later synced commit makes every earlier one durable, so
 //! a DONE on disk always has its claim on disk too. What a power loss can
 //! take is a claim (or renewal, or release) of work whose owner died with
@@ -305,7 +309,19 @@ pub(crate) fn run(
         }
         if !batch.is_empty() {
             let waiters = waiters(&batch);
-            let commit_time = commit_batch(&mut conn, &mut batch, &notify, &mut durability);
+            // The writes that need no fsync are committed and answered
+            // first, so a claim never waits for the fsync of the results
+            // queued beside it; the results and forgets follow, fsynced.
+            // Every op of one batch was sent before any was answered, so
+            // any order among them is a valid serial order.
+            let (mut synced, mut relaxed): (Vec<Op>, Vec<Op>) =
+                batch.drain(..).partition(Op::needs_sync);
+            let mut commit_time = Duration::ZERO;
+            for part in [&mut relaxed, &mut synced] {
+                if !part.is_empty() {
+                    commit_time = commit_batch(&mut conn, part, &notify, &mut durability);
+                }
+            }
             gather.learn(waiters, commit_time);
         }
         if !stopping && Instant::now() >= next_purge {
