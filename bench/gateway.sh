@@ -1,33 +1,132 @@
 #!/usr/bin/env bash
-# Gateway load benchmark, all in one run so the figures compare as ratios:
-#   direct   wrk -> static upstream (nginx `return 200` JSON)
+# Gateway load benchmark, all in one run so the figures compare as ratios.
+#
+# Part 1, closed loop (wrk, as fast as the target answers; the upstream is
+# nginx `return 200`, which answers at once):
+#   direct   wrk -> static upstream
 #   nginx    wrk -> nginx proxy_pass -> upstream   (the plain-proxy floor)
 #   idemgate wrk -> idemgate (fresh keys, then replayed keys) -> upstream
+#   idempotent-proxy-server (Redis stores only, when its binary is there)
+#
+# Part 2, held rate (bench/loadgen, open loop: request i is due at
+# start + i/rate, latency from that time, so queueing is counted). The
+# upstream is the simulator answering in SLOW_MS (20) ms:
+#   direct   loadgen -> simulator
+#   idemgate loadgen -> idemgate -> simulator (fresh keys, then replays)
+#   idempotent-proxy-server, as above
+# "Added" is idemgate minus direct at the same percentile and rate.
+#
 # Usage: bench/gateway.sh [STORE_URL]   (default: sqlite in a temp dir)
 # Env: DURATION (8s) CONNS (16) THREADS (1) PORT_BASE (18091)
-#      BENCH_BIN (a prebuilt binary; default: build the release binary)
+#      HELD_RATE (5000) HELD_DURATION (30s) HELD_WARMUP (5s)
+#      HELD_CONNS (512) SLOW_MS (20)
+#      PARTS ("wrk held": the parts to run)
+#      BENCH_BIN, BENCH_LOADGEN, BENCH_SIM (prebuilt binaries; default:
+#        build the release binaries of this tree)
+#      IPX_BIN (idempotent-proxy-server; default: found on PATH or in
+#        $HOME/.cargo/bin, skipped when missing), IPX_REDIS_DB (9)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-8s}; CONNS=${CONNS:-16}; THREADS=${THREADS:-1}
+HELD_RATE=${HELD_RATE:-5000}; HELD_DURATION=${HELD_DURATION:-30s}
+HELD_WARMUP=${HELD_WARMUP:-5s}; HELD_CONNS=${HELD_CONNS:-512}; SLOW_MS=${SLOW_MS:-20}
+PARTS=${PARTS:-wrk held}
 WORK=$(mktemp -d)
 STORE=${1:-sqlite:$WORK/bench.db}
 PORT_BASE=${PORT_BASE:-18091}
 UP=$PORT_BASE; PROXY=$((PORT_BASE + 1)); GW=$((PORT_BASE + 2)); ADMIN=$((PORT_BASE + 3))
-if [ -n "${BENCH_BIN:-}" ]; then
-  BIN=$BENCH_BIN
-else
-  BIN=${CARGO_TARGET_DIR:-target}/release/idemgate
-  cargo build --release -q -p idemgate
+SIM=$((PORT_BASE + 4)); GW_SLOW=$((PORT_BASE + 5)); ADMIN_SLOW=$((PORT_BASE + 6))
+IPX=$((PORT_BASE + 7)); IPX_SLOW=$((PORT_BASE + 8))
+TARGET=${CARGO_TARGET_DIR:-$(cargo metadata --format-version 1 --no-deps \
+  | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')}
+if [ -z "${BENCH_BIN:-}" ] || [ -z "${BENCH_LOADGEN:-}" ] || [ -z "${BENCH_SIM:-}" ]; then
+  cargo build --release -q -p idemgate -p idemgate-loadgen -p idemgate-llm-sim
 fi
+BIN=${BENCH_BIN:-$TARGET/release/idemgate}
+LOADGEN=${BENCH_LOADGEN:-$TARGET/release/idemgate-loadgen}
+SIMBIN=${BENCH_SIM:-$TARGET/release/idemgate-llm-sim}
+IPX_BIN=${IPX_BIN:-$(command -v idempotent-proxy-server || echo "$HOME/.cargo/bin/idempotent-proxy-server")}
+IPX_REDIS_DB=${IPX_REDIS_DB:-9}
+PIDS=()
 cleanup() {
-  [ -n "${GW_PID:-}" ] && kill "$GW_PID" 2>/dev/null || true
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
   [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")" 2>/dev/null || true
   wait 2>/dev/null || true
   rm -rf "$WORK"
 }
 trap cleanup EXIT
 
-cat > "$WORK/nginx.conf" <<NGX
+# idempotent-proxy-server keeps its records in Redis; it runs beside the
+# Redis store's runs only (so it shares the server idemgate uses there).
+IPX_ON=0
+case "$STORE" in
+  redis://*)
+    if [ -x "$IPX_BIN" ]; then IPX_ON=1; else
+      echo "idempotent-proxy-server not found ($IPX_BIN): its rows are skipped" >&2; fi ;;
+esac
+redis_base() { # redis://host:port from the store URL
+  local hp=${STORE#redis://}; hp=${hp%%/*}; hp=${hp%%\?*}; echo "redis://$hp"
+}
+
+wait_http() { # url log
+  for _ in $(seq 1 100); do curl -s -o /dev/null "$1" && return 0; sleep 0.1; done
+  echo "$1 did not come up:" >&2; cat "$2" >&2; exit 1
+}
+
+start_gateway() { # upstream listen admin store log
+  "$BIN" serve --upstream "$1" --listen "127.0.0.1:$2" --admin-listen "127.0.0.1:$3" \
+    --store "$4" >"$5" 2>&1 &
+  PIDS+=($!)
+  for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$3/healthz" >/dev/null && return 0; sleep 0.1; done
+  echo "the gateway did not start:" >&2; cat "$5" >&2; exit 1
+}
+
+start_ipx() { # upstream-url listen dir
+  mkdir -p "$3"
+  # It reads a .env file from its working directory (and refuses to start
+  # without one); REQUEST_TIMEOUT is also how long it keeps a response.
+  cat >"$3/.env" <<ENV
+SERVER_ADDR=127.0.0.1:$2
+REDIS_URL=$(redis_base)/$IPX_REDIS_DB
+REQUEST_TIMEOUT=600000
+URL_BENCH=$1
+LOG_LEVEL=error
+ENV
+  (cd "$3" && exec "$IPX_BIN") >"$3/log" 2>&1 &
+  PIDS+=($!)
+  wait_http "http://127.0.0.1:$2/" "$3/log"
+}
+
+ipx_cleanup() {
+  local hp=${STORE#redis://}; hp=${hp%%/*}; hp=${hp%%\?*}
+  redis-cli -h "${hp%%:*}" -p "${hp##*:}" -n "$IPX_REDIS_DB" --scan --pattern '*POST:*' \
+    | xargs -r -n 500 redis-cli -h "${hp%%:*}" -p "${hp##*:}" -n "$IPX_REDIS_DB" del >/dev/null || true
+}
+
+warm_replays() { # base-url path
+  for i in $(seq 0 99); do
+    curl -sf -o /dev/null -X POST "$1$2" \
+      -H 'Content-Type: application/json' -H 'Authorization: Bearer bench-tenant' \
+      -H "Idempotency-Key: replay-$i" \
+      -d '{"model":"m","messages":[{"role":"user","content":"hello"}]}'
+  done
+}
+
+# ---------------------------------------------------------------- part 1
+run_wrk() { # name url path script
+  local out rps p50 p99 errs
+  out=$(BENCH_PATH="${3:-/v1/chat/completions}" \
+    wrk -t"$THREADS" -c"$CONNS" -d"$DURATION" --latency -s "$4" "$2" 2>&1)
+  rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
+  p50=$(awk '$1=="50%" {print $2}' <<<"$out")
+  p99=$(awk '$1=="99%" {print $2}' <<<"$out")
+  errs=$(awk '/Non-2xx/ {print $4}' <<<"$out")
+  printf '%-30s %12s %10s %10s %8s\n' "$1" "$rps" "$p50" "$p99" "${errs:-0}"
+  echo "$1|$rps" >>"$WORK/rps"
+}
+
+part_wrk() {
+  cat > "$WORK/nginx.conf" <<NGX
 worker_processes 1;
 pid $WORK/nginx.pid;
 error_log $WORK/error.log warn;
@@ -52,44 +151,93 @@ http {
   }
 }
 NGX
-nginx -c "$WORK/nginx.conf" -p "$WORK"
+  nginx -c "$WORK/nginx.conf" -p "$WORK"
+  start_gateway "http://127.0.0.1:$UP" "$GW" "$ADMIN" "$STORE" "$WORK/gw.log"
+  warm_replays "http://127.0.0.1:$GW" /v1/chat/completions
+  if [ "$IPX_ON" = 1 ]; then
+    start_ipx "http://127.0.0.1:$UP/v1/chat/completions" "$IPX" "$WORK/ipx"
+    warm_replays "http://127.0.0.1:$IPX" /URL_BENCH
+  fi
 
-"$BIN" serve --upstream "http://127.0.0.1:$UP" --listen "127.0.0.1:$GW" \
-  --admin-listen "127.0.0.1:$ADMIN" --store "$STORE" >"$WORK/gw.log" 2>&1 &
-GW_PID=$!
-for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$ADMIN/healthz" >/dev/null && break; sleep 0.1; done
-curl -sf "http://127.0.0.1:$ADMIN/healthz" >/dev/null || { echo "the gateway did not start:" >&2; cat "$WORK/gw.log" >&2; exit 1; }
-
-run() { # name url script
-  local out
-  out=$(wrk -t"$THREADS" -c"$CONNS" -d"$DURATION" --latency ${3:+-s "$3"} "$2" 2>&1)
-  local rps p50 p99
-  rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
-  p50=$(awk '$1=="50%" {print $2}' <<<"$out")
-  p99=$(awk '$1=="99%" {print $2}' <<<"$out")
-  local errs
-  errs=$(awk '/Non-2xx/ {print $4}' <<<"$out")
-  printf '%-22s %12s %10s %10s %8s\n' "$1" "$rps" "$p50" "$p99" "${errs:-0}"
-  echo "$1|$rps" >>"$WORK/rps"
+  echo "store: $STORE   wrk -t$THREADS -c$CONNS -d$DURATION (closed loop, upstream answers at once)"
+  printf '%-30s %12s %10s %10s %8s\n' "target" "req/s" "p50" "p99" "non-2xx"
+  : >"$WORK/rps"
+  run_wrk "upstream direct" "http://127.0.0.1:$UP/v1/chat/completions" "" bench/fresh.lua
+  run_wrk "nginx proxy_pass" "http://127.0.0.1:$PROXY/v1/chat/completions" "" bench/fresh.lua
+  run_wrk "idemgate fresh keys" "http://127.0.0.1:$GW" "" bench/fresh.lua
+  run_wrk "idemgate replays" "http://127.0.0.1:$GW" "" bench/replay.lua
+  if [ "$IPX_ON" = 1 ]; then
+    run_wrk "idempotent-proxy fresh keys" "http://127.0.0.1:$IPX" /URL_BENCH bench/fresh.lua
+    run_wrk "idempotent-proxy replays" "http://127.0.0.1:$IPX" /URL_BENCH bench/replay.lua
+  fi
+  local nginx_rps
+  nginx_rps=$(awk -F'|' '/^nginx/ {print $2}' "$WORK/rps")
+  echo
+  echo "ratios to nginx proxy_pass:"
+  while IFS='|' read -r name val; do
+    awk -v n="$name" -v v="$val" -v g="$nginx_rps" 'BEGIN { printf "  %-30s %.2fx\n", n, v/g }'
+  done <"$WORK/rps"
+  echo
 }
 
-# Warm the replay keys once.
-for i in $(seq 0 99); do
-  curl -sf -o /dev/null -X POST "http://127.0.0.1:$GW/v1/chat/completions" \
-    -H 'Content-Type: application/json' -H 'Authorization: Bearer bench-tenant' \
-    -H "Idempotency-Key: replay-$i" \
-    -d '{"model":"m","messages":[{"role":"user","content":"hello"}]}'
-done
+# ---------------------------------------------------------------- part 2
+held() { # label url mode
+  "$LOADGEN" --url "$2" --rate "$HELD_RATE" --duration "$HELD_DURATION" \
+    --warmup "$HELD_WARMUP" --connections "$HELD_CONNS" --mode "$3" --label "$1" \
+    --header 'Authorization: Bearer bench-tenant' --format kv | tee -a "$WORK/held"
+}
 
-echo "store: $STORE   wrk -t$THREADS -c$CONNS -d$DURATION"
-printf '%-22s %12s %10s %10s %8s\n' "target" "req/s" "p50" "p99" "non-2xx"
-run "upstream direct" "http://127.0.0.1:$UP/v1/chat/completions" bench/fresh.lua
-run "nginx proxy_pass" "http://127.0.0.1:$PROXY/v1/chat/completions" bench/fresh.lua
-run "idemgate fresh keys" "http://127.0.0.1:$GW" bench/fresh.lua
-run "idemgate replays" "http://127.0.0.1:$GW" bench/replay.lua
-nginx_rps=$(awk -F'|' '/^nginx/ {print $2}' "$WORK/rps")
-echo
-echo "ratios to nginx proxy_pass:"
-while IFS='|' read -r name val; do
-  awk -v n="$name" -v v="$val" -v g="$nginx_rps" 'BEGIN { printf "  %-22s %.2fx\n", n, v/g }'
-done <"$WORK/rps"
+field() { # label key
+  awk -v l="label=$1" -v k="$2" '$1 == l { for (i = 1; i <= NF; i++) { split($i, kv, "="); if (kv[1] == k) print kv[2] } }' "$WORK/held"
+}
+
+part_held() {
+  "$SIMBIN" --listen "127.0.0.1:$SIM" --latency-ms "$SLOW_MS" >"$WORK/sim.log" 2>&1 &
+  PIDS+=($!)
+  wait_http "http://127.0.0.1:$SIM/" "$WORK/sim.log"
+  local store=$STORE
+  # A file of its own for the held-rate gateway (SQLite).
+  case "$store" in sqlite:*) store="sqlite:$WORK/held.db" ;; esac
+  start_gateway "http://127.0.0.1:$SIM" "$GW_SLOW" "$ADMIN_SLOW" "$store" "$WORK/gw-slow.log"
+  if [ "$IPX_ON" = 1 ]; then
+    start_ipx "http://127.0.0.1:$SIM/v1/chat/completions" "$IPX_SLOW" "$WORK/ipx-slow"
+  fi
+  echo "store: $STORE   held $HELD_RATE req/s for $HELD_DURATION (warm-up $HELD_WARMUP), upstream answers in ${SLOW_MS} ms"
+  : >"$WORK/held"
+  held direct "http://127.0.0.1:$SIM/v1/chat/completions" fresh
+  held idemgate-fresh "http://127.0.0.1:$GW_SLOW/v1/chat/completions" fresh
+  held idemgate-replay "http://127.0.0.1:$GW_SLOW/v1/chat/completions" replay
+  if [ "$IPX_ON" = 1 ]; then
+    held idempotent-proxy-fresh "http://127.0.0.1:$IPX_SLOW/URL_BENCH" fresh
+  fi
+  echo
+  printf '%-26s %10s %9s %9s %9s %9s %8s\n' "target" "achieved" "p50 ms" "p99 ms" "p99.9 ms" "max ms" "errors"
+  for l in $(awk '{ sub("label=", "", $1); print $1 }' "$WORK/held"); do
+    awk -v l="label=$l" '$1 == l {
+      for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+      printf "%-26s %10s %9.2f %9.2f %9.2f %9.2f %8d\n", substr($1, 7), v["achieved"],
+        v["p50_us"] / 1000, v["p99_us"] / 1000, v["p999_us"] / 1000, v["max_us"] / 1000,
+        v["errors"] + v["non2xx"] + v["unsent"] }' "$WORK/held"
+  done
+  echo
+  echo "added latency over the direct path at $HELD_RATE req/s (target: p99 <= 1 ms):"
+  for l in idemgate-fresh idemgate-replay idempotent-proxy-fresh; do
+    [ -n "$(field "$l" p99_us)" ] || continue
+    awk -v l="$l" -v a50="$(field "$l" p50_us)" -v d50="$(field direct p50_us)" \
+      -v a99="$(field "$l" p99_us)" -v d99="$(field direct p99_us)" \
+      -v a999="$(field "$l" p999_us)" -v d999="$(field direct p999_us)" \
+      'BEGIN { printf "  %-24s p50 %+.2f ms   p99 %+.2f ms   p99.9 %+.2f ms\n", l,
+        (a50 - d50) / 1000, (a99 - d99) / 1000, (a999 - d999) / 1000 }'
+  done
+  echo
+}
+
+for part in $PARTS; do
+  case "$part" in
+    wrk) part_wrk ;;
+    held) part_held ;;
+    *) echo "unknown part $part (use wrk, held)" >&2; exit 2 ;;
+  esac
+done
+[ "$IPX_ON" = 1 ] && ipx_cleanup
+exit 0

@@ -3,9 +3,11 @@
 # other in one run so the figures compare: SQLite (the embedded default),
 # Redis (the shared server, a random key prefix) and PostgreSQL (the shared
 # server, db `test`, a random schema). Each store's keys are removed after.
-# Usage: bench/replicas.sh [sqlite] [redis] [postgres] [redis-inline] [postgres-inline]
+# Usage: bench/replicas.sh [sqlite] [redis] [postgres] [redis-inline]
+#                          [postgres-inline] [postgres-async]
 #   (default: the first three; `-inline` writes replay timeline entries on the
-#   request path, as before the background writer, for comparison)
+#   request path, as before the background writer, for comparison;
+#   `postgres-async` commits claims with synchronous_commit = off)
 # Env: as bench/gateway.sh; REDIS_URL (redis://127.0.0.1:6379),
 #      POSTGRES_URL (postgres://postgres@127.0.0.1:5432/test), PG_POOL (16)
 set -euo pipefail
@@ -15,13 +17,15 @@ POSTGRES_URL=${POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}
 PG_POOL=${PG_POOL:-16}
 STORES=("$@"); [ ${#STORES[@]} -eq 0 ] && STORES=(sqlite redis postgres)
 
-# One binary for every run, copied out of the shared target directory so a
-# concurrent build cannot swap it mid-run.
+# One set of binaries for every run, copied out of the (possibly shared)
+# target directory so a concurrent build cannot swap them mid-run.
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-cargo build --release -q -p idemgate
-cp "${CARGO_TARGET_DIR:-target}/release/idemgate" "$WORK/idemgate"
-export BENCH_BIN="$WORK/idemgate"
+cargo build --release -q -p idemgate -p idemgate-loadgen -p idemgate-llm-sim
+TARGET=${CARGO_TARGET_DIR:-$(cargo metadata --format-version 1 --no-deps \
+  | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')}
+for b in idemgate idemgate-loadgen idemgate-llm-sim; do cp "$TARGET/release/$b" "$WORK/$b"; done
+export BENCH_BIN="$WORK/idemgate" BENCH_LOADGEN="$WORK/idemgate-loadgen" BENCH_SIM="$WORK/idemgate-llm-sim"
 # The copy must be this tree's build (one that has the networked stores).
 probe=$("$BENCH_BIN" serve --upstream http://127.0.0.1:1 --store redis://127.0.0.1:1 \
   --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 2>&1 || true)
@@ -32,8 +36,11 @@ fi
 
 tag="igbench$(od -An -N4 -tx4 /dev/urandom | tr -d ' ')"
 for store in "${STORES[@]}"; do
-  timeline=background
-  case "$store" in *-inline) timeline=inline; store=${store%-inline} ;; esac
+  timeline=background; claims=sync
+  case "$store" in
+    *-inline) timeline=inline; store=${store%-inline} ;;
+    *-async) claims=async; store=${store%-async} ;;
+  esac
   case "$store" in
     sqlite) bash bench/gateway.sh ;;
     redis)
@@ -42,7 +49,7 @@ for store in "${STORES[@]}"; do
       redis-cli -h "$host" -p "$port" --scan --pattern "$tag:*" \
         | xargs -r -n 500 redis-cli -h "$host" -p "$port" del >/dev/null ;;
     postgres)
-      bash bench/gateway.sh "$POSTGRES_URL?schema=$tag&pool=$PG_POOL&timeline=$timeline"
+      bash bench/gateway.sh "$POSTGRES_URL?schema=$tag&pool=$PG_POOL&timeline=$timeline&claim_commit=$claims"
       for _ in 1 2 3; do
         psql "$POSTGRES_URL" -q -c "DROP SCHEMA IF EXISTS $tag CASCADE" 2>/dev/null && break
         sleep 1

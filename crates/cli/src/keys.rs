@@ -383,12 +383,17 @@ async fn forget(args: &ShowArgs) -> anyhow::Result<ExitCode> {
         ..
     } = address(args)?;
     let (store, sqlite) = open(&url).await?;
+    // Forgetting through the replay cache's wrapper (holding nothing here)
+    // waits out the copies the gateway's replicas may hold, so the key is
+    // answered from the old record nowhere once this command returns.
+    let store: Arc<dyn Store> = Arc::new(idemgate_engine::CachedStore::new(store, 0));
     let note = Attempt {
         at_ms: now_ms(),
         replica: "idemgate keys forget".to_owned(),
         outcome: AttemptOutcome::Forgotten,
         status: None,
         latency_us: 0,
+        repeated: None,
     };
     let mut forgotten = None;
     let mut failed = None;

@@ -1,5 +1,6 @@
 //! `Engine::execute` on the in-memory store: first executions and replays,
-//! one caller and 64 concurrent callers.
+//! one caller and 64 concurrent callers; replays again through the replay
+//! cache (`CachedStore`) and the timeline gatherer (`AggregatingStore`).
 //!
 //! Run with: `cargo bench -p idemgate-engine --bench execute -- --warm-up-time 1 --measurement-time 3`
 //!
@@ -13,7 +14,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use idemgate_engine::{ClientKey, Engine, Fingerprint, MemoryStore, ScopedKey};
+use idemgate_engine::{
+    AggregatingStore, CachedStore, ClientKey, Engine, Fingerprint, MemoryStore, ScopedKey, Store,
+    cache,
+};
 
 const CALLERS: u64 = 64;
 
@@ -114,6 +118,22 @@ fn memory(c: &mut Criterion) {
             concurrent(&engine, iters, move |_, _| {
                 key(next.fetch_add(1, Ordering::Relaxed))
             })
+        });
+    });
+
+    let gathered: Arc<dyn Store> =
+        Arc::new(rt.block_on(async { AggregatingStore::new(Arc::new(MemoryStore::new())) }));
+    let gathering = Engine::new(Arc::clone(&gathered));
+    let cached = Engine::new(Arc::new(CachedStore::new(gathered, cache::DEFAULT_BYTES)));
+    rt.block_on(run(&cached, &hot, &fp));
+    g.bench_function("replay_gathered/1", |b| {
+        b.to_async(&rt).iter(|| async {
+            assert!(run(&gathering, &hot, &fp).await);
+        });
+    });
+    g.bench_function("replay_cached/1", |b| {
+        b.to_async(&rt).iter(|| async {
+            assert!(run(&cached, &hot, &fp).await);
         });
     });
     g.finish();

@@ -30,6 +30,7 @@ pub(crate) fn attempt(
         outcome,
         status,
         latency_us: u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+        repeated: None,
     }
 }
 

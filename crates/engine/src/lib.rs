@@ -15,6 +15,10 @@
 //! - [`execute`]: the [`Engine`]: [`Engine::execute`] and the lower-level
 //!   [`Engine::begin`].
 //! - [`notify`]: per-key wake-ups used by stores for waiters.
+//! - [`cache`]: [`CachedStore`], a store wrapper that answers replays of
+//!   hot keys from memory for a bounded time.
+//! - [`aggregate`]: [`AggregatingStore`], a store wrapper that writes the
+//!   timeline entries of replays once per key and flush, with a count.
 //!
 //! # The key decision
 //! A record is **absent → PENDING → DONE**, and PENDING → absent. PENDING is
@@ -25,6 +29,8 @@
 //! owner that took over. Every store operation is one atomic step, one round
 //! trip on a networked store.
 
+pub mod aggregate;
+pub mod cache;
 pub mod execute;
 pub mod fingerprint;
 pub mod guard;
@@ -36,6 +42,8 @@ pub mod policy;
 pub mod record;
 pub mod store;
 
+pub use aggregate::AggregatingStore;
+pub use cache::CachedStore;
 pub use execute::{Begin, BeginError, Engine, ExecuteError, Executed, Origin, Unstored};
 pub use fingerprint::Fingerprint;
 pub use guard::LeaseGuard;
@@ -44,6 +52,6 @@ pub use key::{ClientKey, DerivedKey, KeyError, ScopedKey, natural_key};
 pub use memory::{Clock, ManualClock, MemoryStore, MonotonicClock, SystemClock};
 pub use policy::{OnInflight, Policy};
 pub use record::{
-    Attempt, AttemptOutcome, Claim, Fenced, Lease, MAX_TIMELINE, Record, RecordState,
+    Attempt, AttemptOutcome, Claim, Fenced, Lease, MAX_TIMELINE, Record, RecordState, Repeated,
 };
 pub use store::{BoxFuture, Store, StoreError, StoreErrorKind};

@@ -418,11 +418,15 @@ impl Store for MemoryStore {
         Box::pin(async move {
             let now = self.shared.clock.now_ms();
             let map = self.shared.lock();
-            Ok(map
+            let mut attempts: Vec<Attempt> = map
                 .get(&key.storage_id())
                 .filter(|e| e.keep_until_ms > now || e.record.is_some())
                 .map(|e| e.timeline.iter().cloned().collect())
-                .unwrap_or_default())
+                .unwrap_or_default();
+            // Oldest first by the attempts' own time: an entry written
+            // late (a gathered replay) is shown in its place.
+            attempts.sort_by_key(|a| a.at_ms);
+            Ok(attempts)
         })
     }
 

@@ -203,8 +203,36 @@ pub struct Attempt {
     /// Upstream or response status, where there is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<u16>,
-    /// How long the attempt took, in microseconds.
+    /// How long the attempt took, in microseconds (for an entry that
+    /// stands for several attempts, the longest of them).
     pub latency_us: u64,
+    /// Set when this entry stands for several attempts of the same outcome
+    /// from the same replica (replays gathered over one flush of the
+    /// timeline, see [`crate::aggregate`]); `None` for a single attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeated: Option<Repeated>,
+}
+
+impl Attempt {
+    /// How many attempts this entry stands for (1 unless [`Attempt::repeated`]).
+    pub fn count(&self) -> u64 {
+        self.repeated.map_or(1, |r| r.count)
+    }
+
+    /// When the last attempt this entry stands for started (ms since epoch).
+    pub fn last_at_ms(&self) -> u64 {
+        self.repeated.map_or(self.at_ms, |r| r.last_at_ms)
+    }
+}
+
+/// Several attempts kept as one timeline entry: the entry's `at_ms` is the
+/// first of them, `last_at_ms` the last.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Repeated {
+    /// How many attempts, the first included (at least 2).
+    pub count: u64,
+    /// When the last of them started (ms since epoch).
+    pub last_at_ms: u64,
 }
 
 /// Most attempts a store keeps per key; older ones are dropped first.

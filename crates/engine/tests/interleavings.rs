@@ -55,6 +55,7 @@ fn attempt() -> Attempt {
         outcome: AttemptOutcome::Executed,
         status: None,
         latency_us: 0,
+        repeated: None,
     }
 }
 

@@ -220,8 +220,9 @@
     let state = t.state;
     if (t.state === "done" && t.status !== null && t.status !== undefined) state += " (status " + t.status + ")";
     if (t.state === "pending") state += " (running)";
+    const n = t.attempts.reduce((sum, a) => sum + (a.count || 1), 0);
     return "key " + t.key + " · route " + t.namespace + " · tenant " + t.tenant + " · state: " + state +
-      " · " + t.attempts.length + " attempt" + (t.attempts.length === 1 ? "" : "s");
+      " · " + n + " attempt" + (n === 1 ? "" : "s");
   }
 
   async function lookup(key, tenant, namespace, credential, token) {
@@ -257,7 +258,7 @@
         const cells = [
           a.at,
           a.replica,
-          a.outcome,
+          (a.count || 1) > 1 ? a.outcome + " ×" + a.count : a.outcome,
           a.status === null || a.status === undefined ? "–" : String(a.status),
           a.latency_ms.toFixed(1) + " ms",
         ];

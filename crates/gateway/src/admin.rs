@@ -257,6 +257,7 @@ async fn forget(
         outcome: AttemptOutcome::Forgotten,
         status: None,
         latency_us: 0,
+        repeated: None,
     };
     match s.store.forget(&scoped, &note, route.done_ttl).await {
         Ok(true) => {
@@ -360,6 +361,9 @@ fn attempt_json(a: &Attempt) -> serde_json::Value {
         "status": a.status,
         "latency_us": a.latency_us,
         "latency_ms": a.latency_us as f64 / 1000.0,
+        // Replays gathered over one timeline flush: how many, and the last.
+        "count": a.count(),
+        "last_at_ms": a.last_at_ms(),
     })
 }
 

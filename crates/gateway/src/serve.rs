@@ -25,7 +25,7 @@ use axum::Router;
 use axum::body::Body;
 use http::{Request, Response};
 use idemgate_check::{Finding, Severity};
-use idemgate_engine::{Engine, OnInflight, Policy, Store};
+use idemgate_engine::{AggregatingStore, CachedStore, Engine, OnInflight, Policy, Store};
 use idemgate_telemetry::{InstrumentedStore, Telemetry};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -204,8 +204,19 @@ async fn run(
         );
     }
     let opened = crate::stores::open_store(&config.store, ring).await?;
-    // Store latency by backend and op, errors counted.
-    let store: Arc<dyn Store> = Arc::new(InstrumentedStore::new(Arc::clone(&opened.store)));
+    // Store latency by backend and op, errors counted: the calls that reach
+    // the store, under the two wrappers that save calls.
+    let instrumented: Arc<dyn Store> = Arc::new(InstrumentedStore::new(Arc::clone(&opened.store)));
+    // Replay timeline entries written once per key and flush, with a count.
+    let gathered = Arc::new(AggregatingStore::new(instrumented));
+    // Replays of hot keys answered from memory for up to a second after the
+    // store confirmed them. Wrapped even when the cache is off: a forget
+    // (the admin endpoint) must wait out the copies other replicas hold.
+    let hits = telemetry.replay_cache_hits();
+    let store: Arc<dyn Store> = Arc::new(
+        CachedStore::new(Arc::clone(&gathered) as Arc<dyn Store>, config.replay_cache)
+            .on_hit(Arc::new(move || hits.increment(1))),
+    );
 
     let mut layers = Vec::with_capacity(config.routes.len());
     let mut routes = Vec::with_capacity(config.routes.len());
@@ -312,6 +323,8 @@ async fn run(
         admin_task.abort();
     }
     upkeep.abort();
+    // The replays gathered since the last flush, before the store closes.
+    gathered.flush().await;
     opened.close();
     tracing::info!(
         took_ms = started.elapsed().as_millis() as u64,

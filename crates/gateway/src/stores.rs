@@ -15,9 +15,12 @@
 //! default `idemgate`), `pool` (PostgreSQL pool size, default 10) and
 //! `timeline` (`background`, the default: timeline entries of replays and
 //! conflicts are written in batches off the request path; `inline`: each is
-//! written before the request is answered, one more round trip). Every
-//! other parameter is passed through: the drivers' own, and the TLS ones
-//! — `tls_ca=PATH` for `rediss://` (read by the Redis store, for its
+//! written before the request is answered, one more round trip), and, for
+//! PostgreSQL, `claim_commit` (`sync`, the default; `async`: claims are
+//! committed with `synchronous_commit = off`, which a database crash can
+//! turn into a second execution, see `PostgresOptions::synchronous_claims`).
+//! Every other parameter is passed through: the drivers' own, and the TLS
+//! ones — `tls_ca=PATH` for `rediss://` (read by the Redis store, for its
 //! connections and the live streams' alike), `sslmode` and `sslrootcert`
 //! for PostgreSQL. TLS needs the gateway's `tls` feature.
 //!
@@ -177,8 +180,9 @@ async fn open_backend(
         }
         StoreUrl::Postgres(u) => {
             let (driver_url, params) = split_params(u, POSTGRES_PARAMS);
-            let mut opts =
-                PostgresOptions::default().background_timeline(background(url, &params)?);
+            let mut opts = PostgresOptions::default()
+                .background_timeline(background(url, &params)?)
+                .synchronous_claims(synchronous_claims(url, &params)?);
             if let Some(schema) = param(&params, "schema") {
                 opts = opts.schema(schema);
             }
@@ -213,7 +217,7 @@ pub(crate) fn postgres_driver_url(url: &Url) -> String {
     split_params(url, POSTGRES_PARAMS).0
 }
 
-const POSTGRES_PARAMS: &[&str] = &["schema", "pool", "timeline"];
+const POSTGRES_PARAMS: &[&str] = &["schema", "pool", "timeline", "claim_commit"];
 
 /// The URL without the query parameters in `ours`, and those parameters.
 fn split_params(url: &Url, ours: &[&str]) -> (String, Vec<(String, String)>) {
@@ -241,6 +245,22 @@ fn background(url: &StoreUrl, params: &[(String, String)]) -> Result<bool, Gatew
                 idemgate_engine::StoreErrorKind::Rejected,
                 url.backend(),
                 format!("timeline={other:?}: use `background` or `inline`"),
+            ),
+        )),
+    }
+}
+
+/// The `claim_commit` parameter: whether a claim's commit waits for its WAL.
+fn synchronous_claims(url: &StoreUrl, params: &[(String, String)]) -> Result<bool, GatewayError> {
+    match param(params, "claim_commit") {
+        None | Some("sync") => Ok(true),
+        Some("async") => Ok(false),
+        Some(other) => Err(open_error(
+            url,
+            StoreError::new(
+                idemgate_engine::StoreErrorKind::Rejected,
+                url.backend(),
+                format!("claim_commit={other:?}: use `sync` or `async`"),
             ),
         )),
     }
@@ -282,5 +302,15 @@ mod tests {
         assert_eq!(param(&params, "schema"), Some("s1"));
         assert_eq!(param(&params, "pool"), Some("4"));
         assert_eq!(param(&params, "prefix"), None);
+    }
+
+    #[test]
+    fn claim_commit_is_sync_unless_asked_otherwise() {
+        let url = StoreUrl::parse("postgres://u@h/db").expect("a store URL");
+        let with = |v: &str| vec![("claim_commit".to_owned(), v.to_owned())];
+        assert!(synchronous_claims(&url, &[]).expect("the default"));
+        assert!(synchronous_claims(&url, &with("sync")).expect("sync"));
+        assert!(!synchronous_claims(&url, &with("async")).expect("async"));
+        assert!(synchronous_claims(&url, &with("off")).is_err());
     }
 }

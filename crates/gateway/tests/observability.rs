@@ -218,8 +218,8 @@ async fn ten_keys_three_sends_give_exact_figures() {
     // The route label is the route id, on every idempotency series.
     assert!(present(&text, "idempotency_hit_total", &[("route", "obs")]));
 
-    // Store latency by backend and op: one claim per request, one
-    // completion per execution.
+    // Store latency by backend and op: one claim per request that is not
+    // answered from the replay cache, one completion per execution.
     let op = |op: &str| {
         sum(
             &text,
@@ -227,7 +227,8 @@ async fn ten_keys_three_sends_give_exact_figures() {
             &[("backend", "sqlite"), ("op", op)],
         )
     };
-    assert_eq!(op("claim"), 30.0, "{text}");
+    let cached = sum(&text, "idemgate_replay_cache_hits_total", &[]);
+    assert_eq!(op("claim") + cached, 30.0, "{text}");
     assert_eq!(op("complete"), 10.0);
     assert!(present(
         &text,

@@ -43,16 +43,29 @@ fn post(gw: &TestGateway, key: &str, text: &str) -> reqwest::RequestBuilder {
         .body(chat_body(text))
 }
 
-async fn timeline(gw: &TestGateway, key: &str) -> serde_json::Value {
-    let r = reqwest::Client::new()
-        .get(format!("{}/admin/keys/{key}/timeline", gw.admin))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .expect("ask for the timeline");
-    assert_eq!(r.status(), 200);
-    let bytes = r.bytes().await.expect("read the timeline");
-    serde_json::from_slice(&bytes).expect("a JSON timeline")
+/// The key's timeline once it holds `entries` entries: replays are
+/// gathered and written in the background, so they land a moment later.
+async fn timeline(gw: &TestGateway, key: &str, entries: usize) -> serde_json::Value {
+    let mut last = serde_json::Value::Null;
+    for _ in 0..200 {
+        let r = reqwest::Client::new()
+            .get(format!("{}/admin/keys/{key}/timeline", gw.admin))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("ask for the timeline");
+        assert_eq!(r.status(), 200);
+        let bytes = r.bytes().await.expect("read the timeline");
+        last = serde_json::from_slice(&bytes).expect("a JSON timeline");
+        if last["attempts"]
+            .as_array()
+            .is_some_and(|a| a.len() >= entries)
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    last
 }
 
 async fn forget(gw: &TestGateway, key: &str, token: Option<&str>) -> reqwest::Response {
@@ -252,7 +265,7 @@ async fn a_charging_route_keeps_a_first_byte_timeout_as_outcome_unknown() {
     );
     assert_eq!(sim.executions_for("charge-hang"), 1);
 
-    let t = timeline(&gw, "charge-hang").await;
+    let t = timeline(&gw, "charge-hang", 2).await;
     assert_eq!(t["state"], "done");
     assert_eq!(t["status"], 504);
     assert_eq!(outcomes(&t), ["outcome_unknown", "replayed"]);
@@ -278,7 +291,7 @@ async fn a_charging_route_keeps_a_first_byte_timeout_as_outcome_unknown() {
     assert_eq!(again.status(), 200);
     assert_eq!(replayed(&again).as_deref(), Some("false"));
     assert_eq!(sim.executions_for("charge-hang"), 2);
-    let t = timeline(&gw, "charge-hang").await;
+    let t = timeline(&gw, "charge-hang", 4).await;
     assert_eq!(
         outcomes(&t),
         ["outcome_unknown", "replayed", "forgotten", "executed"]
@@ -447,7 +460,7 @@ async fn a_charging_route_keeps_a_body_cut_as_outcome_unknown() {
     assert_eq!(retry.status(), 502);
     assert_eq!(replayed(&retry).as_deref(), Some("true"));
     assert_eq!(read.load(Ordering::SeqCst), 1);
-    let t = timeline(&gw, "charge-body-cut").await;
+    let t = timeline(&gw, "charge-body-cut", 2).await;
     assert_eq!(outcomes(&t), ["outcome_unknown", "replayed"]);
     assert_eq!(t["attempts"][0]["status"], 502);
     gw.stop().await.expect("stop cleanly");

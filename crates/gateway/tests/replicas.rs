@@ -27,6 +27,7 @@ use idemgate_gateway::config::{RawConfig, RawRoute, RawTimeouts};
 use idemgate_llm_sim::{SimConfig, SimHandle};
 
 const REDIS: &str = "redis://127.0.0.1:6379";
+const ADMIN_TOKEN: &str = "replica-admin";
 
 fn postgres_url() -> String {
     std::env::var("IDEMGATE_TEST_POSTGRES_URL")
@@ -75,6 +76,7 @@ fn config(store: &str, upstream: &str) -> GatewayConfig {
     GatewayConfig::from_raw(RawConfig {
         store: Some(store.into()),
         shutdown_grace: Some("5s".into()),
+        admin_token: Some(ADMIN_TOKEN.into()),
         routes: vec![r],
         ..RawConfig::default()
     })
@@ -256,6 +258,93 @@ async fn postgres_replicas_wait_for_done_and_replay_the_stream() {
     b.stop().await.expect("stop cleanly");
     sim.shutdown().await;
     drop_schema(&schema).await;
+}
+
+/// A JSON request for `key` on `gw`: whether it was replayed.
+async fn json_request(client: &reqwest::Client, gw: &TestGateway, key: &str) -> String {
+    let r = client
+        .post(format!("{}/v1/chat/completions", gw.base))
+        .header("content-type", "application/json")
+        .header("authorization", "Bearer tenant-a")
+        .header("idempotency-key", key)
+        .body(r#"{"model":"sim-1","messages":[{"role":"user","content":"hi"}]}"#)
+        .send()
+        .await
+        .expect("the gateway answers");
+    assert!(r.status().is_success(), "{}", r.status());
+    replayed(&r).expect("Idempotent-Replayed is set")
+}
+
+/// Replica `b` answers a key's replays (from memory, once it has read the
+/// record); an operator forgets the key on replica `a`; once the forget has
+/// returned, the next request on `b` runs again instead of replaying.
+async fn forget_on_one_replica_holds_on_the_other(
+    sim: &SimHandle,
+    a: &TestGateway,
+    b: &TestGateway,
+    key: &str,
+) {
+    let client = reqwest::Client::new();
+    assert_eq!(json_request(&client, a, key).await, "false");
+    for _ in 0..3 {
+        assert_eq!(json_request(&client, b, key).await, "true");
+    }
+    let forgot = client
+        .delete(format!("{}/admin/keys/{key}", a.admin))
+        .bearer_auth(ADMIN_TOKEN)
+        .header("x-idemgate-credential", "Bearer tenant-a")
+        .send()
+        .await
+        .expect("the admin listener answers");
+    assert_eq!(forgot.status(), 200, "{:?}", forgot.text().await);
+    assert_eq!(
+        json_request(&client, b, key).await,
+        "false",
+        "after the forget returned, the other replica ran the key again"
+    );
+    assert_eq!(sim.executions_for(key), 2);
+    assert_eq!(json_request(&client, a, key).await, "true");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forget_holds_on_every_replica_with_redis() {
+    let sim = sim().await;
+    let prefix = tag();
+    let store = format!("{REDIS}/?prefix={prefix}");
+    let a = replica(&store, &sim.url()).await;
+    let b = replica(&store, &sim.url()).await;
+    forget_on_one_replica_holds_on_the_other(&sim, &a, &b, &format!("{prefix}-forget")).await;
+    a.stop().await.expect("stop cleanly");
+    b.stop().await.expect("stop cleanly");
+    sim.shutdown().await;
+    drop_prefix(&prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forget_holds_on_every_replica_with_postgres() {
+    let sim = sim().await;
+    let schema = tag();
+    let store = format!("{}?schema={schema}&pool=4", postgres_url());
+    let a = replica(&store, &sim.url()).await;
+    let b = replica(&store, &sim.url()).await;
+    forget_on_one_replica_holds_on_the_other(&sim, &a, &b, &format!("{schema}-forget")).await;
+    a.stop().await.expect("stop cleanly");
+    b.stop().await.expect("stop cleanly");
+    sim.shutdown().await;
+    drop_schema(&schema).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forget_holds_on_every_replica_with_sqlite() {
+    let sim = sim().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = format!("sqlite:{}", dir.path().join("shared.db").display());
+    let a = replica(&store, &sim.url()).await;
+    let b = replica(&store, &sim.url()).await;
+    forget_on_one_replica_holds_on_the_other(&sim, &a, &b, "sqlite-forget").await;
+    a.stop().await.expect("stop cleanly");
+    b.stop().await.expect("stop cleanly");
+    sim.shutdown().await;
 }
 
 /// Removes the test schema (psql, if installed; leftovers are harmless).

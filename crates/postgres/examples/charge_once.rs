@@ -150,6 +150,7 @@ pub async fn run(cfg: &Config) -> Result<Outcome, BoxError> {
         outcome: AttemptOutcome::Executed,
         status: None,
         latency_us: u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+        repeated: None,
     };
     let done_ttl = engine.policy().done_ttl;
     match store

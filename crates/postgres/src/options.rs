@@ -31,6 +31,20 @@ pub struct PostgresOptions {
     /// (default true), so that a replay costs one round trip instead of two.
     /// Such entries are best effort either way.
     pub background_timeline: bool,
+    /// Whether a claim's commit waits for its WAL to be flushed (default
+    /// true). `false` commits claims with `synchronous_commit = off` (in
+    /// the claim's own statement, so it stays one round trip); results,
+    /// releases and forgets stay synchronous.
+    ///
+    /// The trade: a database crash can lose claims acknowledged in the
+    /// last moments before it (up to three `wal_writer_delay`s, 600 ms by
+    /// default), while their owners, on replicas that did not crash, go on
+    /// running the work. A retry arriving after the database is back then
+    /// claims the key and runs the work a second time; the first owner's
+    /// completion is fenced and counted (`idempotency_fenced_total`). With
+    /// the default, an acknowledged claim survives the crash and the retry
+    /// finds the key in flight.
+    pub synchronous_claims: bool,
 }
 
 impl Default for PostgresOptions {
@@ -45,6 +59,7 @@ impl Default for PostgresOptions {
             purge_batch: 1000,
             migrate: true,
             background_timeline: true,
+            synchronous_claims: true,
         }
     }
 }
@@ -72,6 +87,14 @@ impl PostgresOptions {
     /// the background.
     pub fn background_timeline(mut self, on: bool) -> Self {
         self.background_timeline = on;
+        self
+    }
+
+    /// Sets whether claims are committed synchronously (see
+    /// [`PostgresOptions::synchronous_claims`] for what turning it off
+    /// trades).
+    pub fn synchronous_claims(mut self, on: bool) -> Self {
+        self.synchronous_claims = on;
         self
     }
 

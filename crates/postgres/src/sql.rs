@@ -62,7 +62,13 @@ pub(crate) struct Sql {
 }
 
 impl Sql {
-    pub(crate) fn new(schema: &str, records: &str, timeline: &str, purge_batch: u32) -> Self {
+    pub(crate) fn new(
+        schema: &str,
+        records: &str,
+        timeline: &str,
+        purge_batch: u32,
+        synchronous_claims: bool,
+    ) -> Self {
         let rec = format!("{schema}.{records}");
         let tl = format!("{schema}.{timeline}");
         let seq = format!("{schema}.{records}_fence");
@@ -82,19 +88,45 @@ impl Sql {
         // Otherwise the insert runs; the primary key picks one winner among
         // concurrent claimers, and the conflict update revives only an
         // expired row.
+        //
+        // Without synchronous claims, the insert first sets
+        // `synchronous_commit = off` for the statement's own (implicit)
+        // transaction: `set_config(…, true)` lasts until that transaction
+        // ends, and its commit reads the setting. A replay writes nothing,
+        // so it commits nothing to wait for either way.
+        let (cfg, from_cfg) = if synchronous_claims {
+            ("", "")
+        } else {
+            (
+                "cfg AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true)), ",
+                "FROM cfg ",
+            )
+        };
+        // The fence is the sequence's next value, and at least the server's
+        // clock in µs (as on Redis). A crash can take an unsynchronised
+        // claim's sequence advance with it, and the sequence would then hand
+        // out again a fence an owner on a live replica still holds; the
+        // clock has moved past it by the time the server is back. It also
+        // keeps fences growing across a switch between the two claim modes.
+        // While the key's row exists, the new fence is above the row's.
+        let fence = format!(
+            "greatest(nextval('{seq}'), \
+             floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint)"
+        );
         let claim = format!(
-            "WITH cur AS (\
+            "WITH {cfg}cur AS (\
                SELECT fence, expires_at, fingerprint, state, payload FROM {rec} \
                WHERE id = $1 AND expires_at > now()), \
              ins AS (\
                INSERT INTO {rec} AS r (id, tenant, namespace, client_key, fingerprint, state, \
                                        token, fence, expires_at, payload) \
                SELECT $1::text, $2::text, $3::text, $4::text, $5::bytea, 'P', $6::bytea, \
-                      nextval('{seq}'), {exp}, NULL \
-               WHERE NOT EXISTS (SELECT 1 FROM cur) \
+                      {fence}, {exp}, NULL \
+               {from_cfg}WHERE NOT EXISTS (SELECT 1 FROM cur) \
                ON CONFLICT (id) DO UPDATE SET \
                  fingerprint = EXCLUDED.fingerprint, state = 'P', token = EXCLUDED.token, \
-                 fence = EXCLUDED.fence, expires_at = EXCLUDED.expires_at, payload = NULL \
+                 fence = greatest(EXCLUDED.fence, r.fence + 1), \
+                 expires_at = EXCLUDED.expires_at, payload = NULL \
                WHERE r.expires_at <= now() \
                RETURNING r.fence, r.expires_at) \
              SELECT true AS acquired, fence, {ins_ms} AS exp_ms, NULL::bytea AS fingerprint, \
@@ -268,7 +300,7 @@ mod tests {
 
     #[test]
     fn migrations_reach_the_current_version() {
-        let sql = Sql::new("s", "records", "timeline", 10);
+        let sql = Sql::new("s", "records", "timeline", 10, true);
         assert_eq!(
             sql.migrations.len(),
             usize::try_from(SCHEMA_VERSION).unwrap()

@@ -139,6 +139,7 @@ impl PostgresStore {
             &opts.records_table,
             &opts.timeline_table,
             opts.purge_batch.max(1),
+            opts.synchronous_claims,
         );
         let timeline = if opts.background_timeline {
             TimelineWriter::start(

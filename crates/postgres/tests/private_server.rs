@@ -32,6 +32,7 @@ fn attempt() -> Attempt {
         outcome: AttemptOutcome::Executed,
         status: Some(200),
         latency_us: 1,
+        repeated: None,
     }
 }
 
@@ -301,5 +302,114 @@ async fn crash_restart_under_load_keeps_every_acknowledged_done() {
             .unwrap()
             .unwrap_or_else(|| panic!("acknowledged DONE lost: {k:?}"));
         assert_eq!(rec.payload().map(|p| p.to_vec()), Some(body.clone()));
+    }
+}
+
+/// A private server whose WAL writer sleeps 10 s: a commit that does not
+/// flush its own WAL is not flushed by anyone else before the crash the
+/// test causes.
+async fn private_with_a_lazy_wal_writer() -> Private {
+    tokio::task::spawn_blocking(|| Private::start_with("-c wal_writer_delay=10000"))
+        .await
+        .unwrap()
+}
+
+/// Crashes the server (no checkpoint, no WAL write) and starts it again.
+fn crash(pg: &Private) {
+    tokio::task::block_in_place(|| {
+        pg.stop("immediate");
+        pg.restart_server();
+    });
+}
+
+async fn claim_then_crash(synchronous_claims: bool) -> (Option<idemgate_engine::Record>, u64, u64) {
+    let pg = private_with_a_lazy_wal_writer().await;
+    let opts = PostgresOptions::default()
+        .max_connections(2)
+        .purge_interval(None)
+        .synchronous_claims(synchronous_claims);
+    let store = PostgresStore::connect_with(&pg.url(), opts.clone())
+        .await
+        .unwrap();
+    let k = key();
+    let Claim::Acquired(lease) = store.claim(&k, &fp(), LONG).await.unwrap() else {
+        panic!("a fresh key is free");
+    };
+    store.pool().close().await;
+    crash(&pg);
+    let store = PostgresStore::connect_with(&pg.url(), opts).await.unwrap();
+    let found = store.get(&k).await.unwrap();
+    let Claim::Acquired(next) = store.claim(&key(), &fp(), LONG).await.unwrap() else {
+        panic!("a fresh key is free");
+    };
+    (found, lease.fence, next.fence)
+}
+
+/// The default: an acknowledged claim survives a database crash, so a
+/// retry finds the key in flight rather than running it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_synchronous_claim_survives_a_database_crash() {
+    let (found, before, after) = claim_then_crash(true).await;
+    assert!(
+        found.is_some_and(|r| !r.is_done()),
+        "the PENDING record is still there"
+    );
+    assert!(after > before);
+}
+
+/// `synchronous_claims(false)`: the claim's commit did not wait for its
+/// WAL, so the crash takes it (this is the trade the option documents),
+/// and the fences handed out after the restart are still above the one
+/// its owner holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unsynchronised_claim_can_be_lost_in_a_crash_but_its_fence_is_not_reused() {
+    let (found, before, after) = claim_then_crash(false).await;
+    assert_eq!(found, None, "the claim was lost with the crash");
+    assert!(
+        after > before,
+        "fence {after} after the crash, {before} before"
+    );
+}
+
+/// Every statement is prepared once per connection and then only bound and
+/// executed: ten claims on a one-connection pool use one prepared claim
+/// statement ten times (PostgreSQL counts each execution of a prepared
+/// statement as a generic or a custom plan).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_are_prepared_once_and_reused() {
+    let pg = private().await;
+    for synchronous_claims in [true, false] {
+        let schema = if synchronous_claims {
+            "prep_sync"
+        } else {
+            "prep_async"
+        };
+        let opts = PostgresOptions::default()
+            .schema(schema)
+            .max_connections(1)
+            .purge_interval(None)
+            .synchronous_claims(synchronous_claims);
+        let store = PostgresStore::connect_with(&pg.url(), opts).await.unwrap();
+        for _ in 0..10 {
+            let Claim::Acquired(lease) = store.claim(&key(), &fp(), LONG).await.unwrap() else {
+                panic!("a fresh key is free");
+            };
+            let done = store
+                .complete(&lease, Bytes::from_static(b"r"), LONG, &attempt())
+                .await
+                .unwrap();
+            assert_eq!(done, Fenced::Applied);
+        }
+        // The pool's one connection: the one that ran the claims.
+        let uses: Vec<i64> = sqlx::query_scalar(
+            "SELECT generic_plans + custom_plans FROM pg_prepared_statements \
+             WHERE (statement LIKE '%nextval(%' OR statement LIKE '%SET state = ''D''%') \
+               AND statement NOT LIKE '%pg_prepared_statements%' \
+             ORDER BY statement",
+        )
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+        assert_eq!(uses, [10, 10], "claim and complete, each prepared once");
     }
 }

@@ -32,6 +32,7 @@ fn attempt() -> Attempt {
         outcome: AttemptOutcome::Executed,
         status: Some(200),
         latency_us: 1,
+        repeated: None,
     }
 }
 

@@ -1,6 +1,8 @@
-//! `Engine::execute` on the SQLite store (a temp file, WAL,
-//! `synchronous=FULL`): replays and first executions, one caller and 64
-//! concurrent callers.
+//! `Engine::execute` on the SQLite store (a temp file, WAL; results
+//! fsynced, claims not): replays and first executions, one caller and 64
+//! concurrent callers; replays again through the wrappers the gateway puts
+//! in front of every store (`CachedStore`, `AggregatingStore`), and the
+//! disk's cost of a commit with and without its fsync.
 //!
 //! Run with: `cargo bench -p idemgate-sqlite --bench execute -- --warm-up-time 1 --measurement-time 3`
 //!
@@ -14,7 +16,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use idemgate_engine::{ClientKey, Engine, Fingerprint, ScopedKey, Store};
+use idemgate_engine::{
+    AggregatingStore, CachedStore, ClientKey, Engine, Fingerprint, ScopedKey, Store, cache,
+};
 use idemgate_sqlite::SqliteStore;
 
 const CALLERS: u64 = 64;
@@ -79,25 +83,49 @@ async fn concurrent(
         .mul_f64(iters as f64 / (per * CALLERS) as f64)
 }
 
-/// The disk's own limit: one durable single-row commit per iteration, on a
-/// plain connection with the store's settings (WAL, `synchronous=FULL`).
-/// Executions per second at 64 callers can be at most 32 times this (two
-/// durable commits per execution, 64 callers sharing each commit).
+/// The disk's own limit: one single-row commit per iteration, on a plain
+/// connection in WAL mode, fsynced (`synchronous=FULL`, as a result is
+/// committed) and not (`NORMAL`, as a claim is). Executions per second at
+/// 64 callers can be at most 64 times the fsynced rate (one fsynced commit
+/// per execution, 64 callers sharing each commit).
 fn raw_commit(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     let conn = rusqlite::Connection::open(dir.path().join("raw.db")).unwrap();
     conn.pragma_update(None, "journal_mode", "WAL").unwrap();
-    conn.pragma_update(None, "synchronous", "FULL").unwrap();
     conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, v BLOB)")
         .unwrap();
     let mut g = c.benchmark_group("sqlite");
     g.throughput(Throughput::Elements(1));
-    g.bench_function("raw_commit/1", |b| {
-        b.iter(|| {
-            conn.execute("INSERT INTO t(v) VALUES (zeroblob(100))", [])
-                .unwrap();
+    for (name, level) in [
+        ("raw_commit/1", "FULL"),
+        ("raw_commit_unsynced/1", "NORMAL"),
+    ] {
+        conn.pragma_update(None, "synchronous", level).unwrap();
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                conn.execute("INSERT INTO t(v) VALUES (zeroblob(100))", [])
+                    .unwrap();
+            });
         });
-    });
+    }
+    // The disk's share of one fresh key: a claim commit and a result
+    // commit, both fsynced (as before claims were relaxed) or the claim
+    // not (as now).
+    for (name, claim) in [
+        ("raw_claim_and_result_synced/1", "FULL"),
+        ("raw_claim_and_result/1", "NORMAL"),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                conn.pragma_update(None, "synchronous", claim).unwrap();
+                conn.execute("INSERT INTO t(v) VALUES (zeroblob(100))", [])
+                    .unwrap();
+                conn.pragma_update(None, "synchronous", "FULL").unwrap();
+                conn.execute("INSERT INTO t(v) VALUES (zeroblob(1000))", [])
+                    .unwrap();
+            });
+        });
+    }
     g.finish();
 }
 
@@ -151,8 +179,32 @@ fn sqlite(c: &mut Criterion) {
             })
         });
     });
+
+    // The gateway's stack: replays of a hot key answered from memory, and
+    // the timeline entries of the rest gathered per key and flush.
+    let gathered = Arc::new(AggregatingStore::new(Arc::new(store.clone())));
+    let wrapped = Engine::new(Arc::new(CachedStore::new(
+        gathered.clone(),
+        cache::DEFAULT_BYTES,
+    )));
+    // Only the gathering (the cache off): every replay still reads the store.
+    let gathered_only = Engine::new(gathered.clone() as Arc<dyn Store>);
+    g.bench_function("replay_cached/1", |b| {
+        b.to_async(&rt).iter(|| async {
+            assert!(run(&wrapped, &hot, &fp).await);
+        });
+    });
+    g.bench_function("replay_cached/64", |b| {
+        b.to_async(&rt)
+            .iter_custom(|iters| concurrent(&wrapped, iters, |c, _| key(u64::MAX - 1 - c)));
+    });
+    g.bench_function("replay_gathered/64", |b| {
+        b.to_async(&rt)
+            .iter_custom(|iters| concurrent(&gathered_only, iters, |c, _| key(u64::MAX - 1 - c)));
+    });
     g.finish();
-    drop(engine);
+    rt.block_on(gathered.flush());
+    drop((engine, wrapped, gathered_only, gathered));
     store.close();
 }
 

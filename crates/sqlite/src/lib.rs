@@ -1,10 +1,11 @@
 //! The embedded SQLite store for idemgate: the default store, which works
 //! on a fresh machine with no server.
 //!
-//! One file in WAL mode with `synchronous=FULL`: a claim or a result is
-//! acknowledged only once it would survive a power loss or a `kill -9`.
-//! Several processes may share the file; each claim stays atomic across
-//! them.
+//! One file in WAL mode. A result (DONE) or a forget is acknowledged only
+//! once it would survive a power loss or a `kill -9` (`synchronous=FULL`);
+//! a claim only once it would survive a `kill -9` (`synchronous=NORMAL`:
+//! why a claim needs no fsync is in the `writer` module). Several
+//! processes may share the file; each claim stays atomic across them.
 //!
 //! # Layout
 //! - [`store`]: [`SqliteStore`] (the [`idemgate_engine::Store`]
@@ -19,9 +20,11 @@
 //! **Group commit on one writer thread.** A durable commit costs one fsync,
 //! and one fsync per request caps a disk at a few thousand commits per
 //! second. Every write is therefore sent to a single thread that owns the
-//! write connection; it drains everything queued, applies it in one
-//! `BEGIN IMMEDIATE … COMMIT` (one fsync), and only then answers each
-//! caller. Durability is unchanged, throughput grows with concurrency.
+//! write connection; it drains everything queued and applies it in two
+//! `BEGIN IMMEDIATE … COMMIT`s: the claims (and renewals, releases,
+//! timeline entries) without an fsync, answered at once, then the results
+//! and forgets with one fsync, answered once it is done. Throughput grows
+//! with concurrency, and no result is acknowledged before it is on disk.
 //! Reads take the other road: a small pool of reader connections answers
 //! `get`, `timeline` and the common `claim` of a key that is already held
 //! or done, without touching the writer (WAL lets readers run beside it).
@@ -45,4 +48,4 @@ pub mod store;
 mod writer;
 
 pub use error::{BoxError, SqliteError};
-pub use store::{SqliteOptions, SqliteStore};
+pub use store::{CommitCounts, SqliteOptions, SqliteStore};

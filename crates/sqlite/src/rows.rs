@@ -5,7 +5,9 @@
 //! way out). Tokens are 16-byte and fingerprints 32-byte BLOBs.
 
 use bytes::Bytes;
-use idemgate_engine::{Attempt, AttemptOutcome, Fingerprint, Record, RecordState, StoreError};
+use idemgate_engine::{
+    Attempt, AttemptOutcome, Fingerprint, Record, RecordState, Repeated, StoreError,
+};
 use rusqlite::Row;
 
 use crate::error::corrupt;
@@ -75,7 +77,8 @@ impl RawRecord {
 }
 
 /// The columns of `attempts` that make up an [`Attempt`].
-pub(crate) const ATTEMPT_COLUMNS: &str = "at_ms, replica, outcome, status, latency_us";
+pub(crate) const ATTEMPT_COLUMNS: &str =
+    "at_ms, replica, outcome, status, latency_us, repeat_count, last_at_ms";
 
 /// Raw columns of an attempt row.
 #[derive(Debug)]
@@ -85,6 +88,8 @@ pub(crate) struct RawAttempt {
     outcome: String,
     status: Option<i64>,
     latency_us: i64,
+    repeat_count: Option<i64>,
+    last_at_ms: Option<i64>,
 }
 
 /// Reads [`ATTEMPT_COLUMNS`] from a row.
@@ -95,6 +100,8 @@ pub(crate) fn raw_attempt(row: &Row<'_>) -> rusqlite::Result<RawAttempt> {
         outcome: row.get(2)?,
         status: row.get(3)?,
         latency_us: row.get(4)?,
+        repeat_count: row.get(5)?,
+        last_at_ms: row.get(6)?,
     })
 }
 
@@ -107,12 +114,21 @@ impl RawAttempt {
             .status
             .map(|s| u16::try_from(s).map_err(|_| corrupt(format!("status {s} out of range"))))
             .transpose()?;
+        let repeated = match (self.repeat_count, self.last_at_ms) {
+            (Some(count), Some(last)) => Some(Repeated {
+                count: uint(count, "repeat count")?,
+                last_at_ms: uint(last, "last attempt time")?,
+            }),
+            (None, None) => None,
+            _ => return Err(corrupt("attempt row has half of a repeat")),
+        };
         Ok(Attempt {
             at_ms: uint(self.at_ms, "attempt time")?,
             replica: self.replica,
             outcome,
             status,
             latency_us: uint(self.latency_us, "latency")?,
+            repeated,
         })
     }
 }

@@ -10,7 +10,7 @@ use crate::error::{SqliteError, store_error};
 
 /// The schema version this build writes, kept in `PRAGMA user_version`.
 /// A file with a higher version is refused rather than misread.
-pub(crate) const SCHEMA_VERSION: i64 = 1;
+pub(crate) const SCHEMA_VERSION: i64 = 2;
 
 /// Version 1.
 ///
@@ -21,9 +21,12 @@ pub(crate) const SCHEMA_VERSION: i64 = 1;
 ///   `timelines` holds the retention time and the entry count (so the
 ///   oldest entries are trimmed without counting), and deleting a
 ///   `timelines` row deletes its attempts (trigger).
-/// - `counters`: the store-wide fence counter. Fences come from it, so they
-///   grow for every key even after an expired record was purged, and across
-///   every process sharing the file (writers are serialized).
+/// - `counters`: the store-wide fence counter (`fence`). Fences come from
+///   it, so they grow for every key even after an expired record was
+///   purged, and across every process sharing the file (writers are
+///   serialized). Its durable ceiling (`fence_ceiling`, written when first
+///   needed) bounds every fence issued, so that claims committed without
+///   an fsync cannot make a fence repeat after a power loss.
 const SCHEMA_V1: &str = "
 CREATE TABLE IF NOT EXISTS records (
     id          TEXT PRIMARY KEY NOT NULL,
@@ -62,6 +65,15 @@ CREATE TABLE IF NOT EXISTS counters (
 INSERT OR IGNORE INTO counters(name, value) VALUES ('fence', 0);
 ";
 
+/// Version 2: an attempt row may stand for several attempts of one
+/// outcome from one replica (replays gathered over one timeline flush):
+/// `repeat_count` (NULL for a single attempt) and the last one's time.
+/// Added columns only, so version 1 files are migrated in place.
+const SCHEMA_V2: &str = "
+ALTER TABLE attempts ADD COLUMN repeat_count INTEGER;
+ALTER TABLE attempts ADD COLUMN last_at_ms INTEGER;
+";
+
 /// Opens one connection (writer or reader) with the busy timeout set.
 pub(crate) fn connect(path: &Path, busy_timeout: Duration) -> Result<Connection, SqliteError> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
@@ -88,7 +100,9 @@ pub(crate) fn connect_reader(
 }
 
 /// Puts the file in WAL mode with `synchronous=FULL` (a commit is on disk
-/// before it is acknowledged) and creates or checks the schema.
+/// before it is acknowledged; the writer relaxes it to `NORMAL` for the
+/// batches that need no fsync, see `writer`) and creates or checks the
+/// schema.
 pub(crate) fn prepare_writer(
     conn: &mut Connection,
     path: &Path,
@@ -133,9 +147,15 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<(), SqliteError> {
     // Another process may have created the schema while we waited.
     let found = user_version(&tx).map_err(|e| setup_error(path, e))?;
     check_version(path, found)?;
-    if found < SCHEMA_VERSION {
+    if found < 1 {
         tx.execute_batch(SCHEMA_V1)
             .map_err(|e| setup_error(path, e))?;
+    }
+    if found < 2 {
+        tx.execute_batch(SCHEMA_V2)
+            .map_err(|e| setup_error(path, e))?;
+    }
+    if found < SCHEMA_VERSION {
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)
             .map_err(|e| setup_error(path, e))?;
     }

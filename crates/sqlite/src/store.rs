@@ -24,7 +24,7 @@ use tokio::sync::oneshot;
 use crate::error::{BACKEND, SqliteError, closed, store_error};
 use crate::rows::{ATTEMPT_COLUMNS, RECORD_COLUMNS, int, raw_attempt, raw_record};
 use crate::schema;
-use crate::writer::{self, Claimed, Msg, Op, Owner, WriterConfig};
+use crate::writer::{self, Claimed, Commits, Msg, Op, Owner, WriterConfig};
 
 /// How a [`SqliteStore`] is opened. Start from [`SqliteOptions::default`]
 /// (or [`SqliteStore::builder`]), adjust, then [`SqliteOptions::open`].
@@ -95,6 +95,11 @@ impl SqliteOptions {
         let path = path.as_ref().to_owned();
         let mut conn = schema::connect(&path, self.busy_timeout)?;
         schema::prepare_writer(&mut conn, &path, self.busy_timeout)?;
+        // Past every fence issued before a power loss (see `writer`).
+        writer::skip_to_ceiling(&mut conn).map_err(|e| SqliteError::Setup {
+            path: path.clone(),
+            source: store_error(e),
+        })?;
         let readers = (0..self.readers)
             .map(|_| schema::connect_reader(&path, self.busy_timeout).map(Mutex::new))
             .collect::<Result<Vec<_>, _>>()?;
@@ -106,9 +111,11 @@ impl SqliteOptions {
             purge_batch: self.purge_batch,
         };
         let thread_notify = Arc::clone(&notify);
+        let commits = Arc::new(Commits::default());
+        let thread_commits = Arc::clone(&commits);
         let writer = std::thread::Builder::new()
             .name("idemgate-sqlite-writer".into())
-            .spawn(move || writer::run(conn, rx, thread_notify, config))
+            .spawn(move || writer::run(conn, rx, thread_notify, config, thread_commits))
             .map_err(SqliteError::Thread)?;
         Ok(SqliteStore {
             inner: Arc::new(Inner {
@@ -120,6 +127,7 @@ impl SqliteOptions {
                 readers,
                 next_reader: AtomicUsize::new(0),
                 notify,
+                commits,
             }),
         })
     }
@@ -149,6 +157,21 @@ struct Inner {
     next_reader: AtomicUsize,
     /// Waiters of `changed`, woken by the writer after a commit.
     notify: Arc<KeyedNotify>,
+    /// The writer's commits, synced or not.
+    commits: Arc<Commits>,
+}
+
+/// How many transactions the writer of one [`SqliteStore`] committed, by
+/// whether the commit was fsynced (`synchronous=FULL`: a batch with a
+/// result or a forget, or one that raised the fence ceiling) or only
+/// written to the WAL (`synchronous=NORMAL`: claims, renewals, releases and
+/// timeline entries).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommitCounts {
+    /// Commits on disk before they were acknowledged.
+    pub synced: u64,
+    /// Commits in the WAL, on disk by the next synced commit or checkpoint.
+    pub unsynced: u64,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -178,6 +201,14 @@ impl SqliteStore {
     /// The file this store uses.
     pub fn path(&self) -> &Path {
         &self.inner.path
+    }
+
+    /// The writer's commits so far, synced or not.
+    pub fn commit_counts(&self) -> CommitCounts {
+        CommitCounts {
+            synced: self.inner.commits.synced.load(Ordering::Relaxed),
+            unsynced: self.inner.commits.unsynced.load(Ordering::Relaxed),
+        }
     }
 
     /// Stops the writer: writes queued before this call are committed, later
@@ -469,7 +500,7 @@ impl Store for SqliteStore {
                         "SELECT {ATTEMPT_COLUMNS} FROM attempts
                      WHERE id = ?1
                        AND EXISTS (SELECT 1 FROM timelines WHERE id = ?1 AND keep_until > ?2)
-                     ORDER BY seq"
+                     ORDER BY at_ms, seq"
                     ))
                     .and_then(|mut stmt| {
                         stmt.query_map(params![id, now], raw_attempt)?

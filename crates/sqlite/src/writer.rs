@@ -4,12 +4,34 @@
 //! message to this thread. It takes whatever is queued (up to the batch
 //! limit), applies it in order inside one `BEGIN IMMEDIATE … COMMIT`, and
 //! only then answers the callers: one fsync covers the whole batch, and no
-//! caller hears "done" before its write is on disk. Applying in queue order
-//! inside one transaction is a valid serial order, so each operation stays
-//! atomic. `BEGIN IMMEDIATE` plus the busy timeout serializes this thread
-//! with the writers of other processes sharing the file.
+//! caller hears "done" before its write is as durable as it must be.
+//! Applying in queue order inside one transaction is a valid serial order,
+//! so each operation stays atomic. `BEGIN IMMEDIATE` plus the busy timeout
+//! serializes this thread with the writers of other processes sharing the
+//! file.
+//!
+//! **Which commits are synced.** Each batch is committed in two parts.
+//! Claims, renewals, releases and timeline entries come first, committed
+//! with `synchronous=NORMAL`: written to the WAL (so they survive the
+//! process being killed) but not fsynced, and answered at once. Results
+//! (`complete`) and an operator's `forget` follow in a commit with
+//! `synchronous=FULL`: on disk before they are answered. Every op of one
+//! batch was sent before any was answered, so committing the parts in
+//! this order is a valid serial order, and a claim never waits for the
+//! fsync of the results queued beside it. The
+//! WAL is a log: a later synced commit makes every earlier one durable, so
+//! a DONE on disk always has its claim on disk too. What a power loss can
+//! take is a claim (or renewal, or release) of work whose owner died with
+//! the machine: every process using the file runs on that machine (WAL
+//! needs shared memory). Had the claim survived, its lease would expire
+//! after `pending_ttl` with nobody renewing it, and the retry would run the
+//! work, as it does when the claim is gone; a lost release or renewal
+//! likewise only changes when the key frees itself. The one thing a lost
+//! claim could repeat is its fence: the counter's ceiling
+//! ([`apply::FenceCounter`]) is kept durable ahead of the fences issued.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
@@ -119,6 +141,13 @@ enum Outcome {
 }
 
 impl Op {
+    /// Whether the op must be on disk before it is acknowledged: a result
+    /// (the promise every retry relies on) and an operator's forget. The
+    /// rest may be lost with the machine (see the module documentation).
+    fn needs_sync(&self) -> bool {
+        matches!(self, Op::Complete { .. } | Op::Forget { .. })
+    }
+
     /// The storage id whose waiters must wake if this op applied.
     fn wakes(&self, outcome: &Outcome) -> Option<&str> {
         match (self, outcome) {
@@ -187,13 +216,67 @@ pub(crate) struct WriterConfig {
     pub(crate) purge_batch: usize,
 }
 
+/// Commits made by the writer, by whether they were fsynced.
+#[derive(Debug, Default)]
+pub(crate) struct Commits {
+    pub(crate) synced: AtomicU64,
+    pub(crate) unsynced: AtomicU64,
+}
+
+/// The writer connection's `synchronous` setting, changed between
+/// transactions only when a batch needs the other one.
+#[derive(Debug)]
+struct Durability {
+    /// The setting the connection has now (FULL after `prepare_writer`).
+    synced: bool,
+    /// Fences the last batch left below the durable ceiling: claims beyond
+    /// that need a synced commit.
+    headroom: i64,
+    commits: Arc<Commits>,
+}
+
+impl Durability {
+    /// Whether `batch` is committed with an fsync.
+    fn wanted(&self, batch: &[Op]) -> bool {
+        let claims = batch
+            .iter()
+            .filter(|op| matches!(op, Op::Claim { .. }))
+            .count();
+        batch.iter().any(Op::needs_sync)
+            || i64::try_from(claims).unwrap_or(i64::MAX) > self.headroom
+    }
+
+    fn set(&mut self, conn: &Connection, synced: bool) -> rusqlite::Result<()> {
+        if self.synced != synced {
+            conn.pragma_update(None, "synchronous", if synced { "FULL" } else { "NORMAL" })?;
+            self.synced = synced;
+        }
+        Ok(())
+    }
+
+    fn committed(&self) {
+        let n = if self.synced {
+            &self.commits.synced
+        } else {
+            &self.commits.unsynced
+        };
+        n.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// The writer loop. Returns when told to stop or when every sender is gone.
 pub(crate) fn run(
     mut conn: Connection,
     rx: Receiver<Msg>,
     notify: Arc<KeyedNotify>,
     config: WriterConfig,
+    commits: Arc<Commits>,
 ) {
+    let mut durability = Durability {
+        synced: true,
+        headroom: 0,
+        commits,
+    };
     let max_batch = config.max_batch.max(1);
     let mut batch: Vec<Op> = Vec::with_capacity(max_batch);
     let mut next_purge = Instant::now() + config.purge_interval;
@@ -226,11 +309,28 @@ pub(crate) fn run(
         }
         if !batch.is_empty() {
             let waiters = waiters(&batch);
-            let commit_time = commit_batch(&mut conn, &mut batch, &notify);
+            // The writes that need no fsync are committed and answered
+            // first, so a claim never waits for the fsync of the results
+            // queued beside it; the results and forgets follow, fsynced.
+            // Every op of one batch was sent before any was answered, so
+            // any order among them is a valid serial order.
+            let (mut synced, mut relaxed): (Vec<Op>, Vec<Op>) =
+                batch.drain(..).partition(Op::needs_sync);
+            let mut commit_time = Duration::ZERO;
+            for part in [&mut relaxed, &mut synced] {
+                if !part.is_empty() {
+                    commit_time = commit_batch(&mut conn, part, &notify, &mut durability);
+                }
+            }
             gather.learn(waiters, commit_time);
         }
         if !stopping && Instant::now() >= next_purge {
-            let full = match purge_step(&mut conn, config.purge_batch) {
+            // Deleting what expired need not be synced: a lost purge is
+            // done again by the next one.
+            let full = match durability
+                .set(&conn, false)
+                .and_then(|()| purge_step(&mut conn, config.purge_batch))
+            {
                 Ok((records, timelines)) => records.max(timelines) >= config.purge_batch,
                 Err(e) => {
                     tracing::warn!(error = %e, "purge of expired rows failed");
@@ -298,10 +398,26 @@ fn waiters(batch: &[Op]) -> usize {
 /// statement fails is answered with its error and the rest are re-applied
 /// without it, so one bad op does not fail its neighbours. Returns how long
 /// the commit (the fsync) took.
-fn commit_batch(conn: &mut Connection, batch: &mut Vec<Op>, notify: &KeyedNotify) -> Duration {
+fn commit_batch(
+    conn: &mut Connection,
+    batch: &mut Vec<Op>,
+    notify: &KeyedNotify,
+    durability: &mut Durability,
+) -> Duration {
+    let mut synced = durability.wanted(batch);
     loop {
-        match try_batch(conn, batch) {
-            Ok((outcomes, commit_time)) => {
+        if let Err(e) = durability.set(conn, synced) {
+            let e = store_error(e);
+            let message = e.to_string();
+            for op in batch.drain(..) {
+                op.fail(StoreError::new(e.kind(), BACKEND, message.clone()));
+            }
+            return Duration::ZERO;
+        }
+        match try_batch(conn, batch, synced) {
+            Ok((outcomes, commit_time, headroom)) => {
+                durability.headroom = headroom;
+                durability.committed();
                 let mut wake = Vec::new();
                 for (op, outcome) in batch.drain(..).zip(outcomes) {
                     if !notify.is_empty()
@@ -315,6 +431,11 @@ fn commit_batch(conn: &mut Connection, batch: &mut Vec<Op>, notify: &KeyedNotify
                     notify.notify(&id);
                 }
                 return commit_time;
+            }
+            Err(BatchError::Unsynced) => {
+                // Claims ran past the durable fence ceiling (another process
+                // used the headroom): apply the batch again, synced.
+                synced = true;
             }
             Err(BatchError::Op(index, e)) => {
                 let op = batch.remove(index);
@@ -342,25 +463,42 @@ enum BatchError {
     Op(usize, rusqlite::Error),
     /// The transaction itself failed.
     Transaction(rusqlite::Error),
+    /// The batch needs a synced commit it was not going to get; it was
+    /// rolled back.
+    Unsynced,
 }
 
-fn try_batch(conn: &mut Connection, batch: &[Op]) -> Result<(Vec<Outcome>, Duration), BatchError> {
+/// Applies `batch` in one transaction; returns the outcomes, how long the
+/// commit took and the fence headroom left.
+fn try_batch(
+    conn: &mut Connection,
+    batch: &[Op],
+    synced: bool,
+) -> Result<(Vec<Outcome>, Duration, i64), BatchError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(BatchError::Transaction)?;
     let now = monotonic_ms();
-    let mut fences = FenceCounter::read(&tx).map_err(BatchError::Transaction)?;
+    let mut fences = FenceCounter::read(&tx, synced).map_err(BatchError::Transaction)?;
     let mut outcomes = Vec::with_capacity(batch.len());
     for (index, op) in batch.iter().enumerate() {
         // Dropping `tx` on the error path rolls the batch back.
         let outcome = apply(&tx, now, &mut fences, op).map_err(|e| BatchError::Op(index, e))?;
         outcomes.push(outcome);
     }
+    if fences.short() {
+        // Dropping `tx` rolls the batch back.
+        return Err(BatchError::Unsynced);
+    }
     fences.write(&tx).map_err(BatchError::Transaction)?;
     let started = Instant::now();
     tx.commit().map_err(BatchError::Transaction)?;
-    Ok((outcomes, started.elapsed()))
+    Ok((outcomes, started.elapsed(), fences.headroom()))
 }
 
 mod apply;
+pub(crate) use apply::skip_to_ceiling;
 use apply::{FenceCounter, apply, purge_step};
+
+#[cfg(test)]
+mod tests;

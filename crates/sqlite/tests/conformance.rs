@@ -120,3 +120,16 @@ async fn make_shared() -> Arc<dyn Store> {
 
 idemgate_testkit::conformance_suite!(conformance_sqlite, make);
 idemgate_testkit::conformance_suite!(conformance_sqlite_shared, make_shared);
+
+/// The store as the gateway uses it: replays answered from memory while
+/// trusted, and their timeline entries gathered.
+async fn make_wrapped() -> Arc<dyn Store> {
+    let store: Arc<dyn Store> = Arc::new(on_temp_file());
+    let gathered = Arc::new(idemgate_engine::AggregatingStore::new(store));
+    Arc::new(idemgate_engine::CachedStore::new(
+        gathered,
+        idemgate_engine::cache::DEFAULT_BYTES,
+    ))
+}
+
+idemgate_testkit::conformance_suite!(conformance_sqlite_wrapped, make_wrapped);

@@ -28,6 +28,7 @@ fn attempt(n: u64) -> Attempt {
         outcome: AttemptOutcome::Replayed,
         status: None,
         latency_us: n,
+        repeated: None,
     }
 }
 
@@ -68,7 +69,7 @@ fn a_newer_schema_is_refused() {
     let version: i64 = raw
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .expect("version");
-    assert_eq!(version, 1, "the store records its schema version");
+    assert_eq!(version, 2, "the store records its schema version");
     raw.pragma_update(None, "user_version", 99).expect("bump");
     drop(raw);
     let err = SqliteStore::open(&path).expect_err("newer schema");
@@ -77,7 +78,7 @@ fn a_newer_schema_is_refused() {
             err,
             SqliteError::NewerSchema {
                 found: 99,
-                supported: 1,
+                supported: 2,
                 ..
             }
         ),

@@ -31,6 +31,7 @@ fn attempt() -> Attempt {
         outcome: AttemptOutcome::Executed,
         status: Some(200),
         latency_us: 5,
+        repeated: None,
     }
 }
 

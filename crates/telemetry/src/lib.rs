@@ -272,6 +272,13 @@ impl Telemetry {
         self.count_events_lost(Vec::new(), events);
     }
 
+    /// The counter of replays answered from memory
+    /// (`idemgate_replay_cache_hits_total`), resolved once: the replay
+    /// cache bumps it on its hot path.
+    pub fn replay_cache_hits(&self) -> metrics::Counter {
+        metrics::counter!(names::REPLAY_CACHE_HITS)
+    }
+
     /// Counts a stored response that could not be sealed or opened, by
     /// `reason` (a fixed label such as `tampered` or `unknown_key_id`).
     pub fn seal_failure(&self, reason: &'static str) {

@@ -54,6 +54,10 @@ pub const UPSTREAM_ERRORS: &str = "idemgate_upstream_errors_total";
 /// `too_large`, `rng`).
 pub const SEAL_FAILURES: &str = "idemgate_seal_failures_total";
 
+/// Replays answered from this replica's memory (a DONE record the store
+/// confirmed less than a second before), without a store round trip.
+pub const REPLAY_CACHE_HITS: &str = "idemgate_replay_cache_hits_total";
+
 /// Always 1, labelled with the `version` of the running build.
 pub const BUILD_INFO: &str = "idemgate_build_info";
 
@@ -79,6 +83,7 @@ pub const ALL: &[&str] = &[
     UPSTREAM_ERRORS,
     BUILD_INFO,
     SEAL_FAILURES,
+    REPLAY_CACHE_HITS,
 ];
 
 /// The `# HELP` text of each name in [`ALL`].
@@ -150,6 +155,10 @@ pub const HELP: &[(&str, &str)] = &[
     (
         SEAL_FAILURES,
         "Stored records that could not be opened (unknown key id, tampering), by reason.",
+    ),
+    (
+        REPLAY_CACHE_HITS,
+        "Replays and reads answered from this replica's memory, without a store round trip.",
     ),
 ];
 

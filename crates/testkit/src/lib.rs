@@ -21,8 +21,10 @@
 
 #![allow(clippy::unwrap_used, clippy::panic)] // a test suite: failing loudly is its job
 
+pub mod counting;
 pub mod fault;
 pub mod redis_server;
+pub use counting::{Calls, CountingStore};
 pub use fault::FaultProxy;
 pub mod tls;
 
@@ -89,6 +91,7 @@ pub fn attempt(outcome: AttemptOutcome) -> idemgate_engine::Attempt {
         outcome,
         status: Some(200),
         latency_us: 1,
+        repeated: None,
     }
 }
 

@@ -98,12 +98,18 @@ pub(super) fn text(url: &StoreUrl, f: &Found) -> String {
         .unwrap_or(0)
         .max("REPLICA".len());
     out.push_str(&format!(
-        "{:<24}  {:<width$}  {:<9}  {:>6}  {:>10}\n",
-        "TIME (UTC)", "REPLICA", "OUTCOME", "STATUS", "LATENCY"
+        "{:<24}  {:<width$}  {:<9}  {:>6}  {:>10}  {}\n",
+        "TIME (UTC)", "REPLICA", "OUTCOME", "STATUS", "LATENCY", "COUNT"
     ));
     for a in &f.timeline {
+        // An entry that stands for several attempts (replays gathered over
+        // one flush) names how many, and until when.
+        let count = match a.repeated {
+            Some(r) => format!("{} until {}", r.count, rfc3339(r.last_at_ms)),
+            None => "1".to_owned(),
+        };
         out.push_str(&format!(
-            "{:<24}  {:<width$}  {:<9}  {:>6}  {:>10}\n",
+            "{:<24}  {:<width$}  {:<9}  {:>6}  {:>10}  {count}\n",
             rfc3339(a.at_ms),
             a.replica,
             a.outcome.as_str(),
@@ -111,19 +117,16 @@ pub(super) fn text(url: &StoreUrl, f: &Found) -> String {
             latency(a.latency_us)
         ));
     }
-    let mut tally: Vec<(&str, usize)> = Vec::new();
+    let mut tally: Vec<(&str, u64)> = Vec::new();
     for a in &f.timeline {
         match tally.iter_mut().find(|(o, _)| *o == a.outcome.as_str()) {
-            Some((_, n)) => *n += 1,
-            None => tally.push((a.outcome.as_str(), 1)),
+            Some((_, n)) => *n += a.count(),
+            None => tally.push((a.outcome.as_str(), a.count())),
         }
     }
+    let total: u64 = tally.iter().map(|(_, n)| n).sum();
     let tally: Vec<String> = tally.iter().map(|(o, n)| format!("{n} {o}")).collect();
-    out.push_str(&format!(
-        "\n{} attempts: {}\n",
-        f.timeline.len(),
-        tally.join(", ")
-    ));
+    out.push_str(&format!("\n{total} attempts: {}\n", tally.join(", ")));
     out
 }
 

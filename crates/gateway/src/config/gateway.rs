@@ -16,7 +16,7 @@ use idemgate_check::RetryPolicy;
 
 use super::client_retry::client_retry;
 use super::error::ConfigError;
-use super::parse::{StoreUrl, addr, duration, duration_or_zero, upstream_url};
+use super::parse::{StoreUrl, addr, duration, duration_or_zero, size_or_zero, upstream_url};
 use super::raw::{Overrides, RawConfig, RawRoute, figment};
 use super::route::{RouteConfig, RouteDefaults, route};
 use super::secret::Secret;
@@ -54,6 +54,9 @@ pub struct GatewayConfig {
     /// The key file that seals stored responses, resolved against the
     /// configuration file's directory. `None`: stored as received.
     pub encryption_key_file: Option<PathBuf>,
+    /// Bytes of DONE records kept in memory to answer replays without a
+    /// store round trip (`idemgate_engine::CachedStore`); 0: off.
+    pub replay_cache: usize,
     /// Routes, longest prefix first.
     pub routes: Vec<RouteConfig>,
 }
@@ -124,6 +127,12 @@ impl GatewayConfig {
             Some(p) => Some(p.relative()),
             None => None,
         };
+        let replay_cache = raw
+            .replay_cache
+            .as_ref()
+            .map(|s| size_or_zero("replay_cache", s))
+            .transpose()?
+            .unwrap_or(idemgate_engine::cache::DEFAULT_BYTES);
         let encryption_key_file = match raw.encryption_key_file {
             Some(p) if p.original().as_os_str().is_empty() => {
                 return Err(ConfigError::invalid(
@@ -185,6 +194,7 @@ impl GatewayConfig {
             client_retry,
             alert_rules,
             encryption_key_file,
+            replay_cache,
             routes,
         })
     }

@@ -193,6 +193,15 @@ pub(super) fn duration_or_zero(
 
 /// A positive size in bytes: a number, or text with a unit.
 pub(super) fn size(field: &str, s: &RawSize) -> Result<usize, ConfigError> {
+    let bytes = size_or_zero(field, s)?;
+    if bytes == 0 {
+        return Err(ConfigError::invalid(field, "must be greater than zero"));
+    }
+    Ok(bytes)
+}
+
+/// A size in bytes, where `0` means "none" (a feature turned off).
+pub(super) fn size_or_zero(field: &str, s: &RawSize) -> Result<usize, ConfigError> {
     let bytes = match s {
         RawSize::Bytes(n) => *n,
         RawSize::Text(t) => parse_size(t).ok_or_else(|| {
@@ -202,9 +211,6 @@ pub(super) fn size(field: &str, s: &RawSize) -> Result<usize, ConfigError> {
             )
         })?,
     };
-    if bytes == 0 {
-        return Err(ConfigError::invalid(field, "must be greater than zero"));
-    }
     usize::try_from(bytes).map_err(|_| ConfigError::invalid(field, "too large"))
 }
 

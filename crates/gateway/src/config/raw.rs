@@ -55,6 +55,10 @@ pub struct RawConfig {
     /// resolve against the configuration file). Unset: responses are stored
     /// as received.
     pub encryption_key_file: Option<RelativePathBuf>,
+    /// Memory for replays answered without a store round trip (each copy
+    /// trusted for a second after the store confirmed it): bytes, or text
+    /// like `64MiB`; `0` turns it off. Default `64MiB`.
+    pub replay_cache: Option<RawSize>,
     /// The routes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub routes: Vec<RawRoute>,
@@ -228,6 +232,7 @@ impl fmt::Debug for RawConfig {
             client_retry,
             alert_rules,
             encryption_key_file,
+            replay_cache,
             routes,
         } = self;
         f.debug_struct("RawConfig")
@@ -242,6 +247,7 @@ impl fmt::Debug for RawConfig {
             .field("client_retry", client_retry)
             .field("alert_rules", alert_rules)
             .field("encryption_key_file", encryption_key_file)
+            .field("replay_cache", replay_cache)
             .field("routes", routes)
             .finish()
     }

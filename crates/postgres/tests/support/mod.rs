@@ -132,22 +132,29 @@ pub struct Private {
     dir: tempfile::TempDir,
     /// Set for a server that accepts TCP connections over TLS only.
     tls: Option<idemgate_testkit::tls::CertFiles>,
+    /// More `-c name=value` server settings.
+    settings: String,
 }
 
 impl Private {
     /// initdb + start, with `pg_stat_statements` loaded.
     pub fn start() -> Self {
-        Self::start_with(None)
+        Self::launch(None, "")
     }
 
     /// initdb + start with `ssl=on` and the certificate `certs`
     /// (copied into the cluster's directory), accepting TCP connections
     /// over TLS only (`hostssl` lines alone in `pg_hba.conf`).
     pub fn start_tls(certs: &idemgate_testkit::tls::TestCerts) -> Self {
-        Self::start_with(Some(certs))
+        Self::launch(Some(certs), "")
     }
 
-    fn start_with(certs: Option<&idemgate_testkit::tls::TestCerts>) -> Self {
+    /// [`Private::start`] with more server settings (`-c name=value …`).
+    pub fn start_with(settings: &str) -> Self {
+        Self::launch(None, settings)
+    }
+
+    fn launch(certs: Option<&idemgate_testkit::tls::TestCerts>, settings: &str) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("idemgate-pg")
             .tempdir()
@@ -184,7 +191,12 @@ impl Private {
             "initdb failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let me = Self { port, dir, tls };
+        let me = Self {
+            port,
+            dir,
+            tls,
+            settings: settings.to_owned(),
+        };
         if me.tls.is_some() {
             std::fs::write(
                 me.data().join("pg_hba.conf"),
@@ -250,9 +262,10 @@ impl Private {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let mut opts = format!(
-                "-p {} -k {} -c listen_addresses=127.0.0.1 -c shared_preload_libraries=pg_stat_statements -c max_connections=60",
+                "-p {} -k {} -c listen_addresses=127.0.0.1 -c shared_preload_libraries=pg_stat_statements -c max_connections=60 {}",
                 self.port,
-                self.dir.path().display()
+                self.dir.path().display(),
+                self.settings
             );
             if let Some(certs) = &self.tls {
                 opts.push_str(&format!(

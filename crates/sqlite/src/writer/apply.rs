@@ -10,22 +10,51 @@ use crate::rows::{RECORD_COLUMNS, int, raw_record, token_bytes};
 
 use super::{Claimed, Op, Outcome};
 
-/// The store-wide fence counter, read once per batch and written back once.
+/// How far ahead of the issued fences the durable ceiling is raised when
+/// it runs out: one durable commit per this many claims.
+const CEILING_STEP: i64 = 1024;
+
+/// The store-wide fence counter, read once per batch and written back once,
+/// and its durable ceiling.
+///
+/// Claims may be committed without an fsync (`synchronous=NORMAL`), so a
+/// power loss can take the last increments of `fence` with them. Fences
+/// handed out must still never be handed out again (an owner may have
+/// passed its fence on to another system before the power went). So every
+/// fence issued is at most `fence_ceiling`, and a batch that would issue a
+/// fence above it raises the ceiling by [`CEILING_STEP`] and is committed
+/// with an fsync. On open the counter is moved up to the ceiling
+/// ([`skip_to_ceiling`]), past anything issued before a power loss.
 pub(super) struct FenceCounter {
     stored: i64,
     next: i64,
+    ceiling_stored: i64,
+    ceiling: i64,
+    /// Whether this batch is committed with an fsync: only then may the
+    /// ceiling be raised.
+    durable: bool,
+    /// Set when a batch that is not durable needed a fence above the
+    /// ceiling: the batch is then rolled back and applied again, durable.
+    short: bool,
 }
 
 impl FenceCounter {
-    pub(super) fn read(tx: &Transaction<'_>) -> rusqlite::Result<Self> {
-        let stored: i64 = tx
-            .prepare_cached("SELECT value FROM counters WHERE name = 'fence'")?
-            .query_row([], |row| row.get(0))
-            .optional()?
-            .unwrap_or(0);
+    pub(super) fn read(tx: &Transaction<'_>, durable: bool) -> rusqlite::Result<Self> {
+        let read = |name: &str| -> rusqlite::Result<Option<i64>> {
+            tx.prepare_cached("SELECT value FROM counters WHERE name = ?1")?
+                .query_row([name], |row| row.get(0))
+                .optional()
+        };
+        let stored = read("fence")?.unwrap_or(0);
+        // No ceiling yet (a file from before ceilings): none to spare.
+        let ceiling = read("fence_ceiling")?.unwrap_or(stored).max(stored);
         Ok(Self {
             stored,
             next: stored,
+            ceiling_stored: ceiling,
+            ceiling,
+            durable,
+            short: false,
         })
     }
 
@@ -33,20 +62,62 @@ impl FenceCounter {
         self.next.saturating_add(1)
     }
 
+    /// Issues the fence [`FenceCounter::peek`] showed.
     fn take(&mut self) {
         self.next = self.peek();
+        if self.next > self.ceiling {
+            if self.durable {
+                self.ceiling = self.next.saturating_add(CEILING_STEP);
+            } else {
+                self.short = true;
+            }
+        }
+    }
+
+    /// Whether the batch issued a fence above the ceiling without being
+    /// durable (it must then be applied again, durable).
+    pub(super) fn short(&self) -> bool {
+        self.short
+    }
+
+    /// Fences that can still be issued without raising the ceiling.
+    pub(super) fn headroom(&self) -> i64 {
+        self.ceiling.saturating_sub(self.next)
     }
 
     pub(super) fn write(&self, tx: &Transaction<'_>) -> rusqlite::Result<()> {
-        if self.next != self.stored {
+        let set = |name: &str, value: i64| -> rusqlite::Result<()> {
             tx.prepare_cached(
-                "INSERT INTO counters(name, value) VALUES ('fence', ?1)
+                "INSERT INTO counters(name, value) VALUES (?1, ?2)
                  ON CONFLICT(name) DO UPDATE SET value = excluded.value",
             )?
-            .execute([self.next])?;
+            .execute(params![name, value])?;
+            Ok(())
+        };
+        if self.next != self.stored {
+            set("fence", self.next)?;
+        }
+        if self.ceiling != self.ceiling_stored {
+            set("fence_ceiling", self.ceiling)?;
         }
         Ok(())
     }
+}
+
+/// Moves the fence counter up to its durable ceiling, in a durable commit:
+/// run when a process opens the file, so that fences issued by claims a
+/// power loss took away are never issued again. Skipping values costs
+/// nothing (fences need only grow); other processes already running just
+/// find less headroom.
+pub(crate) fn skip_to_ceiling(conn: &mut Connection) -> rusqlite::Result<()> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    tx.execute(
+        "UPDATE counters SET value = (SELECT value FROM counters WHERE name = 'fence_ceiling')
+         WHERE name = 'fence'
+           AND value < (SELECT value FROM counters WHERE name = 'fence_ceiling')",
+        [],
+    )?;
+    tx.commit()
 }
 
 /// Claims when the row is absent or expired: one statement, evaluated inside
@@ -216,8 +287,9 @@ pub(super) fn append_attempt(
     keep_until: u64,
 ) -> rusqlite::Result<()> {
     tx.prepare_cached(
-        "INSERT INTO attempts(id, at_ms, replica, outcome, status, latency_us)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO attempts(id, at_ms, replica, outcome, status, latency_us,
+                              repeat_count, last_at_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     )?
     .execute(params![
         id,
@@ -226,6 +298,8 @@ pub(super) fn append_attempt(
         attempt.outcome.as_str(),
         attempt.status,
         int(attempt.latency_us),
+        attempt.repeated.map(|r| int(r.count)),
+        attempt.repeated.map(|r| int(r.last_at_ms)),
     ])?;
     let entries: i64 = tx
         .prepare_cached(

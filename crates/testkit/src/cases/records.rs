@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use idemgate_engine::{
-    AttemptOutcome, Engine, ExecuteError, Fenced, Lease, RecordState, ScopedKey, Store,
+    AttemptOutcome, Engine, ExecuteError, Fenced, Lease, RecordState, Repeated, ScopedKey, Store,
 };
 
 use crate::{
@@ -351,6 +351,66 @@ pub async fn timeline_entries(store: Arc<dyn Store>) {
     // Another tenant's key with the same client key has its own (empty) timeline.
     let other = ScopedKey::new("someone-else", key.namespace.clone(), key.key.clone());
     assert!(store.timeline(&other).await.unwrap().is_empty());
+}
+
+/// An entry that stands for several attempts (replays gathered over one
+/// flush) reads back whole: its count and the last attempt's time.
+pub async fn timeline_keeps_repeated_entries(store: Arc<dyn Store>) {
+    let key = fresh_key();
+    let mut gathered = attempt(AttemptOutcome::Replayed);
+    gathered.repeated = Some(Repeated {
+        count: 37,
+        last_at_ms: gathered.at_ms + 900,
+    });
+    store.record_attempt(&key, &gathered, LONG).await.unwrap();
+    let got = eventually(|| {
+        let store = Arc::clone(&store);
+        let key = key.clone();
+        async move { !store.timeline(&key).await.unwrap().is_empty() }
+    })
+    .await;
+    assert!(got, "the entry never landed");
+    let timeline = store.timeline(&key).await.unwrap();
+    assert_eq!(timeline, vec![gathered]);
+    assert_eq!(timeline[0].count(), 37);
+}
+
+/// A timeline reads oldest first by the attempts' own time, whatever order
+/// the entries were written in (gathered replays land after later
+/// attempts).
+pub async fn timeline_is_ordered_by_attempt_time(store: Arc<dyn Store>) {
+    let key = fresh_key();
+    let mut late = attempt(AttemptOutcome::Replayed);
+    let mut early = attempt(AttemptOutcome::Mismatch);
+    early.at_ms = late.at_ms.saturating_sub(5_000);
+    late.at_ms = early.at_ms + 2_000;
+    let mut first = attempt(AttemptOutcome::Conflict);
+    first.at_ms = early.at_ms.saturating_sub(1_000);
+    for a in [&first, &late, &early] {
+        store.record_attempt(&key, a, LONG).await.unwrap();
+    }
+    let got = eventually(|| {
+        let store = Arc::clone(&store);
+        let key = key.clone();
+        async move { store.timeline(&key).await.unwrap().len() >= 3 }
+    })
+    .await;
+    assert!(got, "the entries never landed");
+    let outcomes: Vec<_> = store
+        .timeline(&key)
+        .await
+        .unwrap()
+        .iter()
+        .map(|a| a.outcome)
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            AttemptOutcome::Conflict,
+            AttemptOutcome::Mismatch,
+            AttemptOutcome::Replayed
+        ]
+    );
 }
 
 /// Two tenants with the same client key never share a record.

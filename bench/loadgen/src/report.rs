@@ -1,0 +1,84 @@
+//! What a run measured: the latency distribution (from each request's
+//! scheduled send time) and the rate the target kept up with, printed for
+//! people or as one `key=value` line for scripts.
+
+use hdrhistogram::Histogram;
+
+use crate::{Args, Mode};
+
+/// The measured part of a run.
+#[derive(Debug)]
+pub(crate) struct Outcome {
+    /// Latency of every answered request, in µs.
+    pub(crate) hist: Histogram<u64>,
+    /// Requests answered (any status).
+    pub(crate) completed: u64,
+    /// Answers that were not 2xx.
+    pub(crate) non_2xx: u64,
+    /// Connection failures and timeouts.
+    pub(crate) errors: u64,
+    /// Requests still queued when the run gave up on them.
+    pub(crate) unsent: u64,
+    /// Answers per second over the measured window.
+    pub(crate) achieved: f64,
+}
+
+impl Outcome {
+    fn pct(&self, q: f64) -> u64 {
+        self.hist.value_at_quantile(q)
+    }
+
+    fn mode(args: &Args) -> &'static str {
+        match args.mode {
+            Mode::Fresh => "fresh",
+            Mode::Replay => "replay",
+        }
+    }
+
+    /// For people.
+    pub(crate) fn text(&self, args: &Args) -> String {
+        let ms = |us: u64| format!("{:.2} ms", us as f64 / 1000.0);
+        format!(
+            "{label}: {mode} keys, held {rate} req/s for {dur:?} (warm-up {warm:?}), {conns} connections\n\
+             answered {done} ({non} non-2xx), errors {err}, not sent {unsent}; achieved {ach:.1} req/s\n\
+             latency from the scheduled send: p50 {p50}  p90 {p90}  p99 {p99}  p99.9 {p999}  max {max}\n",
+            label = args.label,
+            mode = Self::mode(args),
+            rate = args.rate,
+            dur = args.duration,
+            warm = args.warmup,
+            conns = args.connections,
+            done = self.completed,
+            non = self.non_2xx,
+            err = self.errors,
+            unsent = self.unsent,
+            ach = self.achieved,
+            p50 = ms(self.pct(0.50)),
+            p90 = ms(self.pct(0.90)),
+            p99 = ms(self.pct(0.99)),
+            p999 = ms(self.pct(0.999)),
+            max = ms(self.hist.max()),
+        )
+    }
+
+    /// One `key=value` line (times in µs).
+    pub(crate) fn kv(&self, args: &Args) -> String {
+        format!(
+            "label={} mode={} rate={} achieved={:.1} completed={} non2xx={} errors={} unsent={} \
+             p50_us={} p90_us={} p99_us={} p999_us={} max_us={}",
+            args.label,
+            Self::mode(args),
+            args.rate,
+            self.achieved,
+            self.completed,
+            self.non_2xx,
+            self.errors,
+            self.unsent,
+            self.pct(0.50),
+            self.pct(0.90),
+            self.pct(0.99),
+            self.pct(0.999),
+            self.hist.max(),
+        )
+    }
+}
