@@ -20,107 +20,9 @@ use sha2::{Digest, Sha256};
 
 use crate::conn::Conn;
 use crate::error::{BACKEND, corrupt, map_error};
-use crate::replication::{self, ReplicaCounts, WaitReplicas};
+use crate::replication::{self, ReplicaCounts};
 use crate::scripts::Scripts;
 use crate::timeline::{Entry, TimelineWriter};
-
-/// Settings of a [`RedisStore`]. `Default` gives the documented defaults.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RedisOptions {
-    /// Prefix of every key the store writes (default `idemgate`). Lets
-    /// several deployments share one Redis; must not contain `{` or `}`.
-    pub prefix: String,
-    /// How long one command may wait for its answer (default 500 ms).
-    pub response_timeout: Duration,
-    /// How long one connection attempt may take (default 1 s).
-    pub connection_timeout: Duration,
-    /// Upper bound on one store operation, reconnection included (default
-    /// 1.5 s). During an outage every operation ends within this bound with
-    /// an `Unavailable` error.
-    pub operation_timeout: Duration,
-    /// How long a key's last fence is remembered after its last claim
-    /// (default 7 days). Beyond that, fences still grow because they are at
-    /// least the server time in µs.
-    pub fence_memory: Duration,
-    /// Whether timeline entries that change no record (replays,
-    /// conflicts, mismatches) are written by a background task in batches
-    /// (default true), so that a replay costs one round trip instead of two.
-    /// Such entries are best effort either way.
-    pub background_timeline: bool,
-    /// How many replicas must acknowledge a DONE record before it counts
-    /// as written (default [`WaitReplicas::Auto`]: 1 when the master
-    /// reports a connected replica). See the `replication` module.
-    pub wait_replicas: WaitReplicas,
-    /// How long a completion waits for those acknowledgements (default
-    /// 500 ms) before it is reported as not written yet.
-    pub wait_timeout: Duration,
-}
-
-impl Default for RedisOptions {
-    fn default() -> Self {
-        Self {
-            prefix: "idemgate".to_owned(),
-            response_timeout: Duration::from_millis(500),
-            connection_timeout: Duration::from_secs(1),
-            operation_timeout: Duration::from_millis(1500),
-            fence_memory: Duration::from_secs(7 * 24 * 3600),
-            background_timeline: true,
-            wait_replicas: WaitReplicas::Auto,
-            wait_timeout: Duration::from_millis(500),
-        }
-    }
-}
-
-impl RedisOptions {
-    /// Sets the key prefix.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
-
-    /// Sets the per-command response timeout.
-    pub fn response_timeout(mut self, timeout: Duration) -> Self {
-        self.response_timeout = timeout;
-        self
-    }
-
-    /// Sets the connection timeout.
-    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
-        self.connection_timeout = timeout;
-        self
-    }
-
-    /// Sets the bound on one store operation.
-    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
-        self.operation_timeout = timeout;
-        self
-    }
-
-    /// Sets how long a key's last fence is remembered.
-    pub fn fence_memory(mut self, memory: Duration) -> Self {
-        self.fence_memory = memory;
-        self
-    }
-
-    /// Sets how many replicas must acknowledge a DONE record.
-    pub fn wait_replicas(mut self, wanted: WaitReplicas) -> Self {
-        self.wait_replicas = wanted;
-        self
-    }
-
-    /// Sets how long a completion waits for its replicas.
-    pub fn wait_timeout(mut self, timeout: Duration) -> Self {
-        self.wait_timeout = timeout;
-        self
-    }
-
-    /// Sets whether timeline entries of replays and conflicts are written in
-    /// the background.
-    pub fn background_timeline(mut self, on: bool) -> Self {
-        self.background_timeline = on;
-        self
-    }
-}
 
 /// The Redis store. Cheap to clone: clones share the connection.
 ///
@@ -256,100 +158,6 @@ impl RedisStore {
         match tokio::time::timeout(self.opts.operation_timeout, run).await {
             Ok(r) => r.map_err(map_error),
             Err(_) => Err(timed_out(what)),
-        }
-    }
-}
-
-/// The completion script's keys and arguments, for `EVALSHA` alone or in
-/// a pipeline with `WAIT`.
-struct CompleteArgs<'a> {
-    keys: [&'a String; 3],
-    token: String,
-    fence: u64,
-    payload: &'a Bytes,
-    done_ttl: u64,
-    attempt: Vec<u8>,
-    fingerprint: &'a [u8; 32],
-    fence_memory: u64,
-}
-
-impl CompleteArgs<'_> {
-    fn apply(&self, inv: &mut ScriptInvocation<'_>) {
-        for key in self.keys {
-            inv.key(key);
-        }
-        inv.arg(&self.token)
-            .arg(self.fence)
-            .arg(&self.payload[..])
-            .arg(self.done_ttl)
-            .arg(&self.attempt)
-            .arg(MAX_TIMELINE)
-            .arg(&self.fingerprint[..])
-            .arg(self.fence_memory);
-    }
-
-    fn evalsha(&self, hash: &str) -> Cmd {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(hash).arg(self.keys.len());
-        for key in self.keys {
-            cmd.arg(key);
-        }
-        cmd.arg(&self.token)
-            .arg(self.fence)
-            .arg(&self.payload[..])
-            .arg(self.done_ttl)
-            .arg(&self.attempt)
-            .arg(MAX_TIMELINE)
-            .arg(&self.fingerprint[..])
-            .arg(self.fence_memory);
-        cmd
-    }
-}
-
-impl RedisStore {
-    /// The completion script then `WAIT n`, one pipeline on the key's
-    /// master; loads the script once on `NOSCRIPT`. Returns the script's
-    /// answer and the replicas that acknowledged.
-    async fn complete_and_wait(
-        &self,
-        args: &CompleteArgs<'_>,
-        n: u32,
-    ) -> Result<(i64, i64), StoreError> {
-        let hash = self.scripts.complete.get_hash();
-        let mut pipe = redis::pipe();
-        pipe.add_command(args.evalsha(hash))
-            .add_command(replication::wait_cmd(n, self.opts.wait_timeout));
-        let bound = self.opts.operation_timeout + self.opts.wait_timeout;
-        let run = |pipe: redis::Pipeline| {
-            let mut conn = self.conn.clone();
-            async move {
-                match tokio::time::timeout(bound, conn.query_pipe::<(i64, i64)>(&pipe)).await {
-                    Ok(r) => Ok(r),
-                    Err(_) => Err(timed_out("complete")),
-                }
-            }
-        };
-        match run(pipe.clone()).await? {
-            Ok(answer) => Ok(answer),
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                // Load it where the key lives, then once more.
-                let mut load = redis::cmd("SCRIPT");
-                load.arg("LOAD").arg(self.scripts.complete_code());
-                let route = self.conn.is_cluster().then(|| {
-                    redis::cluster_routing::Route::with_key(
-                        args.keys[0],
-                        redis::cluster_routing::SlotAddr::Master,
-                    )
-                });
-                let mut conn = self.conn.clone();
-                self.bounded(
-                    "load the completion script",
-                    conn.query_on_master(&load, route),
-                )
-                .await?;
-                run(pipe).await?.map_err(map_error)
-            }
-            Err(e) => Err(map_error(e)),
         }
     }
 }
@@ -534,7 +342,7 @@ impl Store for RedisStore {
             let n = tokio::time::timeout(self.opts.operation_timeout, asking)
                 .await
                 .map_err(|_| timed_out("ask about replicas"))??;
-            let args = CompleteArgs {
+            let args = complete::CompleteArgs {
                 keys: [&k.rec, &k.tl, &k.fence],
                 token: token_hex(lease.token),
                 fence: lease.fence,
@@ -699,6 +507,11 @@ impl Store for RedisStore {
         })
     }
 }
+
+mod complete;
+mod options;
+
+pub use options::RedisOptions;
 
 #[cfg(test)]
 mod tests;
