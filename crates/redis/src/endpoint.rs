@@ -162,7 +162,7 @@ impl Endpoint {
         }
     }
 
-    /// A builder of a cluster client over the seed nodes.
+    /// A builder of a cluster client over the nodes the URL names.
     pub fn cluster_builder(&self) -> ClusterClientBuilder {
         let builder = redis::cluster::ClusterClient::builder(self.urls.clone());
         match &self.ca {
