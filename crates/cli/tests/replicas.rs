@@ -328,11 +328,13 @@ async fn soak(store: &str) {
         });
         // Keep the finished ones from piling up.
         while let Some(done) = set.try_join_next() {
-            check_soaked(&sim, done.unwrap());
+            let (key, answers) = done.unwrap();
+            executed_once(&sim, &key, &answers);
         }
     }
     while let Some(done) = set.join_next().await {
-        check_soaked(&sim, done.unwrap());
+        let (key, answers) = done.unwrap();
+        executed_once(&sim, &key, &answers);
     }
     let secs = started.elapsed().as_secs_f64();
     let executions = sim.stats().executions;
@@ -344,10 +346,6 @@ async fn soak(store: &str) {
         keys * DUPLICATES,
         (keys * DUPLICATES) as f64 / secs,
     );
-}
-
-fn check_soaked(sim: &SimHandle, (key, answers): (String, Vec<Answer>)) {
-    executed_once(sim, &key, &answers);
 }
 
 /// Every answer of `key` is 200 and identical, exactly one of them fresh,
