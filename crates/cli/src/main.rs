@@ -11,6 +11,7 @@
 
 mod check;
 mod keys;
+mod log_writer;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -175,22 +176,21 @@ impl Traces {
 }
 
 /// Installs the log subscriber. Lines go to stderr through a writer thread
-/// (`tracing_appender::non_blocking`), so a slow terminal or log pipe never
-/// stalls a request; the returned guard flushes what is queued when it is
-/// dropped at exit. The queue is not lossy: when it is full (128k lines)
-/// writers wait rather than drop lines.
+/// that writes them in batches (`log_writer`), so a slow terminal or log
+/// pipe never stalls a request and a line costs no wake-up; the returned
+/// guard writes what is buffered when it is dropped at exit. Nothing is
+/// dropped: when the buffer is full (16 MiB), writers wait for room.
 fn init_logs(
     format: &str,
     otlp_endpoint: Option<&str>,
-) -> anyhow::Result<(Traces, tracing_appender::non_blocking::WorkerGuard)> {
+) -> anyhow::Result<(Traces, log_writer::FlushGuard)> {
     let filter = match std::env::var("IDEMGATE_LOG") {
         Ok(s) => Targets::from_str(&s).context("IDEMGATE_LOG is not a log filter")?,
         Err(_) => Targets::new().with_default(LevelFilter::INFO),
     };
     let traces = Traces::start(otlp_endpoint)?;
-    let (stderr, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(false)
-        .finish(std::io::stderr());
+    let (stderr, guard) =
+        log_writer::batched(std::io::stderr()).context("cannot start the log writer thread")?;
     #[cfg(feature = "otlp")]
     let registry = tracing_subscriber::registry()
         .with(filter)

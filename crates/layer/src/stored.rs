@@ -294,10 +294,19 @@ impl Reader<'_> {
 /// or Anthropic's `usage.{input,output}_tokens`.
 pub fn usage_of_json(body: &[u8]) -> Option<Usage> {
     memchr::memmem::find(body, b"\"usage\"")?;
-    let v: Value = serde_json::from_slice(body).ok()?;
     let mut acc = StreamUsage::default();
-    acc.add_value(&v);
+    acc.add_json(body);
     acc.finish()
+}
+
+/// The two places a body or event carries usage. Every other member is
+/// skipped without being built (a response's `choices` can be large).
+#[derive(Debug, serde::Deserialize)]
+struct UsageCarrier {
+    #[serde(default)]
+    usage: Option<Value>,
+    #[serde(default)]
+    message: Option<Value>,
 }
 
 /// Accumulates usage over an SSE stream: OpenAI's final chunk carries
@@ -315,18 +324,32 @@ impl StreamUsage {
         if memchr::memmem::find(event, b"\"usage\"").is_none() {
             return;
         }
-        let data = sse::data_of(event);
-        if let Ok(v) = serde_json::from_slice::<Value>(&data) {
-            self.add_value(&v);
-        }
+        self.add_json(&sse::data_of(event));
     }
 
-    fn add_value(&mut self, v: &Value) {
-        if let Some(u) = v.pointer("/message/usage") {
-            self.add_usage(u);
-        }
-        if let Some(u) = v.get("usage") {
-            self.add_usage(u);
+    /// Looks at one JSON document: its `message.usage`, then its `usage`.
+    fn add_json(&mut self, json: &[u8]) {
+        match serde_json::from_slice::<UsageCarrier>(json) {
+            Ok(c) => {
+                if let Some(u) = c.message.as_ref().and_then(|m| m.get("usage")) {
+                    self.add_usage(u);
+                }
+                if let Some(u) = &c.usage {
+                    self.add_usage(u);
+                }
+            }
+            // Not an object, or a member given twice: read it whole, the
+            // last of a repeated member winning.
+            Err(_) => {
+                if let Ok(v) = serde_json::from_slice::<Value>(json) {
+                    if let Some(u) = v.pointer("/message/usage") {
+                        self.add_usage(u);
+                    }
+                    if let Some(u) = v.get("usage") {
+                        self.add_usage(u);
+                    }
+                }
+            }
         }
     }
 
@@ -455,6 +478,14 @@ mod tests {
         assert_eq!(usage_of_json(anthropic).map(|u| u.total()), Some(13));
         assert_eq!(usage_of_json(br#"{"a":1}"#), None);
         assert_eq!(usage_of_json(b"not json \"usage\""), None);
+        // Large members are skipped; a repeated `usage` is read as a
+        // whole document would be (the last one wins).
+        let skipped = br#"{"choices":[{"message":{"content":"a long answer"}}],"usage":{"prompt_tokens":1,"completion_tokens":2}}"#;
+        assert_eq!(usage_of_json(skipped).map(|u| u.total()), Some(3));
+        let repeated =
+            br#"{"usage":{"prompt_tokens":1},"usage":{"prompt_tokens":7,"completion_tokens":1}}"#;
+        assert_eq!(usage_of_json(repeated).map(|u| u.prompt_tokens), Some(7));
+        assert_eq!(usage_of_json(br#"["usage"]"#), None);
     }
 
     #[test]

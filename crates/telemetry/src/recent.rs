@@ -6,8 +6,10 @@
 //! It exists beside the metrics because metrics never carry a key (labels
 //! stay low-cardinality), while a person chasing a retry storm needs the
 //! keys themselves. Memory is bounded: at most `capacity` keys are held;
-//! when a new key comes and the table is full, the key seen least recently
-//! is forgotten (never one executing now). A key is held as its timeline
+//! when a new key comes and the table is full, the keys seen least recently
+//! are forgotten (never one executing now), an eighth of the table at a
+//! time: one pass over the table then makes room for many new keys, so a
+//! stream of fresh keys costs O(1) each rather than a scan each. A key is held as its timeline
 //! addresses it: the tenant id (a hash of the credential, never the
 //! credential), the route and the client's key. Driven by an explicit
 //! `now_ms`, so tests step time exactly.
@@ -95,19 +97,36 @@ impl RecentKeys {
     fn entry(&mut self, key: &ScopedKey, now_ms: u64) -> Option<&mut Entry> {
         if !self.entries.contains_key(key) {
             if self.entries.len() >= self.capacity {
-                let oldest = self
-                    .entries
-                    .iter()
-                    .filter(|(_, e)| e.running == 0)
-                    .min_by_key(|(_, e)| e.last_seen_ms)
-                    .map(|(k, _)| k.clone())?;
-                self.entries.remove(&oldest);
+                self.forget_oldest();
+                if self.entries.len() >= self.capacity {
+                    return None;
+                }
             }
             self.entries.insert(key.clone(), Entry::default());
         }
         let e = self.entries.get_mut(key)?;
         e.last_seen_ms = e.last_seen_ms.max(now_ms);
         Some(e)
+    }
+
+    /// Forgets the least recently seen keys not running now: an eighth of
+    /// the capacity (at least one), or fewer when the rest are running.
+    fn forget_oldest(&mut self) {
+        let batch = (self.capacity / 8).max(1);
+        let mut idle: Vec<(u64, &ScopedKey)> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.running == 0)
+            .map(|(k, e)| (e.last_seen_ms, k))
+            .collect();
+        if idle.len() > batch {
+            idle.select_nth_unstable_by_key(batch - 1, |(seen, _)| *seen);
+            idle.truncate(batch);
+        }
+        let oldest: Vec<ScopedKey> = idle.into_iter().map(|(_, k)| k.clone()).collect();
+        for k in &oldest {
+            self.entries.remove(k);
+        }
     }
 
     /// A request with `key` ended with `outcome`.
@@ -276,6 +295,31 @@ mod tests {
         }
         assert_eq!(t.len(), 3, "bounded");
         assert_eq!(names(&t.snapshot(10).in_flight), ["running"]);
+    }
+
+    #[test]
+    fn a_full_table_forgets_an_eighth_of_its_oldest_keys_at_once() {
+        let mut t = RecentKeys::new(16);
+        t.started(&key("running"), 0);
+        for i in 0..15 {
+            t.request(&key(&format!("k{i:02}")), Outcome::Executed, 10 + i);
+        }
+        assert_eq!(t.len(), 16);
+        // Full: the two least recently seen idle keys go, to make room.
+        t.request(&key("new"), Outcome::Executed, 100);
+        assert_eq!(t.len(), 15);
+        let held: Vec<String> = t
+            .entries
+            .keys()
+            .map(|k| k.key.as_str().to_owned())
+            .collect();
+        assert!(held.iter().any(|k| k == "running"), "{held:?}");
+        assert!(held.iter().any(|k| k == "new"), "{held:?}");
+        assert!(!held.iter().any(|k| k == "k00" || k == "k01"), "{held:?}");
+        assert!(held.iter().any(|k| k == "k02"), "{held:?}");
+        // The room made takes the next key without another pass.
+        t.request(&key("newer"), Outcome::Executed, 101);
+        assert_eq!(t.len(), 16);
     }
 
     #[test]
