@@ -201,11 +201,10 @@ fn init_logs(
         "json" => registry
             .with(
                 // Each span field once: the current span's fields, not also
-                // the list of every enclosing span.
+                // the list of every enclosing span (`JsonLines`).
                 tracing_subscriber::fmt::layer()
-                    .json()
-                    .with_current_span(true)
-                    .with_span_list(false)
+                    .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+                    .event_format(idemgate_telemetry::logging::JsonLines)
                     .with_writer(stderr),
             )
             .try_init()?,
