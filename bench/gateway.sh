@@ -47,7 +47,7 @@ LOADGEN=${BENCH_LOADGEN:-$TARGET/release/idemgate-loadgen}
 SIMBIN=${BENCH_SIM:-$TARGET/release/idemgate-llm-sim}
 IPX_BIN=${IPX_BIN:-$(command -v idempotent-proxy-server || echo "$HOME/.cargo/bin/idempotent-proxy-server")}
 IPX_REDIS_DB=${IPX_REDIS_DB:-9}
-PIDS=()
+PIDS=(); GW_PID=; IPX_PID=
 cleanup() {
   for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
   [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")" 2>/dev/null || true
@@ -76,6 +76,7 @@ wait_http() { # url log
 start_gateway() { # upstream listen admin store log
   "$BIN" serve --upstream "$1" --listen "127.0.0.1:$2" --admin-listen "127.0.0.1:$3" \
     --store "$4" >"$5" 2>&1 &
+  GW_PID=$!
   PIDS+=($!)
   for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$3/healthz" >/dev/null && return 0; sleep 0.1; done
   echo "the gateway did not start:" >&2; cat "$5" >&2; exit 1
@@ -93,6 +94,7 @@ URL_BENCH=$1
 LOG_LEVEL=error
 ENV
   (cd "$3" && exec "$IPX_BIN") >"$3/log" 2>&1 &
+  IPX_PID=$!
   PIDS+=($!)
   wait_http "http://127.0.0.1:$2/" "$3/log"
 }
@@ -113,16 +115,30 @@ warm_replays() { # base-url path
 }
 
 # ---------------------------------------------------------------- part 1
-run_wrk() { # name url path script
-  local out rps p50 p99 errs
-  out=$(BENCH_PATH="${3:-/v1/chat/completions}" \
-    wrk -t"$THREADS" -c"$CONNS" -d"$DURATION" --latency -s "$4" "$2" 2>&1)
+cpu_ticks() { # pid... : user + system clock ticks of those processes
+  local t=0 pid
+  for pid in "$@"; do
+    t=$((t + $(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null || echo 0)))
+  done
+  echo "$t"
+}
+
+run_wrk() { # name url path script [pid...]: the pids' CPU is charged per request
+  local name=$1 url=$2 path=$3 script=$4 out rps p50 p99 errs reqs t0 t1 cpu
+  shift 4
+  t0=$(cpu_ticks "$@")
+  out=$(BENCH_PATH="${path:-/v1/chat/completions}" \
+    wrk -t"$THREADS" -c"$CONNS" -d"$DURATION" --latency -s "$script" "$url" 2>&1)
+  t1=$(cpu_ticks "$@")
   rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
   p50=$(awk '$1=="50%" {print $2}' <<<"$out")
   p99=$(awk '$1=="99%" {print $2}' <<<"$out")
   errs=$(awk '/Non-2xx/ {print $4}' <<<"$out")
-  printf '%-30s %12s %10s %10s %8s\n' "$1" "$rps" "$p50" "$p99" "${errs:-0}"
-  echo "$1|$rps" >>"$WORK/rps"
+  reqs=$(awk '/requests in/ {print $1}' <<<"$out")
+  cpu=$(awk -v a="$t0" -v b="$t1" -v hz="$(getconf CLK_TCK)" -v n="${reqs:-0}" \
+    'BEGIN { if (n > 0 && b > a) printf "%.0f", (b - a) / hz * 1e6 / n; else print "-" }')
+  printf '%-30s %12s %10s %10s %8s %10s\n' "$name" "$rps" "$p50" "$p99" "${errs:-0}" "$cpu"
+  echo "$name|$rps" >>"$WORK/rps"
 }
 
 part_wrk() {
@@ -160,15 +176,21 @@ NGX
   fi
 
   echo "store: $STORE   wrk -t$THREADS -c$CONNS -d$DURATION (closed loop, upstream answers at once)"
-  printf '%-30s %12s %10s %10s %8s\n' "target" "req/s" "p50" "p99" "non-2xx"
+  echo "cpu us/req: CPU of the process under test per request (nginx rows: both its"
+  echo "roles, so proxy_pass minus direct is the proxy hop; the store server's CPU is not in it)"
+  printf '%-30s %12s %10s %10s %8s %10s\n' "target" "req/s" "p50" "p99" "non-2xx" "cpu us/req"
   : >"$WORK/rps"
-  run_wrk "upstream direct" "http://127.0.0.1:$UP/v1/chat/completions" "" bench/fresh.lua
-  run_wrk "nginx proxy_pass" "http://127.0.0.1:$PROXY/v1/chat/completions" "" bench/fresh.lua
-  run_wrk "idemgate fresh keys" "http://127.0.0.1:$GW" "" bench/fresh.lua
-  run_wrk "idemgate replays" "http://127.0.0.1:$GW" "" bench/replay.lua
+  local nginx_pids
+  nginx_pids=$(pgrep -P "$(cat "$WORK/nginx.pid")" | tr '\n' ' ')
+  # shellcheck disable=SC2086 # one word per pid
+  run_wrk "upstream direct" "http://127.0.0.1:$UP/v1/chat/completions" "" bench/fresh.lua $nginx_pids
+  # shellcheck disable=SC2086
+  run_wrk "nginx proxy_pass" "http://127.0.0.1:$PROXY/v1/chat/completions" "" bench/fresh.lua $nginx_pids
+  run_wrk "idemgate fresh keys" "http://127.0.0.1:$GW" "" bench/fresh.lua "$GW_PID"
+  run_wrk "idemgate replays" "http://127.0.0.1:$GW" "" bench/replay.lua "$GW_PID"
   if [ "$IPX_ON" = 1 ]; then
-    run_wrk "idempotent-proxy fresh keys" "http://127.0.0.1:$IPX" /URL_BENCH bench/fresh.lua
-    run_wrk "idempotent-proxy replays" "http://127.0.0.1:$IPX" /URL_BENCH bench/replay.lua
+    run_wrk "idempotent-proxy fresh keys" "http://127.0.0.1:$IPX" /URL_BENCH bench/fresh.lua "$IPX_PID"
+    run_wrk "idempotent-proxy replays" "http://127.0.0.1:$IPX" /URL_BENCH bench/replay.lua "$IPX_PID"
   fi
   local nginx_rps
   nginx_rps=$(awk -F'|' '/^nginx/ {print $2}' "$WORK/rps")
