@@ -329,27 +329,23 @@ impl StreamUsage {
 
     /// Looks at one JSON document: its `message.usage`, then its `usage`.
     fn add_json(&mut self, json: &[u8]) {
-        match serde_json::from_slice::<UsageCarrier>(json) {
-            Ok(c) => {
-                if let Some(u) = c.message.as_ref().and_then(|m| m.get("usage")) {
-                    self.add_usage(u);
-                }
-                if let Some(u) = &c.usage {
-                    self.add_usage(u);
-                }
-            }
-            // Not an object, or a member given twice: read it whole, the
-            // last of a repeated member winning.
-            Err(_) => {
-                if let Ok(v) = serde_json::from_slice::<Value>(json) {
-                    if let Some(u) = v.pointer("/message/usage") {
-                        self.add_usage(u);
-                    }
-                    if let Some(u) = v.get("usage") {
-                        self.add_usage(u);
-                    }
-                }
-            }
+        // Not an object, or a member given twice: read it whole, the last
+        // of a repeated member winning.
+        let carrier = serde_json::from_slice::<UsageCarrier>(json)
+            .ok()
+            .or_else(|| {
+                let mut v = serde_json::from_slice::<Value>(json).ok()?;
+                Some(UsageCarrier {
+                    usage: v.get_mut("usage").map(Value::take),
+                    message: v.get_mut("message").map(Value::take),
+                })
+            });
+        let Some(c) = carrier else { return };
+        if let Some(u) = c.message.as_ref().and_then(|m| m.get("usage")) {
+            self.add_usage(u);
+        }
+        if let Some(u) = &c.usage {
+            self.add_usage(u);
         }
     }
 
