@@ -123,21 +123,42 @@ cpu_ticks() { # pid... : user + system clock ticks of those processes
   echo "$t"
 }
 
+# The store server's processes, for its CPU per request: PostgreSQL's are
+# every process of the server's user (backends come and go), Redis's the
+# server on the store's port; SQLite runs inside the gateway.
+store_pids() {
+  case "$STORE" in
+    postgres://*|postgresql://*) pgrep -u "${PG_OS_USER:-postgres}" | tr '\n' ' ' ;;
+    redis://*)
+      local hp=${STORE#redis://}; hp=${hp%%/*}; hp=${hp%%\?*}
+      pgrep -f "redis-server .*:${hp##*:}( |$)" | tr '\n' ' ' ;;
+  esac
+}
+
+us_per_req() { # ticks-before ticks-after requests
+  awk -v a="$1" -v b="$2" -v hz="$(getconf CLK_TCK)" -v n="${3:-0}" \
+    'BEGIN { if (n > 0 && b > a) printf "%.0f", (b - a) / hz * 1e6 / n; else print "-" }'
+}
+
 run_wrk() { # name url path script [pid...]: the pids' CPU is charged per request
-  local name=$1 url=$2 path=$3 script=$4 out rps p50 p99 errs reqs t0 t1 cpu
+  local name=$1 url=$2 path=$3 script=$4 out rps p50 p99 errs reqs t0 t1 s0 s1 cpu scpu
   shift 4
+  # shellcheck disable=SC2046 # one word per pid
+  s0=$(cpu_ticks $(store_pids))
   t0=$(cpu_ticks "$@")
   out=$(BENCH_PATH="${path:-/v1/chat/completions}" \
     wrk -t"$THREADS" -c"$CONNS" -d"$DURATION" --latency -s "$script" "$url" 2>&1)
   t1=$(cpu_ticks "$@")
+  # shellcheck disable=SC2046
+  s1=$(cpu_ticks $(store_pids))
   rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
   p50=$(awk '$1=="50%" {print $2}' <<<"$out")
   p99=$(awk '$1=="99%" {print $2}' <<<"$out")
   errs=$(awk '/Non-2xx/ {print $4}' <<<"$out")
   reqs=$(awk '/requests in/ {print $1}' <<<"$out")
-  cpu=$(awk -v a="$t0" -v b="$t1" -v hz="$(getconf CLK_TCK)" -v n="${reqs:-0}" \
-    'BEGIN { if (n > 0 && b > a) printf "%.0f", (b - a) / hz * 1e6 / n; else print "-" }')
-  printf '%-30s %12s %10s %10s %8s %10s\n' "$name" "$rps" "$p50" "$p99" "${errs:-0}" "$cpu"
+  cpu=$(us_per_req "$t0" "$t1" "$reqs")
+  scpu=$(us_per_req "$s0" "$s1" "$reqs")
+  printf '%-30s %12s %10s %10s %8s %10s %10s\n' "$name" "$rps" "$p50" "$p99" "${errs:-0}" "$cpu" "$scpu"
   echo "$name|$rps" >>"$WORK/rps"
 }
 
@@ -177,8 +198,9 @@ NGX
 
   echo "store: $STORE   wrk -t$THREADS -c$CONNS -d$DURATION (closed loop, upstream answers at once)"
   echo "cpu us/req: CPU of the process under test per request (nginx rows: both its"
-  echo "roles, so proxy_pass minus direct is the proxy hop; the store server's CPU is not in it)"
-  printf '%-30s %12s %10s %10s %8s %10s\n' "target" "req/s" "p50" "p99" "non-2xx" "cpu us/req"
+  echo "roles, so proxy_pass minus direct is the proxy hop); store us/req: the store server's"
+  echo "processes over the same run (none for SQLite, which runs inside the gateway)"
+  printf '%-30s %12s %10s %10s %8s %10s %10s\n' "target" "req/s" "p50" "p99" "non-2xx" "cpu us/req" "store us/req"
   : >"$WORK/rps"
   local nginx_pids
   nginx_pids=$(pgrep -P "$(cat "$WORK/nginx.pid")" | tr '\n' ' ')

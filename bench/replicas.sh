@@ -4,10 +4,12 @@
 # Redis (the shared server, a random key prefix) and PostgreSQL (the shared
 # server, db `test`, a random schema). Each store's keys are removed after.
 # Usage: bench/replicas.sh [sqlite] [redis] [postgres] [redis-inline]
-#                          [postgres-inline] [postgres-async]
+#                          [postgres-inline] [postgres-async] [postgres-tls]
 #   (default: the first three; `-inline` writes replay timeline entries on the
 #   request path, as before the background writer, for comparison;
-#   `postgres-async` commits claims with synchronous_commit = off)
+#   `postgres-async` commits claims with synchronous_commit = off;
+#   PostgreSQL runs without TLS on loopback, as Redis does, and
+#   `postgres-tls` with `sslmode=require`)
 # Env: as bench/gateway.sh; REDIS_URL (redis://127.0.0.1:6379),
 #      POSTGRES_URL (postgres://postgres@127.0.0.1:5432/test), PG_POOL (16)
 set -euo pipefail
@@ -36,10 +38,11 @@ fi
 
 tag="igbench$(od -An -N4 -tx4 /dev/urandom | tr -d ' ')"
 for store in "${STORES[@]}"; do
-  timeline=background; claims=sync
+  timeline=background; claims=sync; sslmode=disable
   case "$store" in
     *-inline) timeline=inline; store=${store%-inline} ;;
     *-async) claims=async; store=${store%-async} ;;
+    *-tls) sslmode=require; store=${store%-tls} ;;
   esac
   case "$store" in
     sqlite) bash bench/gateway.sh ;;
@@ -49,7 +52,7 @@ for store in "${STORES[@]}"; do
       redis-cli -h "$host" -p "$port" --scan --pattern "$tag:*" \
         | xargs -r -n 500 redis-cli -h "$host" -p "$port" del >/dev/null ;;
     postgres)
-      bash bench/gateway.sh "$POSTGRES_URL?schema=$tag&pool=$PG_POOL&timeline=$timeline&claim_commit=$claims"
+      bash bench/gateway.sh "$POSTGRES_URL?schema=$tag&pool=$PG_POOL&timeline=$timeline&claim_commit=$claims&sslmode=$sslmode"
       for _ in 1 2 3; do
         psql "$POSTGRES_URL" -q -c "DROP SCHEMA IF EXISTS $tag CASCADE" 2>/dev/null && break
         sleep 1

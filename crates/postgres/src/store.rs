@@ -15,8 +15,9 @@ use idemgate_engine::notify::KeyedNotify;
 use idemgate_engine::{
     Attempt, Fenced, Fingerprint, Lease, LeaseGuard, ScopedKey, StoreError, StoreErrorKind,
 };
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
-use sqlx::{AssertSqlSafe, PgConnection, Row};
+use sqlx::{AssertSqlSafe, PgConnection, Postgres, Row};
 
 use crate::error::{BACKEND, map_error};
 use crate::options::PostgresOptions;
@@ -72,7 +73,6 @@ impl PostgresStore {
         let connect = PgConnectOptions::from_str(url)
             .map_err(map_error)?
             .application_name("idemgate");
-        let check = opts.operation_timeout;
         let pool = PgPoolOptions::new()
             .max_connections(opts.max_connections.max(1))
             .acquire_timeout(opts.operation_timeout)
@@ -80,21 +80,6 @@ impl PostgresStore {
             // connection instead fails one operation with `Unavailable`
             // and is discarded.
             .test_before_acquire(false)
-            // The pool pings every connection it gets back, without a
-            // bound: a connection that went silent would hold its slot
-            // forever. This bounded ping comes first and closes such a
-            // connection (the pool's own ping then finds a live one fast).
-            .after_release(move |conn, _| {
-                Box::pin(async move {
-                    match tokio::time::timeout(check, sqlx::Connection::ping(conn)).await {
-                        Ok(pinged) => pinged.map(|()| true),
-                        Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
-                            std::io::ErrorKind::TimedOut,
-                            "the connection did not answer a ping in time",
-                        ))),
-                    }
-                })
-            })
             .connect_with(connect)
             .await
             .map_err(map_error)?;
@@ -370,8 +355,8 @@ impl PostgresStore {
     /// Runs `run` on a pooled connection within the operation bound,
     /// waiting for the connection included. A connection whose statement
     /// overran the bound is closed instead of going back to the pool: it
-    /// may have gone silent, and the pool's own check of a returned
-    /// connection would then wait on it forever, holding its slot.
+    /// may have gone silent. Every other connection goes back through
+    /// [`Checkout`], within the same bound.
     pub(crate) async fn bounded<T>(
         &self,
         what: &'static str,
@@ -384,15 +369,21 @@ impl PostgresStore {
                 format!("{what} did not finish in time"),
             )
         };
-        let deadline = tokio::time::Instant::now() + self.inner.opts.operation_timeout;
-        let mut conn = tokio::time::timeout_at(deadline, self.inner.pool.acquire())
+        let bound = self.inner.opts.operation_timeout;
+        let deadline = tokio::time::Instant::now() + bound;
+        let conn = tokio::time::timeout_at(deadline, self.inner.pool.acquire())
             .await
             .map_err(|_| timed_out())?
             .map_err(map_error)?;
-        match tokio::time::timeout_at(deadline, run(&mut conn)).await {
+        let mut checkout = Checkout {
+            conn,
+            bound,
+            close: false,
+        };
+        match tokio::time::timeout_at(deadline, run(&mut checkout.conn)).await {
             Ok(r) => r.map_err(map_error),
             Err(_) => {
-                conn.close_on_drop();
+                checkout.close = true;
                 Err(timed_out())
             }
         }
@@ -418,6 +409,52 @@ impl PostgresStore {
                 .await
         })
         .await
+    }
+}
+
+/// A pooled connection that goes back to the pool within a bound.
+///
+/// sqlx checks every connection it gets back with a ping, and waits for
+/// that ping without a limit: a connection that went silent after its last
+/// answer would hold its pool slot forever. A bounded ping of our own in
+/// `after_release` used to come first, but that made every operation three
+/// round trips (the statement and two pings). Instead the return itself,
+/// sqlx's ping included, runs under the operation bound; a return that
+/// overruns it drops the connection, which closes the socket and frees the
+/// slot.
+///
+/// This also covers an operation whose caller stopped waiting in the
+/// middle of a statement: the ping then waits for that statement's answer,
+/// within the bound, before the connection is used again.
+struct Checkout {
+    conn: PoolConnection<Postgres>,
+    bound: Duration,
+    /// Close the connection instead (its statement overran the bound).
+    close: bool,
+}
+
+impl Drop for Checkout {
+    fn drop(&mut self) {
+        if self.close {
+            // sqlx closes it when the field drops, with a bound of its own.
+            self.conn.close_on_drop();
+            return;
+        }
+        // `return_to_pool` is public but hidden from sqlx's documentation;
+        // it is the pool's own drop path, started here so we can bound it.
+        let back = self.conn.return_to_pool();
+        let bound = self.bound;
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                if tokio::time::timeout(bound, back).await.is_err() {
+                    tracing::warn!(
+                        "a PostgreSQL connection did not answer the pool's check in time; it was closed"
+                    );
+                }
+            });
+        }
+        // Outside a runtime `back` is dropped unpolled, which closes the
+        // connection and frees its slot.
     }
 }
 
