@@ -80,3 +80,27 @@ fn urls_are_rerouted_through_the_proxy() {
 }
 
 idemgate_testkit::fault_suite!(faults_postgres, rig);
+
+/// A connection that goes silent just after answering, while the pool
+/// checks it on its way back, must not keep its pool slot: the store bounds
+/// that check like an operation, drops the connection, and opens a new one.
+/// sqlx's own check waits without a limit, so without the bound the rig's
+/// one pooled connection would stay taken and every later operation would
+/// time out waiting for it.
+#[tokio::test(flavor = "current_thread")]
+async fn a_connection_silent_after_its_answer_gives_its_slot_back() {
+    let rig = rig().await;
+    let key = idemgate_testkit::fresh_key();
+    assert!(rig.store.get(&key).await.expect("get").is_none());
+    // On this single-threaded runtime the connection's way back to the
+    // pool (spawned as the operation ended) has not run yet: it starts
+    // after the freeze, so its check finds the connection silent.
+    assert_eq!(rig.proxy.freeze_live(), 1, "the one pooled connection");
+    let (got, failures) = idemgate_testkit::fault::scenarios::until_ok(
+        "get after the connection froze on its way back",
+        || rig.store.get(&key),
+    )
+    .await;
+    assert!(got.is_none());
+    eprintln!("get after a freeze on the way back: {failures} temporary errors first");
+}
