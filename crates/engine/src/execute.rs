@@ -19,11 +19,14 @@
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -192,11 +195,7 @@ impl Engine {
     ) -> Result<Begin, BeginError> {
         let started = Instant::now();
         let at_ms = now_ms();
-        match self
-            .store
-            .claim(key, fingerprint, self.policy.pending_ttl)
-            .await?
-        {
+        match SeenThrough::claim(self, key, fingerprint).await? {
             Claim::Acquired(lease) => Ok(Begin::Owner(LeaseGuard::start(
                 Arc::clone(&self.store),
                 lease,
@@ -343,4 +342,75 @@ fn default_replica() -> String {
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "local".to_owned());
     format!("{host}-{}", std::process::id())
+}
+
+/// A claim that is seen through when its caller stops waiting for it.
+///
+/// A caller dropped while its claim is on the wire (a client that hung up,
+/// a request timeout) may have claimed the key without knowing: the store
+/// wrote PENDING, the answer never arrived. Nobody would release that
+/// claim, and the key would stay PENDING, refusing or holding its retries,
+/// until the lease expired. Dropped before its answer, this finishes the
+/// claim in a task of its own and releases a lease it brings, as a
+/// [`LeaseGuard`] dropped unfinished does. Outside a runtime it is dropped,
+/// and such a claim frees itself when its lease expires.
+struct SeenThrough {
+    claim: Option<BoxFuture<'static, Result<Claim, StoreError>>>,
+    engine: Engine,
+}
+
+impl SeenThrough {
+    fn claim(engine: &Engine, key: &ScopedKey, fingerprint: &Fingerprint) -> Self {
+        let store = Arc::clone(&engine.store);
+        let (key, fingerprint) = (key.clone(), *fingerprint);
+        let pending_ttl = engine.policy.pending_ttl;
+        Self {
+            claim: Some(Box::pin(async move {
+                store.claim(&key, &fingerprint, pending_ttl).await
+            })),
+            engine: engine.clone(),
+        }
+    }
+}
+
+impl Future for SeenThrough {
+    type Output = Result<Claim, StoreError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let Some(claim) = self.claim.as_mut() else {
+            return Poll::Ready(Err(StoreError::new(
+                crate::StoreErrorKind::Rejected,
+                "engine",
+                "a claim was polled after it finished",
+            )));
+        };
+        let out = claim.as_mut().poll(cx);
+        if out.is_ready() {
+            self.claim = None;
+        }
+        out
+    }
+}
+
+impl Drop for SeenThrough {
+    fn drop(&mut self) {
+        let Some(claim) = self.claim.take() else {
+            return;
+        };
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let engine = self.engine.clone();
+        handle.spawn(async move {
+            if let Ok(Claim::Acquired(lease)) = claim.await {
+                // Dropped unfinished at once: the guard releases the key.
+                drop(LeaseGuard::start(
+                    Arc::clone(&engine.store),
+                    lease,
+                    &engine.policy,
+                    Arc::clone(&engine.replica),
+                ));
+            }
+        });
+    }
 }

@@ -110,7 +110,10 @@ async fn background_purge_empties_the_file_in_bounded_steps() {
         .expect("open");
     fill(&store, 0, 2000, SHORT).await;
     fill(&store, 2000, 3, LONG).await;
-    assert_eq!(counts(&path).0, 2003);
+    // No exact count here: on a busy machine the purge may already have
+    // taken records whose 300 ms ran out while the rest were written.
+    let written = counts(&path).0;
+    assert!(written >= 3, "the fill left {written} records");
     let purged = eventually(|| {
         let path = path.clone();
         async move { counts(&path) == (3, 3, 3) }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use idemgate_engine::{
-    Attempt, AttemptOutcome, Claim, Fenced, Lease, Record, RecordState, ScopedKey, Store,
+    Attempt, AttemptOutcome, Claim, Engine, Fenced, Lease, Record, RecordState, ScopedKey, Store,
     StoreError,
 };
 
@@ -319,6 +319,51 @@ pub async fn complete_reply_lost_retry_is_idempotent(rig: Rig) {
         Fenced::Applied,
         "retrying an applied complete with its own lease and payload must be \
          acknowledged, not reported as fenced by another owner"
+    );
+}
+
+/// A caller stops waiting while its claim's reply is held: the claim
+/// reached the server (the key is PENDING), but its owner never learned
+/// it had the key. The engine must see the claim through once the reply
+/// comes and give the key back, not leave it PENDING (holding or refusing
+/// every retry) until its 30 s lease runs out.
+pub async fn caller_gone_while_its_claim_is_on_the_wire(rig: Rig) {
+    warm_up(&rig).await;
+    let key = fresh_key();
+    let engine = Engine::new(Arc::clone(&rig.store));
+    hold_next_reply(&rig).await;
+    let caller = {
+        let (engine, key) = (engine.clone(), key.clone());
+        tokio::spawn(async move { engine.begin(&key, &fp("a")).await.is_ok() })
+    };
+    let claimed = eventually(|| {
+        let (direct, key) = (Arc::clone(&rig.direct), key.clone());
+        async move {
+            direct
+                .get(&key)
+                .await
+                .is_ok_and(|r| r.is_some_and(|r| !r.is_done()))
+        }
+    })
+    .await;
+    assert!(claimed, "the held claim never reached the server");
+    caller.abort();
+    assert!(
+        caller
+            .await
+            .expect_err("the caller was aborted")
+            .is_cancelled(),
+        "the caller finished although its claim's reply was held"
+    );
+    rig.proxy.heal();
+    let released = eventually(|| {
+        let (direct, key) = (Arc::clone(&rig.direct), key.clone());
+        async move { direct.get(&key).await.is_ok_and(|r| r.is_none()) }
+    })
+    .await;
+    assert!(
+        released,
+        "a claim whose caller was gone stayed PENDING until its lease expired"
     );
 }
 
