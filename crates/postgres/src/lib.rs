@@ -35,6 +35,11 @@
 //! `Store` trait allows), so the request waits for no second round trip
 //! and no second commit.
 //!
+//! A connection goes back to the pool after one more round trip: sqlx pings
+//! every connection it gets back, with no limit on the wait. The store runs
+//! that return itself, bounded like an operation, so a connection that went
+//! silent after its answer is closed instead of keeping its slot.
+//!
 //! Because the record is an ordinary row, a service that keeps its business
 //! data in the same database can write DONE inside its own transaction
 //! ([`PostgresStore::complete_in`]): the charge and the stored result commit
