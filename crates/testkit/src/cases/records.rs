@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use idemgate_engine::{
-    AttemptOutcome, Engine, ExecuteError, Fenced, Lease, RecordState, Repeated, ScopedKey, Store,
+    AttemptOutcome, Engine, ExecuteError, Fenced, Lease, MAX_TIMELINE, RecordState, Repeated,
+    ScopedKey, Store,
 };
 
 use crate::{
@@ -373,6 +374,54 @@ pub async fn timeline_keeps_repeated_entries(store: Arc<dyn Store>) {
     let timeline = store.timeline(&key).await.unwrap();
     assert_eq!(timeline, vec![gathered]);
     assert_eq!(timeline[0].count(), 37);
+}
+
+/// A timeline keeps each key's newest entries: with entries of several
+/// keys arriving together (a background writer puts them in one batch),
+/// each key reads back exactly its newest [`MAX_TIMELINE`], none of
+/// another key's, and none of its newest lost to the trim.
+pub async fn timeline_keeps_each_keys_newest_entries(store: Arc<dyn Store>) {
+    const EXTRA: u64 = 7;
+    let keys = [fresh_key(), fresh_key(), fresh_key()];
+    let base = attempt(AttemptOutcome::Replayed).at_ms - 600_000;
+    let total = MAX_TIMELINE as u64 + EXTRA;
+    for i in 0..total {
+        for (k, key) in keys.iter().enumerate() {
+            // Not replays, which a gathering wrapper would merge.
+            let mut a = attempt(AttemptOutcome::Mismatch);
+            // One millisecond per entry and key: times tell them apart.
+            a.at_ms = base + i * 10 + k as u64;
+            store.record_attempt(key, &a, LONG).await.unwrap();
+        }
+    }
+    for (k, key) in keys.iter().enumerate() {
+        let newest = base + (total - 1) * 10 + k as u64;
+        let landed = eventually(|| {
+            let (store, key) = (Arc::clone(&store), key.clone());
+            async move {
+                store
+                    .timeline(&key)
+                    .await
+                    .unwrap()
+                    .last()
+                    .is_some_and(|a| a.at_ms == newest)
+            }
+        })
+        .await;
+        assert!(landed, "key {k}: the newest entry never landed");
+        let times: Vec<u64> = store
+            .timeline(key)
+            .await
+            .unwrap()
+            .iter()
+            .map(|a| a.at_ms)
+            .collect();
+        let expected: Vec<u64> = (EXTRA..total).map(|i| base + i * 10 + k as u64).collect();
+        assert_eq!(
+            times, expected,
+            "key {k}: not its newest {MAX_TIMELINE} entries"
+        );
+    }
 }
 
 /// A timeline reads oldest first by the attempts' own time, whatever order
