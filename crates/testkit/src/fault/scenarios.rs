@@ -70,6 +70,17 @@ async fn settle(rig: &Rig) {
     }
 }
 
+/// Whether the server's record of `key`, read past the proxy, comes to
+/// satisfy `pred` (polled as [`eventually`] does).
+async fn server_record_comes_to(
+    rig: &Rig,
+    key: &ScopedKey,
+    pred: impl Fn(Option<&Record>) -> bool,
+) -> bool {
+    let pred = &pred;
+    eventually(|| async move { rig.direct.get(key).await.is_ok_and(|r| pred(r.as_ref())) }).await
+}
+
 /// Holds the reply to the store's next request (see
 /// [`FaultProxy::stall_replies_from_next_request`]) once the store is
 /// quiet.
@@ -291,16 +302,7 @@ pub async fn complete_reply_lost_retry_is_idempotent(rig: Rig) {
         );
         tokio::spawn(async move { store.complete(&lease, payload, LONG, &executed).await })
     };
-    let applied = eventually(|| {
-        let (direct, key) = (Arc::clone(&rig.direct), key.clone());
-        async move {
-            direct
-                .get(&key)
-                .await
-                .is_ok_and(|r| r.is_some_and(|r| r.is_done()))
-        }
-    })
-    .await;
+    let applied = server_record_comes_to(&rig, &key, |r| r.is_some_and(Record::is_done)).await;
     assert!(applied, "the stalled complete never reached the server");
     assert!(rig.proxy.cut().await >= 1);
     rig.proxy.heal();
@@ -336,16 +338,7 @@ pub async fn caller_gone_while_its_claim_is_on_the_wire(rig: Rig) {
         let (engine, key) = (engine.clone(), key.clone());
         tokio::spawn(async move { engine.begin(&key, &fp("a")).await.is_ok() })
     };
-    let claimed = eventually(|| {
-        let (direct, key) = (Arc::clone(&rig.direct), key.clone());
-        async move {
-            direct
-                .get(&key)
-                .await
-                .is_ok_and(|r| r.is_some_and(|r| !r.is_done()))
-        }
-    })
-    .await;
+    let claimed = server_record_comes_to(&rig, &key, |r| r.is_some_and(|r| !r.is_done())).await;
     assert!(claimed, "the held claim never reached the server");
     caller.abort();
     assert!(
@@ -356,11 +349,7 @@ pub async fn caller_gone_while_its_claim_is_on_the_wire(rig: Rig) {
         "the caller finished although its claim's reply was held"
     );
     rig.proxy.heal();
-    let released = eventually(|| {
-        let (direct, key) = (Arc::clone(&rig.direct), key.clone());
-        async move { direct.get(&key).await.is_ok_and(|r| r.is_none()) }
-    })
-    .await;
+    let released = server_record_comes_to(&rig, &key, |r| r.is_none()).await;
     assert!(
         released,
         "a claim whose caller was gone stayed PENDING until its lease expired"
@@ -435,11 +424,7 @@ pub async fn claim_reply_lost_blocks_until_lease_expiry(rig: Rig) {
         let (store, key) = (Arc::clone(&rig.store), key.clone());
         tokio::spawn(async move { store.claim(&key, &fp("a"), SHORT_TTL).await })
     };
-    let claimed = eventually(|| {
-        let (direct, key) = (Arc::clone(&rig.direct), key.clone());
-        async move { direct.get(&key).await.is_ok_and(|r| r.is_some()) }
-    })
-    .await;
+    let claimed = server_record_comes_to(&rig, &key, |r| r.is_some()).await;
     assert!(claimed, "the stalled claim never reached the server");
     assert!(rig.proxy.cut().await >= 1);
     rig.proxy.heal();
