@@ -42,6 +42,8 @@ fn pair() -> (Server, Server) {
     let replica = Server::replica_of(temp_root(), master.port);
     master.wait_replication("connected_slaves", "1");
     replica.wait_replication("master_link_status", "up");
+    // `WaitReplicas::Auto` counts the replicas `ROLE` lists: online ones.
+    master.wait_replica_online();
     (master, replica)
 }
 

@@ -290,6 +290,17 @@ impl Server {
         });
     }
 
+    /// Waits until this master counts its first replica online
+    /// (`slave0:…,state=online`): only then does `ROLE` list it. A replica
+    /// reports its link up a moment earlier, while the master still has it
+    /// syncing.
+    pub fn wait_replica_online(&self) {
+        wait_until("slave0 state=online", Duration::from_secs(20), || {
+            self.replication("slave0")
+                .is_some_and(|v| v.split(',').any(|f| f == "state=online"))
+        });
+    }
+
     /// Summed `calls` of the given commands in `INFO commandstats`.
     pub fn calls(&self, commands: &[&str]) -> u64 {
         self.calls_where(|name| commands.contains(&name))
