@@ -225,11 +225,16 @@ NGX
 }
 
 # ---------------------------------------------------------------- part 2
-held() { # label url mode
+held() { # label url mode [extra header]
   "$LOADGEN" --url "$2" --rate "$HELD_RATE" --duration "$HELD_DURATION" \
     --warmup "$HELD_WARMUP" --connections "$HELD_CONNS" --mode "$3" --label "$1" \
-    --header 'Authorization: Bearer bench-tenant' --format kv | tee -a "$WORK/held"
+    --header 'Authorization: Bearer bench-tenant' ${4:+--header "$4"} --format kv | tee -a "$WORK/held"
 }
+
+# What the gateway asks of its upstream (reqwest offers the encodings it
+# decodes). The direct row asks the same, so the simulator compresses in
+# both rows and "added" counts the gateway's work, not the upstream's.
+UPSTREAM_ACCEPT='Accept-Encoding: gzip,deflate,br'
 
 field() { # label key
   awk -v l="label=$1" -v k="$2" '$1 == l { for (i = 1; i <= NF; i++) { split($i, kv, "="); if (kv[1] == k) print kv[2] } }' "$WORK/held"
@@ -248,7 +253,7 @@ part_held() {
   fi
   echo "store: $STORE   held $HELD_RATE req/s for $HELD_DURATION (warm-up $HELD_WARMUP), upstream answers in ${SLOW_MS} ms"
   : >"$WORK/held"
-  held direct "http://127.0.0.1:$SIM/v1/chat/completions" fresh
+  held direct "http://127.0.0.1:$SIM/v1/chat/completions" fresh "$UPSTREAM_ACCEPT"
   held idemgate-fresh "http://127.0.0.1:$GW_SLOW/v1/chat/completions" fresh
   held idemgate-replay "http://127.0.0.1:$GW_SLOW/v1/chat/completions" replay
   if [ "$IPX_ON" = 1 ]; then

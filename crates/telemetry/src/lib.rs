@@ -40,6 +40,7 @@
 //! exporter's default summaries: summaries cannot be aggregated across
 //! gateway replicas.
 
+mod counters;
 pub mod logging;
 pub mod names;
 #[cfg(feature = "otlp")]
@@ -54,6 +55,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
+use counters::Counters;
 use metrics::Label;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
@@ -129,6 +131,8 @@ struct Inner {
     keys: Mutex<KeyCounts>,
     recent: Mutex<RecentKeys>,
     totals: Totals,
+    /// The counters of requests counted without a route.
+    unrouted: Counters,
 }
 
 /// Process totals, mirrored from the counters so a dashboard can read them
@@ -212,6 +216,7 @@ impl Telemetry {
                 keys: Mutex::new(KeyCounts::new(KEY_WINDOW, 200_000, now)),
                 recent: Mutex::new(RecentKeys::new(RECENT_KEYS)),
                 totals: Totals::default(),
+                unrouted: Counters::default(),
             }),
         }
     }
@@ -226,50 +231,49 @@ impl Telemetry {
     /// Registers the route's counters at zero, so `rate()` and the shipped
     /// alerts see every series from the first scrape on.
     pub fn route(&self, route: impl Into<String>) -> RouteTelemetry {
-        let r = RouteTelemetry {
-            telemetry: self.clone(),
-            route: Arc::from(route.into()),
-        };
-        let labels = r.labels();
-        for name in [
-            names::HIT,
-            names::INFLIGHT_CONFLICT,
-            names::FENCED,
-            names::TOKENS_SAVED,
-            names::STREAM_EVENTS_LOST,
+        let route: Arc<str> = Arc::from(route.into());
+        let counters = Counters::new(vec![Label::new("route", route.to_string())]);
+        for counter in [
+            counters.hit(),
+            counters.conflict(),
+            counters.fenced(),
+            counters.tokens_saved(),
+            counters.events_lost(),
         ] {
-            metrics::counter!(name, labels.clone()).increment(0);
+            counter.increment(0);
         }
         // The outcomes the shipped rules divide by or alert on; the others
         // appear with their first request.
         for o in [Outcome::Executed, Outcome::Replayed, Outcome::Failed] {
-            let mut l = labels.clone();
-            l.push(Label::new("outcome", o.as_str()));
-            metrics::counter!(names::REQUESTS, l).increment(0);
+            counters.request(o).increment(0);
         }
-        r
+        RouteTelemetry {
+            telemetry: self.clone(),
+            route,
+            counters: Arc::new(counters),
+        }
     }
 
     /// Counts one request and its outcome. `key_id` identifies the scoped
     /// key (a hash; never exported) for the requests-per-key distribution.
     pub fn request(&self, outcome: Outcome, key_id: Option<u64>) {
-        self.count_request(Vec::new(), outcome, key_id);
+        self.count_request(&self.inner.unrouted, outcome, key_id);
     }
 
     /// Counts a request that met a PENDING key (whatever happened next).
     pub fn inflight_conflict(&self) {
-        self.count_conflict(Vec::new());
+        self.count_conflict(&self.inner.unrouted);
     }
 
     /// Adds the tokens a replay did not pay for (from the stored `usage`).
     pub fn tokens_saved(&self, tokens: u64) {
-        self.count_tokens(Vec::new(), tokens);
+        self.count_tokens(&self.inner.unrouted, tokens);
     }
 
     /// Counts stream events that were relayed but are lost with their
     /// broken stream (not stored: a retry runs again).
     pub fn stream_events_lost(&self, events: u64) {
-        self.count_events_lost(Vec::new(), events);
+        self.count_events_lost(&self.inner.unrouted, events);
     }
 
     /// The counter of replays answered from memory
@@ -285,21 +289,19 @@ impl Telemetry {
         metrics::counter!(names::SEAL_FAILURES, "reason" => reason).increment(1);
     }
 
-    fn count_request(&self, labels: Vec<Label>, outcome: Outcome, key_id: Option<u64>) {
+    fn count_request(&self, counters: &Counters, outcome: Outcome, key_id: Option<u64>) {
         let totals = &self.inner.totals;
         if let Some(c) = totals.by_outcome.get(outcome.index()) {
             c.fetch_add(1, Ordering::Relaxed);
         }
         if outcome.is_hit() {
             totals.hits.fetch_add(1, Ordering::Relaxed);
-            metrics::counter!(names::HIT, labels.clone()).increment(1);
+            counters.hit().increment(1);
         }
         if outcome == Outcome::Fenced {
-            metrics::counter!(names::FENCED, labels.clone()).increment(1);
+            counters.fenced().increment(1);
         }
-        let mut labels = labels;
-        labels.push(Label::new("outcome", outcome.as_str()));
-        metrics::counter!(names::REQUESTS, labels).increment(1);
+        counters.request(outcome).increment(1);
         let now = Instant::now();
         // The ratio is over requests idempotency protects: an unkeyed
         // request on an optional route is neither a hit nor a miss.
@@ -324,25 +326,25 @@ impl Telemetry {
         }
     }
 
-    fn count_conflict(&self, labels: Vec<Label>) {
+    fn count_conflict(&self, counters: &Counters) {
         self.inner.totals.conflicts.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!(names::INFLIGHT_CONFLICT, labels).increment(1);
+        counters.conflict().increment(1);
     }
 
-    fn count_tokens(&self, labels: Vec<Label>, tokens: u64) {
+    fn count_tokens(&self, counters: &Counters, tokens: u64) {
         self.inner
             .totals
             .tokens_saved
             .fetch_add(tokens, Ordering::Relaxed);
-        metrics::counter!(names::TOKENS_SAVED, labels).increment(tokens);
+        counters.tokens_saved().increment(tokens);
     }
 
-    fn count_events_lost(&self, labels: Vec<Label>, events: u64) {
+    fn count_events_lost(&self, counters: &Counters, events: u64) {
         self.inner
             .totals
             .events_lost
             .fetch_add(events, Ordering::Relaxed);
-        metrics::counter!(names::STREAM_EVENTS_LOST, labels).increment(events);
+        counters.events_lost().increment(events);
     }
 
     /// The figures a dashboard shows, read now.

@@ -9,6 +9,7 @@ use idemgate_engine::ScopedKey;
 use idemgate_engine::record::now_ms;
 use metrics::Label;
 
+use crate::counters::Counters;
 use crate::{Outcome, Telemetry, key_id, names};
 
 /// [`Telemetry`] for one route: everything it records carries
@@ -18,11 +19,13 @@ use crate::{Outcome, Telemetry, key_id, names};
 pub struct RouteTelemetry {
     pub(crate) telemetry: Telemetry,
     pub(crate) route: Arc<str>,
+    /// The route's per-request counters, resolved once.
+    pub(crate) counters: Arc<Counters>,
 }
 
 impl RouteTelemetry {
     pub(crate) fn labels(&self) -> Vec<Label> {
-        vec![Label::new("route", self.route.to_string())]
+        self.counters.labels().to_vec()
     }
 
     /// The route label.
@@ -32,12 +35,13 @@ impl RouteTelemetry {
 
     /// As [`Telemetry::request`].
     pub fn request(&self, outcome: Outcome, key_id: Option<u64>) {
-        self.telemetry.count_request(self.labels(), outcome, key_id);
+        self.telemetry
+            .count_request(&self.counters, outcome, key_id);
     }
 
     /// As [`Telemetry::inflight_conflict`].
     pub fn inflight_conflict(&self) {
-        self.telemetry.count_conflict(self.labels());
+        self.telemetry.count_conflict(&self.counters);
     }
 
     /// A request with `key` that ended with `outcome`: counted as
@@ -67,12 +71,12 @@ impl RouteTelemetry {
 
     /// As [`Telemetry::tokens_saved`].
     pub fn tokens_saved(&self, tokens: u64) {
-        self.telemetry.count_tokens(self.labels(), tokens);
+        self.telemetry.count_tokens(&self.counters, tokens);
     }
 
     /// As [`Telemetry::stream_events_lost`].
     pub fn stream_events_lost(&self, events: u64) {
-        self.telemetry.count_events_lost(self.labels(), events);
+        self.telemetry.count_events_lost(&self.counters, events);
     }
 
     /// Counts a completion write that failed with a temporary store error

@@ -4,13 +4,14 @@
 //! (including one written outside this workspace) reports the same
 //! metrics, and a backend stays free of metrics code.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use idemgate_engine::{
     Attempt, BoxFuture, Claim, Fenced, Fingerprint, Lease, Record, ScopedKey, Store, StoreError,
 };
+use metrics::Histogram;
 
 use crate::names;
 
@@ -31,6 +32,9 @@ const OPS: [&str; 8] = [
 #[derive(Debug, Clone)]
 pub struct InstrumentedStore {
     inner: Arc<dyn Store>,
+    /// The timing histogram of each op in [`OPS`], looked up in the
+    /// recorder on its first use rather than on every call.
+    timings: Arc<[OnceLock<Histogram>; OPS.len()]>,
 }
 
 impl InstrumentedStore {
@@ -41,13 +45,25 @@ impl InstrumentedStore {
         for op in OPS {
             metrics::counter!(names::STORE_ERRORS, "backend" => backend, "op" => op).increment(0);
         }
-        Self { inner }
+        Self {
+            inner,
+            timings: Arc::default(),
+        }
     }
 
     fn observe<T>(&self, op: &'static str, started: Instant, r: &Result<T, StoreError>) {
         let backend = self.inner.backend();
-        metrics::histogram!(names::STORE_OPERATION, "backend" => backend, "op" => op)
-            .record(started.elapsed().as_secs_f64());
+        let elapsed = started.elapsed().as_secs_f64();
+        let cell = OPS
+            .iter()
+            .position(|o| *o == op)
+            .and_then(|i| self.timings.get(i));
+        let histogram =
+            || metrics::histogram!(names::STORE_OPERATION, "backend" => backend, "op" => op);
+        match cell {
+            Some(cell) => cell.get_or_init(histogram).record(elapsed),
+            None => histogram().record(elapsed),
+        }
         if r.is_err() {
             metrics::counter!(names::STORE_ERRORS, "backend" => backend, "op" => op).increment(1);
         }

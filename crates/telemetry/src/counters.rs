@@ -1,0 +1,87 @@
+//! [`Counters`]: the counters one label set (a route, or none) bumps on
+//! every request, each looked up in the recorder once.
+//!
+//! `metrics::counter!(name, labels)` builds the labels, hashes the key and
+//! searches the registry on every call: a few allocations and a lock per
+//! series per request, a few percent of a replay's CPU. The series of a
+//! route never change, so each is resolved on its first use and its handle
+//! kept. First use, not construction, so the exposition is as before: a
+//! series appears when it is first counted (or registered at zero), and a
+//! handle always belongs to the recorder installed by then.
+
+use std::sync::OnceLock;
+
+use metrics::{Counter, Label};
+
+use crate::{Outcome, names};
+
+/// Handles of the per-request counters of one label set.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    labels: Vec<Label>,
+    requests: [OnceLock<Counter>; Outcome::ALL.len()],
+    hit: OnceLock<Counter>,
+    fenced: OnceLock<Counter>,
+    conflict: OnceLock<Counter>,
+    tokens_saved: OnceLock<Counter>,
+    events_lost: OnceLock<Counter>,
+}
+
+impl Counters {
+    /// The counters labelled with `labels`.
+    pub(crate) fn new(labels: Vec<Label>) -> Self {
+        Self {
+            labels,
+            ..Self::default()
+        }
+    }
+
+    /// The label set every series here carries.
+    pub(crate) fn labels(&self) -> &[Label] {
+        &self.labels
+    }
+
+    fn handle(&self, cell: &OnceLock<Counter>, name: &'static str) -> Counter {
+        cell.get_or_init(|| metrics::counter!(name, self.labels.clone()))
+            .clone()
+    }
+
+    /// `idempotency_requests_total{…, outcome}`.
+    pub(crate) fn request(&self, outcome: Outcome) -> Counter {
+        let Some(cell) = self.requests.get(outcome.index()) else {
+            // Unreachable: every outcome has a slot.
+            return Counter::noop();
+        };
+        cell.get_or_init(|| {
+            let mut labels = self.labels.clone();
+            labels.push(Label::new("outcome", outcome.as_str()));
+            metrics::counter!(names::REQUESTS, labels)
+        })
+        .clone()
+    }
+
+    /// `idempotency_hit_total`.
+    pub(crate) fn hit(&self) -> Counter {
+        self.handle(&self.hit, names::HIT)
+    }
+
+    /// `idempotency_fenced_total`.
+    pub(crate) fn fenced(&self) -> Counter {
+        self.handle(&self.fenced, names::FENCED)
+    }
+
+    /// `idempotency_inflight_conflict_total`.
+    pub(crate) fn conflict(&self) -> Counter {
+        self.handle(&self.conflict, names::INFLIGHT_CONFLICT)
+    }
+
+    /// `idempotency_tokens_saved_total`.
+    pub(crate) fn tokens_saved(&self) -> Counter {
+        self.handle(&self.tokens_saved, names::TOKENS_SAVED)
+    }
+
+    /// `idempotency_stream_events_lost_total`.
+    pub(crate) fn events_lost(&self) -> Counter {
+        self.handle(&self.events_lost, names::STREAM_EVENTS_LOST)
+    }
+}
