@@ -209,7 +209,7 @@ fn init_logs(
                 // Each span field once: the current span's fields, not also
                 // the list of every enclosing span (`JsonLines`).
                 tracing_subscriber::fmt::layer()
-                    .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+                    .fmt_fields(idemgate_telemetry::logging::JsonSpanFields)
                     .event_format(idemgate_telemetry::logging::JsonLines)
                     .with_writer(stderr),
             )
