@@ -60,15 +60,9 @@ where
         let meta = event.metadata();
         w.write_str("{\"timestamp\":\"")?;
         SystemTime.format_time(&mut w)?;
-        write!(w, "\",\"level\":\"{}\",\"fields\":{{", meta.level())?;
-        let mut fields = JsonFieldWriter {
-            w: &mut w,
-            first: true,
-            result: Ok(()),
-        };
-        event.record(&mut fields);
-        fields.result?;
-        w.write_str("},\"target\":")?;
+        write!(w, "\",\"level\":\"{}\",\"fields\":", meta.level())?;
+        write_object(&mut w, event)?;
+        w.write_str(",\"target\":")?;
         write_json_str(&mut w, meta.target())?;
         if let Some(span) = ctx.parent_span() {
             w.write_str(",\"span\":{")?;
@@ -103,15 +97,7 @@ pub struct JsonSpanFields;
 
 impl<'writer> FormatFields<'writer> for JsonSpanFields {
     fn format_fields<R: RecordFields>(&self, mut w: Writer<'writer>, fields: R) -> fmt::Result {
-        w.write_char('{')?;
-        let mut members = JsonFieldWriter {
-            w: &mut w,
-            first: true,
-            result: Ok(()),
-        };
-        fields.record(&mut members);
-        members.result?;
-        w.write_char('}')
+        write_object(&mut w, fields)
     }
 
     /// Fields recorded after the span was made (`Span::record`): merged
@@ -137,6 +123,19 @@ impl<'writer> FormatFields<'writer> for JsonSpanFields {
         current.fields = serde_json::to_string(&merged).map_err(|_| fmt::Error)?;
         Ok(())
     }
+}
+
+/// Writes `fields` as one JSON object, each member as it is visited.
+fn write_object(w: &mut Writer<'_>, fields: impl RecordFields) -> fmt::Result {
+    w.write_char('{')?;
+    let mut members = JsonFieldWriter {
+        w,
+        first: true,
+        result: Ok(()),
+    };
+    fields.record(&mut members);
+    members.result?;
+    w.write_char('}')
 }
 
 /// Writes an event's fields as JSON members, as they are visited.
