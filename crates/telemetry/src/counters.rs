@@ -41,47 +41,43 @@ impl Counters {
         &self.labels
     }
 
-    fn handle(&self, cell: &OnceLock<Counter>, name: &'static str) -> Counter {
+    fn handle<'a>(&'a self, cell: &'a OnceLock<Counter>, name: &'static str) -> &'a Counter {
         cell.get_or_init(|| metrics::counter!(name, self.labels.clone()))
-            .clone()
     }
 
     /// `idempotency_requests_total{…, outcome}`.
-    pub(crate) fn request(&self, outcome: Outcome) -> Counter {
-        let Some(cell) = self.requests.get(outcome.index()) else {
-            // Unreachable: every outcome has a slot.
-            return Counter::noop();
-        };
-        cell.get_or_init(|| {
+    pub(crate) fn request(&self, outcome: Outcome) -> Option<&Counter> {
+        // `None` is unreachable: every outcome has a slot.
+        let cell = self.requests.get(outcome.index())?;
+        Some(cell.get_or_init(|| {
             let mut labels = self.labels.clone();
             labels.push(Label::new("outcome", outcome.as_str()));
             metrics::counter!(names::REQUESTS, labels)
-        })
-        .clone()
+        }))
     }
 
     /// `idempotency_hit_total`.
-    pub(crate) fn hit(&self) -> Counter {
+    pub(crate) fn hit(&self) -> &Counter {
         self.handle(&self.hit, names::HIT)
     }
 
     /// `idempotency_fenced_total`.
-    pub(crate) fn fenced(&self) -> Counter {
+    pub(crate) fn fenced(&self) -> &Counter {
         self.handle(&self.fenced, names::FENCED)
     }
 
     /// `idempotency_inflight_conflict_total`.
-    pub(crate) fn conflict(&self) -> Counter {
+    pub(crate) fn conflict(&self) -> &Counter {
         self.handle(&self.conflict, names::INFLIGHT_CONFLICT)
     }
 
     /// `idempotency_tokens_saved_total`.
-    pub(crate) fn tokens_saved(&self) -> Counter {
+    pub(crate) fn tokens_saved(&self) -> &Counter {
         self.handle(&self.tokens_saved, names::TOKENS_SAVED)
     }
 
     /// `idempotency_stream_events_lost_total`.
-    pub(crate) fn events_lost(&self) -> Counter {
+    pub(crate) fn events_lost(&self) -> &Counter {
         self.handle(&self.events_lost, names::STREAM_EVENTS_LOST)
     }
 }

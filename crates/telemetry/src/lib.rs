@@ -245,7 +245,9 @@ impl Telemetry {
         // The outcomes the shipped rules divide by or alert on; the others
         // appear with their first request.
         for o in [Outcome::Executed, Outcome::Replayed, Outcome::Failed] {
-            counters.request(o).increment(0);
+            if let Some(c) = counters.request(o) {
+                c.increment(0);
+            }
         }
         RouteTelemetry {
             telemetry: self.clone(),
@@ -301,7 +303,9 @@ impl Telemetry {
         if outcome == Outcome::Fenced {
             counters.fenced().increment(1);
         }
-        counters.request(outcome).increment(1);
+        if let Some(c) = counters.request(outcome) {
+            c.increment(1);
+        }
         let now = Instant::now();
         // The ratio is over requests idempotency protects: an unkeyed
         // request on an optional route is neither a hit nor a miss.
