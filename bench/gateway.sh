@@ -16,11 +16,18 @@
 #   idempotent-proxy-server, as above
 # "Added" is idemgate minus direct at the same percentile and rate.
 #
+# Part 3, stream pacing (bench/stream_gaps.py with the official openai client
+# from .venv, skipped without it, and with a plain socket): STREAMS streams
+# one after the other on one kept-alive client, a token every TOKEN_MS ms,
+# direct and through idemgate; the gaps between chunks should stay at
+# TOKEN_MS.
+#
 # Usage: bench/gateway.sh [STORE_URL]   (default: sqlite in a temp dir)
 # Env: DURATION (8s) CONNS (16) THREADS (1) PORT_BASE (18091)
 #      HELD_RATE (5000) HELD_DURATION (30s) HELD_WARMUP (5s)
 #      HELD_CONNS (512) SLOW_MS (20)
-#      PARTS ("wrk held": the parts to run)
+#      STREAMS (50) TOKEN_MS (10)
+#      PARTS ("wrk held stream": the parts to run)
 #      BENCH_BIN, BENCH_LOADGEN, BENCH_SIM (prebuilt binaries; default:
 #        build the release binaries of this tree)
 #      IPX_BIN (idempotent-proxy-server; default: found on PATH or in
@@ -30,13 +37,15 @@ cd "$(dirname "$0")/.."
 DURATION=${DURATION:-8s}; CONNS=${CONNS:-16}; THREADS=${THREADS:-1}
 HELD_RATE=${HELD_RATE:-5000}; HELD_DURATION=${HELD_DURATION:-30s}
 HELD_WARMUP=${HELD_WARMUP:-5s}; HELD_CONNS=${HELD_CONNS:-512}; SLOW_MS=${SLOW_MS:-20}
-PARTS=${PARTS:-wrk held}
+PARTS=${PARTS:-wrk held stream}
+STREAMS=${STREAMS:-50}; TOKEN_MS=${TOKEN_MS:-10}
 WORK=$(mktemp -d)
 STORE=${1:-sqlite:$WORK/bench.db}
 PORT_BASE=${PORT_BASE:-18091}
 UP=$PORT_BASE; PROXY=$((PORT_BASE + 1)); GW=$((PORT_BASE + 2)); ADMIN=$((PORT_BASE + 3))
 SIM=$((PORT_BASE + 4)); GW_SLOW=$((PORT_BASE + 5)); ADMIN_SLOW=$((PORT_BASE + 6))
 IPX=$((PORT_BASE + 7)); IPX_SLOW=$((PORT_BASE + 8))
+SIM_STREAM=$((PORT_BASE + 9)); GW_STREAM=$((PORT_BASE + 10)); ADMIN_STREAM=$((PORT_BASE + 11))
 TARGET=${CARGO_TARGET_DIR:-$(cargo metadata --format-version 1 --no-deps \
   | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')}
 if [ -z "${BENCH_BIN:-}" ] || [ -z "${BENCH_LOADGEN:-}" ] || [ -z "${BENCH_SIM:-}" ]; then
@@ -281,11 +290,35 @@ part_held() {
   echo
 }
 
+# ---------------------------------------------------------------- part 3
+part_stream() {
+  local py=.venv/bin/python
+  if ! "$py" -c 'import openai' 2>/dev/null; then
+    echo "stream part skipped: no .venv with the openai client (run scripts/setup.sh)" >&2
+    return 0
+  fi
+  "$SIMBIN" --listen "127.0.0.1:$SIM_STREAM" --first-token-ms 20 --token-interval-ms "$TOKEN_MS" \
+    >"$WORK/sim-stream.log" 2>&1 &
+  PIDS+=($!)
+  wait_http "http://127.0.0.1:$SIM_STREAM/" "$WORK/sim-stream.log"
+  local store=$STORE
+  case "$store" in sqlite:*) store="sqlite:$WORK/stream.db" ;; esac
+  start_gateway "http://127.0.0.1:$SIM_STREAM" "$GW_STREAM" "$ADMIN_STREAM" "$store" "$WORK/gw-stream.log"
+  echo "store: $STORE   $STREAMS streams one after the other on one kept-alive client, a token every ${TOKEN_MS} ms"
+  local client
+  for client in openai socket; do
+    "$py" bench/stream_gaps.py direct "http://127.0.0.1:$SIM_STREAM" "$STREAMS" "$client"
+    "$py" bench/stream_gaps.py idemgate "http://127.0.0.1:$GW_STREAM" "$STREAMS" "$client"
+  done
+  echo
+}
+
 for part in $PARTS; do
   case "$part" in
     wrk) part_wrk ;;
     held) part_held ;;
-    *) echo "unknown part $part (use wrk, held)" >&2; exit 2 ;;
+    stream) part_stream ;;
+    *) echo "unknown part $part (use wrk, held, stream)" >&2; exit 2 ;;
   esac
 done
 [ "$IPX_ON" = 1 ] && ipx_cleanup

@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
+use axum::serve::ListenerExt;
 use http::{Request, Response};
 use idemgate_check::{Finding, Severity};
 use idemgate_engine::{AggregatingStore, CachedStore, Engine, OnInflight, Policy, Store};
@@ -262,12 +263,12 @@ async fn run(
         "gateway started"
     );
     let mut main_task = tokio::spawn(
-        axum::serve(listener, app)
+        axum::serve(listener.tap_io(no_delay), app)
             .with_graceful_shutdown(stopped(stop_rx.clone()))
             .into_future(),
     );
     let mut admin_task = tokio::spawn(
-        axum::serve(admin, admin_app)
+        axum::serve(admin.tap_io(no_delay), admin_app)
             .with_graceful_shutdown(stopped(stop_rx))
             .into_future(),
     );
@@ -334,6 +335,16 @@ async fn run(
     match failure {
         Some(e) => Err(e),
         None => Ok(()),
+    }
+}
+
+/// Sets TCP_NODELAY on an accepted connection. Without it, a response
+/// written in parts (a stream's head, then each event) waits on Nagle's
+/// algorithm for the client's delayed ACK on a kept-alive connection:
+/// about 40 ms per streamed answer on Linux.
+fn no_delay(tcp: &mut tokio::net::TcpStream) {
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!(error = %e, "cannot set TCP_NODELAY on an accepted connection");
     }
 }
 

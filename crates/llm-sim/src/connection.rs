@@ -2,7 +2,7 @@
 //! without answering: the `close` fault, a provider (or a proxy before it)
 //! that drops the connection after reading the request. HTTP handlers
 //! cannot do that through a response, so the server hands each request a
-//! duplicate of its socket.
+//! duplicate of its socket. Every accepted socket also gets TCP_NODELAY.
 
 use std::net::Shutdown;
 use std::sync::Arc;
@@ -17,6 +17,10 @@ pub(crate) struct Connection(Option<Arc<std::net::TcpStream>>);
 
 impl Connected<IncomingStream<'_, TcpListener>> for Connection {
     fn connect_info(stream: IncomingStream<'_, TcpListener>) -> Self {
+        // As providers' front ends do: without TCP_NODELAY, each streamed
+        // event after the first waits on Nagle's algorithm for the reader's
+        // delayed ACK (about 40 ms on Linux) on a kept-alive connection.
+        let _ = stream.io().set_nodelay(true);
         Self(duplicate(stream.io()).map(Arc::new))
     }
 }
