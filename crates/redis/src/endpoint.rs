@@ -18,7 +18,8 @@
 use std::fmt;
 
 use redis::cluster::ClusterClientBuilder;
-use redis::{ErrorKind, RedisError};
+use redis::io::tcp::TcpSettings;
+use redis::{ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError};
 
 /// The query parameter naming a PEM file of trusted certificate
 /// authorities for `rediss://` (replacing the system's roots).
@@ -156,20 +157,30 @@ impl Endpoint {
     /// The driver's: a malformed URL or certificate file.
     pub fn node_client(&self) -> Result<redis::Client, RedisError> {
         let url = self.urls.first().map_or("", String::as_str);
+        let info = url.into_connection_info()?.set_tcp_settings(tcp_settings());
         match &self.ca {
-            None => redis::Client::open(url),
-            Some(pem) => with_ca_node(url, pem),
+            None => redis::Client::open(info),
+            Some(pem) => with_ca_node(info, pem),
         }
     }
 
     /// A builder of a cluster client over the nodes the URL names.
     pub fn cluster_builder(&self) -> ClusterClientBuilder {
-        let builder = redis::cluster::ClusterClient::builder(self.urls.clone());
+        let builder =
+            redis::cluster::ClusterClient::builder(self.urls.clone()).tcp_settings(tcp_settings());
         match &self.ca {
             None => builder,
             Some(pem) => with_ca_cluster(builder, pem),
         }
     }
+}
+
+/// The driver leaves Nagle's algorithm on. Its multiplexed connection
+/// writes each command as it comes, so with Nagle a command sent while an
+/// earlier one awaits its answer waits for that answer's ACK before it
+/// leaves: concurrent requests' store calls go one round trip at a time.
+fn tcp_settings() -> TcpSettings {
+    TcpSettings::default().set_nodelay(true)
 }
 
 /// The `tls_ca` file's text: one or more PEM certificates.
@@ -216,8 +227,8 @@ fn certificates(pem: &[u8]) -> redis::TlsCertificates {
 }
 
 #[cfg(feature = "tls")]
-fn with_ca_node(url: &str, pem: &[u8]) -> Result<redis::Client, RedisError> {
-    redis::Client::build_with_tls(url, certificates(pem))
+fn with_ca_node(info: ConnectionInfo, pem: &[u8]) -> Result<redis::Client, RedisError> {
+    redis::Client::build_with_tls(info, certificates(pem))
 }
 
 #[cfg(feature = "tls")]
@@ -228,8 +239,8 @@ fn with_ca_cluster(builder: ClusterClientBuilder, pem: &[u8]) -> ClusterClientBu
 // Unreachable without TLS (`parse` refuses TLS URLs then); kept so the
 // callers need no `cfg`.
 #[cfg(not(feature = "tls"))]
-fn with_ca_node(url: &str, _pem: &[u8]) -> Result<redis::Client, RedisError> {
-    redis::Client::open(url)
+fn with_ca_node(info: ConnectionInfo, _pem: &[u8]) -> Result<redis::Client, RedisError> {
+    redis::Client::open(info)
 }
 
 #[cfg(not(feature = "tls"))]

@@ -67,3 +67,21 @@ fn tls_ca_mistakes_are_named_without_the_password() {
     let e = Endpoint::parse("redis+cluster://:s3cr3t-pw@a:1,b:2").expect("parses");
     assert!(!format!("{e:?}").contains("s3cr3t-pw"));
 }
+
+#[test]
+fn node_clients_turn_nagle_off() {
+    // redis 1.x leaves Nagle on: a command written while another awaits
+    // its answer would wait for that answer's ACK.
+    for url in [
+        "redis://127.0.0.1:6379/0",
+        "redis://:pw@127.0.0.1:6379/?protocol=resp3",
+    ] {
+        let client = Endpoint::parse(url)
+            .and_then(|e| e.node_client())
+            .expect("a valid URL makes a client");
+        assert!(
+            client.get_connection_info().tcp_settings().nodelay(),
+            "{url}"
+        );
+    }
+}
