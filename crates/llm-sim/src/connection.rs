@@ -17,9 +17,10 @@ pub(crate) struct Connection(Option<Arc<std::net::TcpStream>>);
 
 impl Connected<IncomingStream<'_, TcpListener>> for Connection {
     fn connect_info(stream: IncomingStream<'_, TcpListener>) -> Self {
-        // As providers' front ends do: without TCP_NODELAY, each streamed
-        // event after the first waits on Nagle's algorithm for the reader's
-        // delayed ACK (about 40 ms on Linux) on a kept-alive connection.
+        // As providers' front ends do: without TCP_NODELAY, an event written
+        // after the response's head waits on Nagle's algorithm for the
+        // reader's delayed ACK (about 40 ms on Linux) on a kept-alive
+        // connection.
         let _ = stream.io().set_nodelay(true);
         Self(duplicate(stream.io()).map(Arc::new))
     }

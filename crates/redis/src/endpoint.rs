@@ -178,7 +178,8 @@ impl Endpoint {
 /// The driver leaves Nagle's algorithm on. Its multiplexed connection
 /// writes each command as it comes, so with Nagle a command sent while an
 /// earlier one awaits its answer waits for that answer's ACK before it
-/// leaves: concurrent requests' store calls go one round trip at a time.
+/// leaves: concurrent requests' commands leave in batches, one per round
+/// trip.
 fn tcp_settings() -> TcpSettings {
     TcpSettings::default().set_nodelay(true)
 }
