@@ -1,4 +1,4 @@
-"""Token pacing of streamed answers, as the official openai client sees it.
+"""Token pacing of streamed answers, as a kept-alive client sees it.
 
 Sends STREAMS streamed chat completions one after the other on one client
 (so on one kept-alive connection, as an application does), each with a new
@@ -80,8 +80,11 @@ def quantile(sorted_values, q):
 
 
 def main():
+    readers = {"openai": openai_streams, "socket": socket_streams}
+    if len(sys.argv) != 5 or not sys.argv[3].isdigit() or sys.argv[4] not in readers:
+        sys.exit("usage: stream_gaps.py LABEL BASE_URL STREAMS openai|socket")
     label, base, streams, client = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-    runs = {"openai": openai_streams, "socket": socket_streams}[client](base, streams)
+    runs = readers[client](base, streams)
     ttfts, gaps, worst = [], [], []
     for sent, arrivals in runs:
         if not arrivals:
