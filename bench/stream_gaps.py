@@ -50,7 +50,8 @@ def openai_streams(base, streams):
 def socket_streams(base, streams):
     """Yields each stream's read times, from one kept-alive socket."""
     url = urlsplit(base)
-    sock = socket.create_connection((url.hostname, url.port or 80))
+    # An answer that is not a stream (an error) would never show [DONE].
+    sock = socket.create_connection((url.hostname, url.port or 80), timeout=30)
     body = json.dumps({"model": "sim-1", "stream": True, "messages": MESSAGES}).encode()
     try:
         for _ in range(streams):
