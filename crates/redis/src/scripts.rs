@@ -14,15 +14,31 @@
 use redis::Script;
 
 /// Shared helpers prepended to the scripts that append to a timeline.
+///
 /// `push(key, entry, max, ttl)`: append, keep the newest `max`, and make the
-/// list live at least `ttl` ms.
+/// list live at least `ttl` ms. `keep(key, n, created, max, ttl)` is its
+/// second half: `n` is the list's length after the append, `created` whether
+/// the append made the list.
+///
+/// Each `redis.call` costs the server 1 to 2 µs (a script of the claim's
+/// six calls takes about 10 µs of server time, an empty one 1.3), so the
+/// common cases skip the calls that would change nothing: a list no longer
+/// than `max` is not trimmed, and a list the append just created (its
+/// length is what was appended, and it has no TTL yet) gets its TTL
+/// without asking for the old one. A first execution's complete makes 6
+/// calls rather than 8.
 const PUSH: &str = r"
-local function push(key, entry, max, ttl)
-  redis.call('RPUSH', key, entry)
-  redis.call('LTRIM', key, -tonumber(max), -1)
-  if redis.call('PTTL', key) < tonumber(ttl) then
+local function keep(key, n, created, max, ttl)
+  max = tonumber(max)
+  if n > max then redis.call('LTRIM', key, -max, -1) end
+  ttl = tonumber(ttl)
+  if created or redis.call('PTTL', key) < ttl then
     redis.call('PEXPIRE', key, ttl)
   end
+end
+local function push(key, entry, max, ttl)
+  local n = redis.call('RPUSH', key, entry)
+  keep(key, n, n == 1, max, ttl)
 end
 local function now_ms()
   local t = redis.call('TIME')
@@ -153,13 +169,11 @@ return 1
 /// Timeline append of several entries of one key (the background writer).
 /// KEYS: timeline. ARGV: max, ttl ms, entry JSON…
 const RECORD_MANY: &str = r"
+local n = 0
 for i = 3, #ARGV do
-  redis.call('RPUSH', KEYS[1], ARGV[i])
+  n = redis.call('RPUSH', KEYS[1], ARGV[i])
 end
-redis.call('LTRIM', KEYS[1], -tonumber(ARGV[1]), -1)
-if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
+keep(KEYS[1], n, n == #ARGV - 2, ARGV[1], ARGV[2])
 return 1
 ";
 
@@ -191,7 +205,7 @@ impl Scripts {
             release: with_helpers(RELEASE),
             forget: with_helpers(FORGET),
             record: with_helpers(RECORD),
-            record_many: Script::new(RECORD_MANY),
+            record_many: with_helpers(RECORD_MANY),
         }
     }
 }

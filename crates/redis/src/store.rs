@@ -167,18 +167,34 @@ impl RedisStore {
 /// another component keeps next to it, such as its live event stream) is
 /// named `<prefix>:<tag>:<suffix>`, so all land in one cluster slot whatever
 /// the user text.
+///
+/// Built without formatting or an intermediate string: it is computed on
+/// every store operation.
 pub fn hash_tag(key: &ScopedKey) -> String {
-    let digest = Sha256::digest(key.storage_id().as_bytes());
-    format!("{{{}}}", hex::encode(&digest[..16]))
+    let mut hasher = Sha256::new();
+    key.write_storage_id(|part| hasher.update(part.as_bytes()));
+    let hex = hex::encode(&hasher.finalize()[..16]);
+    let mut tag = String::with_capacity(hex.len() + 2);
+    tag.push('{');
+    tag.push_str(&hex);
+    tag.push('}');
+    tag
 }
 
 /// The keys of `key`'s record, all under one hash tag.
 fn record_keys(prefix: &str, key: &ScopedKey) -> Keys {
     let tag = hash_tag(key);
+    let name = |suffix: &str| {
+        let mut name = String::with_capacity(prefix.len() + tag.len() + suffix.len() + 2);
+        for part in [prefix, ":", &tag, ":", suffix] {
+            name.push_str(part);
+        }
+        name
+    };
     Keys {
-        rec: format!("{prefix}:{tag}:rec"),
-        tl: format!("{prefix}:{tag}:tl"),
-        fence: format!("{prefix}:{tag}:fence"),
+        rec: name("rec"),
+        tl: name("tl"),
+        fence: name("fence"),
     }
 }
 
