@@ -14,7 +14,9 @@
 #   direct   loadgen -> simulator
 #   idemgate loadgen -> idemgate -> simulator (fresh keys, then replays)
 #   idempotent-proxy-server, as above
-# "Added" is idemgate minus direct at the same percentile and rate.
+# Every row asks the simulator for uncompressed answers (see UPSTREAM_PLAIN).
+# "Added" is idemgate minus direct at the same percentile and rate; each
+# proxy row also reports the proxy's and the store's CPU per request.
 #
 # Part 3, stream pacing (bench/stream_gaps.py with the official openai client
 # from .venv, skipped without it, and with a plain socket): STREAMS streams
@@ -234,16 +236,37 @@ NGX
 }
 
 # ---------------------------------------------------------------- part 2
-held() { # label url mode [extra header]
-  "$LOADGEN" --url "$2" --rate "$HELD_RATE" --duration "$HELD_DURATION" \
-    --warmup "$HELD_WARMUP" --connections "$HELD_CONNS" --mode "$3" --label "$1" \
-    --header 'Authorization: Bearer bench-tenant' ${4:+--header "$4"} --format kv | tee -a "$WORK/held"
+seconds() { # 30s, 500ms, 2m -> seconds
+  awk -v d="$1" 'BEGIN { n = d + 0; if (d ~ /ms$/) n /= 1000; else if (d ~ /m$/) n *= 60; print n }'
 }
 
-# What the gateway asks of its upstream (reqwest offers the encodings it
-# decodes). The direct row asks the same, so the simulator compresses in
-# both rows and "added" counts the gateway's work, not the upstream's.
-UPSTREAM_ACCEPT='Accept-Encoding: gzip,deflate,br'
+held() { # label url mode extra-header [pid...]: the pids' CPU is charged per request
+  local label=$1 url=$2 mode=$3 header=$4 out t0 t1 s0 s1 sent
+  shift 4
+  # shellcheck disable=SC2046 # one word per pid
+  s0=$(cpu_ticks $(store_pids)); t0=$(cpu_ticks "$@")
+  out=$("$LOADGEN" --url "$url" --rate "$HELD_RATE" --duration "$HELD_DURATION" \
+    --warmup "$HELD_WARMUP" --connections "$HELD_CONNS" --mode "$mode" --label "$label" \
+    --header 'Authorization: Bearer bench-tenant' --header "$header" --format kv)
+  # shellcheck disable=SC2046
+  t1=$(cpu_ticks "$@"); s1=$(cpu_ticks $(store_pids))
+  # Requests sent over the warm-up and the measured window alike.
+  sent=$(awk -v r="$HELD_RATE" -v a="$(seconds "$HELD_WARMUP")" -v b="$(seconds "$HELD_DURATION")" \
+    'BEGIN { printf "%d", r * (a + b) }')
+  [ $# -gt 0 ] && out="$out cpu_us=$(us_per_req "$t0" "$t1" "$sent") store_cpu_us=$(us_per_req "$s0" "$s1" "$sent")"
+  echo "$out" | tee -a "$WORK/held"
+}
+
+# Every held row tells the simulator to answer uncompressed (the gateway
+# forwards the header). The gateway offers gzip, deflate and brotli
+# upstream, and the simulator picks brotli; a provider compresses on its
+# own machines, but the simulator does it on the cores the gateway, the
+# store and the generator share. At 2,000 req/s that doubled the
+# simulator's CPU, about 0.3 of a core, and the rows that made it compress
+# queued behind it: the direct row runs alone, so it suffered less, and
+# idempotent-proxy-server's requests never asked for compression. With
+# every row uncompressed, "added" is the proxy's work.
+UPSTREAM_PLAIN='X-Sim-Encoding: identity'
 
 field() { # label key
   awk -v l="label=$1" -v k="$2" '$1 == l { for (i = 1; i <= NF; i++) { split($i, kv, "="); if (kv[1] == k) print kv[2] } }' "$WORK/held"
@@ -262,20 +285,24 @@ part_held() {
   fi
   echo "store: $STORE   held $HELD_RATE req/s for $HELD_DURATION (warm-up $HELD_WARMUP), upstream answers in ${SLOW_MS} ms"
   : >"$WORK/held"
-  held direct "http://127.0.0.1:$SIM/v1/chat/completions" fresh "$UPSTREAM_ACCEPT"
-  held idemgate-fresh "http://127.0.0.1:$GW_SLOW/v1/chat/completions" fresh
-  held idemgate-replay "http://127.0.0.1:$GW_SLOW/v1/chat/completions" replay
+  held direct "http://127.0.0.1:$SIM/v1/chat/completions" fresh "$UPSTREAM_PLAIN"
+  held idemgate-fresh "http://127.0.0.1:$GW_SLOW/v1/chat/completions" fresh "$UPSTREAM_PLAIN" "$GW_PID"
+  held idemgate-replay "http://127.0.0.1:$GW_SLOW/v1/chat/completions" replay "$UPSTREAM_PLAIN" "$GW_PID"
   if [ "$IPX_ON" = 1 ]; then
-    held idempotent-proxy-fresh "http://127.0.0.1:$IPX_SLOW/URL_BENCH" fresh
+    held idempotent-proxy-fresh "http://127.0.0.1:$IPX_SLOW/URL_BENCH" fresh "$UPSTREAM_PLAIN" "$IPX_PID"
   fi
   echo
-  printf '%-26s %10s %9s %9s %9s %9s %8s\n' "target" "achieved" "p50 ms" "p99 ms" "p99.9 ms" "max ms" "errors"
+  echo "cpu us/req: CPU of the proxy process per request sent (warm-up included); store us/req:"
+  echo "the store server's processes over the same time"
+  printf '%-26s %10s %9s %9s %9s %9s %8s %10s %12s\n' "target" "achieved" "p50 ms" "p99 ms" \
+    "p99.9 ms" "max ms" "errors" "cpu us/req" "store us/req"
   for l in $(awk '{ sub("label=", "", $1); print $1 }' "$WORK/held"); do
     awk -v l="label=$l" '$1 == l {
       for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
-      printf "%-26s %10s %9.2f %9.2f %9.2f %9.2f %8d\n", substr($1, 7), v["achieved"],
+      printf "%-26s %10s %9.2f %9.2f %9.2f %9.2f %8d %10s %12s\n", substr($1, 7), v["achieved"],
         v["p50_us"] / 1000, v["p99_us"] / 1000, v["p999_us"] / 1000, v["max_us"] / 1000,
-        v["errors"] + v["non2xx"] + v["unsent"] }' "$WORK/held"
+        v["errors"] + v["non2xx"] + v["unsent"], v["cpu_us"] == "" ? "-" : v["cpu_us"],
+        v["store_cpu_us"] == "" ? "-" : v["store_cpu_us"] }' "$WORK/held"
   done
   echo
   echo "added latency over the direct path at $HELD_RATE req/s (target: p99 <= 1 ms):"
