@@ -15,8 +15,13 @@ use idemgate_testkit::{acquired, attempt, fp, fresh_key};
 
 const SHARED_PORT: u16 = 6379;
 
+/// A store on the shared Redis whose timeline entries are written on the
+/// request path, so the list can be read back at once.
 async fn store() -> RedisStore {
-    let opts = support::options().background_timeline(false);
+    connect(support::options().background_timeline(false)).await
+}
+
+async fn connect(opts: idemgate_redis::RedisOptions) -> RedisStore {
     match RedisStore::connect_with(support::SHARED_URL, opts).await {
         Ok(store) => store,
         Err(e) => {
@@ -95,14 +100,7 @@ async fn a_new_timeline_gets_the_records_ttl_and_a_longer_entry_extends_it() {
 #[tokio::test]
 async fn a_timeline_started_by_a_background_batch_gets_a_ttl() {
     // The background writer's script, with several entries at once.
-    let opts = support::options();
-    let store = match RedisStore::connect_with(support::SHARED_URL, opts).await {
-        Ok(store) => store,
-        Err(e) => {
-            support::require(&format!("Redis at {} ({e})", support::SHARED_URL), false);
-            unreachable!()
-        }
-    };
+    let store = connect(support::options()).await;
     let key = fresh_key();
     for _ in 0..3 {
         store
