@@ -48,6 +48,15 @@ fn llen(key: &ScopedKey) -> usize {
     out.trim().parse().expect("LLEN answers an integer")
 }
 
+/// Appends a replay entry that must live `ttl`; returns the list's TTL.
+async fn append_replay(store: &RedisStore, key: &ScopedKey, ttl: Duration) -> i64 {
+    store
+        .record_attempt(key, &attempt(AttemptOutcome::Replayed), ttl)
+        .await
+        .unwrap();
+    pttl(key)
+}
+
 const MINUTE: Duration = Duration::from_secs(60);
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -74,22 +83,14 @@ async fn a_new_timeline_gets_the_records_ttl_and_a_longer_entry_extends_it() {
     );
 
     // A later entry that must live longer extends the list.
-    store
-        .record_attempt(&key, &attempt(AttemptOutcome::Replayed), HOUR)
-        .await
-        .unwrap();
-    let extended = pttl(&key);
+    let extended = append_replay(&store, &key, HOUR).await;
     assert!(
         (3_500_000..=3_600_000).contains(&extended),
         "an hour-long entry extends the list, got {extended} ms"
     );
 
     // A shorter one never shortens it.
-    store
-        .record_attempt(&key, &attempt(AttemptOutcome::Replayed), MINUTE)
-        .await
-        .unwrap();
-    let kept = pttl(&key);
+    let kept = append_replay(&store, &key, MINUTE).await;
     assert!(
         kept > 3_000_000,
         "a minute-long entry shortened the list to {kept} ms"
