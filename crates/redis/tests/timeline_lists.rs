@@ -53,7 +53,7 @@ async fn append_replay(store: &RedisStore, key: &ScopedKey, ttl: Duration) -> i6
     store
         .record_attempt(key, &attempt(AttemptOutcome::Replayed), ttl)
         .await
-        .unwrap();
+        .expect("record_attempt");
     pttl(key)
 }
 
