@@ -97,7 +97,8 @@ impl IdempotencyLayer {
         &self.shared.engine
     }
 
-    /// Detached executions running now.
+    /// Executions running now, whether still inside their client's request
+    /// or detached from it (a graceful shutdown waits for both).
     pub fn detached(&self) -> usize {
         self.shared.tracker.len()
     }

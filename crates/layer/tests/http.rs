@@ -651,6 +651,42 @@ async fn a_client_that_times_out_does_not_cancel_the_work() {
     assert_eq!(h.executions(), 1);
 }
 
+/// The request's future is dropped while its work runs (a server that
+/// cuts the connection, a timeout in front of the layer): the work moves
+/// to a task of its own, finishes and is stored, and the retry replays.
+#[tokio::test]
+async fn a_dropped_request_does_not_cancel_the_work() {
+    use tower::ServiceExt;
+    let app = App::new(Arc::new(MemoryStore::new()), config(InflightMode::Reject));
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(100),
+        app.router.clone().oneshot(gated_request(true)),
+    )
+    .await;
+    assert!(dropped.is_err(), "the request was still running");
+    assert_eq!(app.executions.load(Ordering::SeqCst), 1);
+    assert_eq!(app.layer.detached(), 1, "the work went on as a task");
+    app.gate.send_replace(true);
+    let mut replayed = None;
+    for _ in 0..2000 {
+        let retry = app
+            .router
+            .clone()
+            .oneshot(gated_request(false))
+            .await
+            .expect("infallible");
+        // 409 while the work still runs.
+        if retry.status() == StatusCode::CREATED {
+            replayed = Some(retry);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let retry = replayed.expect("the dropped request's work never finished");
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(app.executions.load(Ordering::SeqCst), 1);
+}
+
 #[tokio::test]
 async fn a_retry_while_the_abandoned_work_runs_waits_for_it() {
     let h = Harness::start(config(InflightMode::Attach(Duration::from_secs(20)))).await;

@@ -1,30 +1,38 @@
-//! The owner's work, detached from its client: the task that holds the
-//! key's lease, calls the inner service, reads (or relays) its response,
-//! stores the result or releases the key, and only then tells the client
-//! and any attached duplicate how it ended.
+//! The owner's work, detached from its client: it holds the key's lease,
+//! calls the inner service, reads (or relays) its response, stores the
+//! result or releases the key, and only then tells the client and any
+//! attached duplicate how it ended.
 //!
-//! It runs in a spawned task rather than in the client's request future so
-//! that a client that times out or disconnects does not cancel the work:
-//! the work finishes (bounded by `completion_timeout`, counted from the call
-//! or, with `CompletionClock::Sent`, from when the inner service says it
-//! sent the request on), is stored DONE, and
-//! the client's retry is a replay instead of a second execution (and a
-//! second bill). A non-streaming result is stored *before* the client is
-//! answered, and a stream's end is sent only after it is stored, so a retry
-//! sent right after an answer always replays.
+//! A client that times out or disconnects does not cancel the work: the
+//! work runs inside the client's request future only until it answers the
+//! client, and moves to a task of its own ([`Detachable`]) when the request
+//! is dropped or the answer is a stream. It finishes (bounded by
+//! `completion_timeout`, counted from the call or, with
+//! `CompletionClock::Sent`, from when the inner service says it sent the
+//! request on), is stored DONE, and the client's retry is a replay instead
+//! of a second execution (and a second bill). A non-streaming result is
+//! stored *before* the client is answered, and a stream's end is sent only
+//! after it is stored, so a retry sent right after an answer always
+//! replays.
 
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
-use futures_util::StreamExt;
 use futures_util::future::Either;
+use futures_util::{FutureExt, StreamExt};
 use http::{Request, StatusCode, header};
 use idemgate_engine::{Fenced, Fingerprint, LeaseGuard, ScopedKey};
 use idemgate_telemetry::RunningKey;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
+use tokio_util::task::task_tracker::TaskTrackerToken;
 use tracing::Instrument;
 
 use super::admit::Keyed;
@@ -72,16 +80,107 @@ pub(super) async fn own<S: Inner>(
         attachers: Attachers::new(publisher),
         events: 0,
     };
-    shared
-        .tracker
-        .spawn(task.run(inner, keyed.request(), guard).in_current_span());
+    // A panic ends the work as a spawned task's would: its state (the
+    // lease guard, the client's reply) is dropped, so the key is released
+    // and the client answered 500. Caught here, it does not unwind through
+    // the client's request.
+    let run = AssertUnwindSafe(task.run(inner, keyed.request(), guard).in_current_span())
+        .catch_unwind()
+        .map(|ended| {
+            if ended.is_err() {
+                tracing::error!("the execution panicked; key released");
+            }
+        });
+    let mut work = Detachable::new(&shared.tracker, Box::pin(run));
     if keyed.prefer_async {
+        work.detach();
         // Counted when the execution ends, like any owner's.
         return operations::accepted_for(cfg, &keyed.scoped.key);
     }
-    match replied.await {
+    let mut replied = std::pin::pin!(replied);
+    let reply = tokio::select! {
+        biased;
+        reply = &mut replied => {
+            // A stream's head, or an answer sent just before the work's
+            // last step: finish here if that step is all that is left.
+            if (&mut work).now_or_never().is_none() {
+                work.detach();
+            }
+            reply
+        }
+        () = &mut work => replied.await,
+    };
+    match reply {
         Ok(res) => res,
         Err(_) => Problem::internal().into_response(),
+    }
+}
+
+/// The owner's work, run inside the client's request until it answers the
+/// client, and moved to a task of its own only if it must go on after
+/// that (a stream, `Prefer: respond-async`) or the request is dropped (the
+/// client gave up).
+///
+/// Running it in a spawned task from the start would also survive the
+/// client, but a non-streaming request, which is answered only after its
+/// result is stored, would pay for a spawn and a wake-up of the client's
+/// task on every execution: at a held rate, each wakes an idle worker
+/// thread (a `futex` call and a thread switch). While it runs inline the
+/// work holds a token of the layer's task tracker, so a graceful shutdown
+/// waits for it as for a detached one.
+struct Detachable {
+    work: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    tracker: TaskTracker,
+    /// Counts the inline work as a task of the tracker.
+    _token: TaskTrackerToken,
+}
+
+impl Detachable {
+    fn new(tracker: &TaskTracker, work: Pin<Box<dyn Future<Output = ()> + Send>>) -> Self {
+        Self {
+            work: Some(work),
+            tracker: tracker.clone(),
+            _token: tracker.token(),
+        }
+    }
+
+    /// Moves the rest of the work to a task of its own.
+    fn detach(&mut self) {
+        let Some(work) = self.work.take() else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                self.tracker.spawn_on(work, &runtime);
+            }
+            // Only outside a runtime (it is shutting down): the lease
+            // expires and a retry runs the work again.
+            Err(_) => {
+                tracing::warn!("no runtime to finish the execution on; its lease will expire")
+            }
+        }
+    }
+}
+
+impl Future for Detachable {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(work) = self.work.as_mut() else {
+            return Poll::Ready(());
+        };
+        let done = work.as_mut().poll(cx);
+        if done.is_ready() {
+            self.work = None;
+        }
+        done
+    }
+}
+
+impl Drop for Detachable {
+    fn drop(&mut self) {
+        // The client's request was dropped mid-work: the work goes on.
+        self.detach();
     }
 }
 
