@@ -44,6 +44,7 @@ use crate::telemetry::Outcome;
 mod admit;
 mod attach;
 mod body;
+mod detachable;
 mod detached;
 mod inner;
 mod listeners;
