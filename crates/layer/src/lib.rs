@@ -52,11 +52,13 @@
 //! everything; nothing uses `service`, so the module graph has no cycle.
 //!
 //! # The key decision
-//! The owner's work runs in a **detached task** that holds the lease, not in
-//! the client's request future: the inner service call and the reading of
-//! its response body continue when the client times out or disconnects, and
-//! the result is stored, so the client's retry is a replay rather than a
-//! second execution (and a second bill). The client is fed from that task
+//! The owner's work holds the lease and is **detachable** from the client's
+//! request future: it runs inside the request until it answers, and when
+//! the client times out or disconnects (the request is dropped), or the
+//! answer is a stream, it moves to a task of its own. So the inner service
+//! call and the reading of its response body continue without the client,
+//! and the result is stored: the client's retry is a replay rather than a
+//! second execution (and a second bill). The client is fed from the work
 //! through a channel; results are stored before the client hears the end,
 //! so a retry that follows an answer always finds the key settled.
 //! A stream that breaks, a retryable status, a timeout or a shutdown
