@@ -30,10 +30,9 @@ use axum::body::Body;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use http::{Request, Response, header};
 use http_body_util::BodyExt;
-use idemgate_engine::{AggregatingStore, CachedStore, MemoryStore, Store};
-use idemgate_gateway::GatewayConfig;
+use idemgate_engine::MemoryStore;
+use idemgate_gateway::{GatewayConfig, serve};
 use idemgate_layer::{Idempotency, IdempotencyLayer};
-use idemgate_telemetry::InstrumentedStore;
 use tower::{Layer, ServiceExt};
 use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
@@ -69,8 +68,8 @@ fn upstream(executed: Arc<AtomicU64>) -> Upstream {
     }))
 }
 
-/// The route of `idemgate serve --upstream …`, its store wrapped as
-/// `serve` wraps it, keeping answers for `done_ttl`, with or without the
+/// The route of `idemgate serve --upstream …`, its store wrapped by
+/// [`serve::wrap_store`], keeping answers for `done_ttl`, with or without the
 /// replay cache.
 fn gateway(
     done_ttl: Duration,
@@ -81,12 +80,9 @@ fn gateway(
     let mut route = config.routes[0].clone();
     route.done_ttl = done_ttl;
     let route = &route;
-    let instrumented: Arc<dyn Store> =
-        Arc::new(InstrumentedStore::new(Arc::new(MemoryStore::new())));
-    let gathered: Arc<dyn Store> = Arc::new(AggregatingStore::new(instrumented));
     let cache_bytes = if replay_cache { config.replay_cache } else { 0 };
-    let store: Arc<dyn Store> = Arc::new(CachedStore::new(gathered, cache_bytes));
-    let engine = idemgate_gateway::serve::engine(store, route);
+    let (store, _gathered) = serve::wrap_store(Arc::new(MemoryStore::new()), cache_bytes);
+    let engine = serve::engine(store, route);
     IdempotencyLayer::new(engine, route.layer_config()).layer(upstream(executed))
 }
 

@@ -53,6 +53,28 @@ pub fn engine(store: Arc<dyn Store>, route: &RouteConfig) -> Engine {
     })
 }
 
+/// The store as every route uses it, and its timeline gatherer (to flush
+/// at shutdown). From the inside out:
+///
+/// - store latency by backend and op, errors counted: the calls that reach
+///   the store, under the two wrappers that save calls;
+/// - replay timeline entries written once per key and flush, with a count;
+/// - replays of hot keys answered from memory for up to a second after the
+///   store confirmed them (`replay_cache` bytes; 0 caches nothing). Wrapped
+///   even when the cache is off: a forget (the admin endpoint) must wait
+///   out the copies other replicas hold.
+pub fn wrap_store(
+    store: Arc<dyn Store>,
+    replay_cache: usize,
+) -> (Arc<dyn Store>, Arc<AggregatingStore>) {
+    let instrumented: Arc<dyn Store> = Arc::new(InstrumentedStore::new(store));
+    let gathered = Arc::new(AggregatingStore::new(instrumented));
+    let hits = Telemetry::global().replay_cache_hits();
+    let cached = CachedStore::new(Arc::clone(&gathered) as Arc<dyn Store>, replay_cache)
+        .on_hit(Arc::new(move || hits.increment(1)));
+    (Arc::new(cached), gathered)
+}
+
 type RouteService = idemgate_layer::Idempotency<Proxy>;
 
 /// Sends each request to the route with the longest matching prefix.
@@ -205,19 +227,7 @@ async fn run(
         );
     }
     let opened = crate::stores::open_store(&config.store, ring).await?;
-    // Store latency by backend and op, errors counted: the calls that reach
-    // the store, under the two wrappers that save calls.
-    let instrumented: Arc<dyn Store> = Arc::new(InstrumentedStore::new(Arc::clone(&opened.store)));
-    // Replay timeline entries written once per key and flush, with a count.
-    let gathered = Arc::new(AggregatingStore::new(instrumented));
-    // Replays of hot keys answered from memory for up to a second after the
-    // store confirmed them. Wrapped even when the cache is off: a forget
-    // (the admin endpoint) must wait out the copies other replicas hold.
-    let hits = telemetry.replay_cache_hits();
-    let store: Arc<dyn Store> = Arc::new(
-        CachedStore::new(Arc::clone(&gathered) as Arc<dyn Store>, config.replay_cache)
-            .on_hit(Arc::new(move || hits.increment(1))),
-    );
+    let (store, gathered) = wrap_store(Arc::clone(&opened.store), config.replay_cache);
 
     let mut layers = Vec::with_capacity(config.routes.len());
     let mut routes = Vec::with_capacity(config.routes.len());
