@@ -205,14 +205,7 @@ fn init_logs(
     let registry = tracing_subscriber::registry().with(filter);
     match format {
         "json" => registry
-            .with(
-                // Each span field once: the current span's fields, not also
-                // the list of every enclosing span (`JsonLines`).
-                tracing_subscriber::fmt::layer()
-                    .fmt_fields(idemgate_telemetry::logging::JsonSpanFields)
-                    .event_format(idemgate_telemetry::logging::JsonLines)
-                    .with_writer(stderr),
-            )
+            .with(idemgate_telemetry::logging::json_layer(stderr))
             .try_init()?,
         "text" => registry
             .with(tracing_subscriber::fmt::layer().with_writer(stderr))

@@ -44,9 +44,9 @@ use tracing_subscriber::util::SubscriberInitExt;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const ANSWER: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}"#;
+const PROMPT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hello"}]}"#;
 /// Distinct fresh keys, each sent again once its answer has expired.
 const FRESH_KEYS: u64 = 1_000;
-const PROMPT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hello"}]}"#;
 
 type Upstream = tower::util::BoxCloneSyncService<Request<Body>, Response<Body>, Infallible>;
 
@@ -109,12 +109,7 @@ async fn send(svc: &Idempotency<Upstream>, key: &str) {
 fn logs() {
     tracing_subscriber::registry()
         .with(Targets::new().with_default(LevelFilter::INFO))
-        .with(
-            tracing_subscriber::fmt::layer()
-                .fmt_fields(idemgate_telemetry::logging::JsonSpanFields)
-                .event_format(idemgate_telemetry::logging::JsonLines)
-                .with_writer(std::io::sink),
-        )
+        .with(idemgate_telemetry::logging::json_layer(std::io::sink))
         .init();
 }
 

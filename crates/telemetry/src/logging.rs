@@ -16,7 +16,9 @@ use tracing_subscriber::field::RecordFields;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
+use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt;
 
 /// Installs a JSON-lines subscriber writing to `writer` (tests capture logs
 /// this way). Returns false when a subscriber was already installed.
@@ -24,13 +26,27 @@ pub fn init_json_with<W>(writer: W) -> bool
 where
     W: for<'a> tracing_subscriber::fmt::MakeWriter<'a> + Send + Sync + 'static,
 {
-    tracing_subscriber::fmt()
-        .fmt_fields(JsonSpanFields)
-        .event_format(JsonLines)
-        .with_env_filter(EnvFilter::new("debug"))
-        .with_writer(writer)
+    tracing_subscriber::registry()
+        .with(EnvFilter::new("debug"))
+        .with(json_layer(writer))
         .try_init()
         .is_ok()
+}
+
+/// The gateway's log layer: JSON lines ([`JsonLines`], [`JsonSpanFields`])
+/// written to `writer`. Each span field once: the current span's fields,
+/// not also the list of every enclosing span.
+pub fn json_layer<S, W>(
+    writer: W,
+) -> tracing_subscriber::fmt::Layer<S, JsonSpanFields, JsonLines, W>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    W: for<'a> tracing_subscriber::fmt::MakeWriter<'a> + 'static,
+{
+    tracing_subscriber::fmt::layer()
+        .fmt_fields(JsonSpanFields)
+        .event_format(JsonLines)
+        .with_writer(writer)
 }
 
 /// The JSON-lines event format: one object per line, as
