@@ -34,7 +34,10 @@ use crate::guard::{LeaseGuard, attempt, record_best_effort};
 use crate::inflight::{InFlight, Settled};
 use crate::policy::{OnInflight, Policy};
 use crate::record::now_ms;
-use crate::{AttemptOutcome, Claim, Fenced, Fingerprint, Record, ScopedKey, Store, StoreError};
+use crate::renewals::Renewals;
+use crate::{
+    AttemptOutcome, Claim, Fenced, Fingerprint, Lease, Record, ScopedKey, Store, StoreError,
+};
 
 /// Where a returned value came from: whether the store already had it (a
 /// "hit"), plus the case where the work ran but its result could not be
@@ -142,20 +145,25 @@ pub struct Engine {
     store: Arc<dyn Store>,
     policy: Policy,
     replica: Arc<str>,
+    /// The runs whose leases this engine renews (`None`: no heartbeat).
+    renewals: Option<Arc<Renewals>>,
 }
 
 impl Engine {
     /// An engine over `store` with the default [`Policy`].
     pub fn new(store: Arc<dyn Store>) -> Self {
+        let policy = Policy::default();
         Self {
             store,
-            policy: Policy::default(),
+            renewals: renewals_for(&policy),
+            policy,
             replica: default_replica().into(),
         }
     }
 
     /// Replaces the policy.
     pub fn with_policy(mut self, policy: Policy) -> Self {
+        self.renewals = renewals_for(&policy);
         self.policy = policy;
         self
     }
@@ -181,6 +189,16 @@ impl Engine {
         &self.replica
     }
 
+    fn guard(&self, lease: Lease) -> LeaseGuard {
+        LeaseGuard::start(
+            Arc::clone(&self.store),
+            lease,
+            &self.policy,
+            Arc::clone(&self.replica),
+            self.renewals.as_ref(),
+        )
+    }
+
     /// Claims the key or reports what holds it, without waiting.
     ///
     /// Replays and mismatches are added to the key's timeline here; a
@@ -196,12 +214,7 @@ impl Engine {
         let started = Instant::now();
         let at_ms = now_ms();
         match SeenThrough::claim(self, key, fingerprint).await? {
-            Claim::Acquired(lease) => Ok(Begin::Owner(LeaseGuard::start(
-                Arc::clone(&self.store),
-                lease,
-                &self.policy,
-                Arc::clone(&self.replica),
-            ))),
+            Claim::Acquired(lease) => Ok(Begin::Owner(self.guard(lease))),
             Claim::Existing(record) if record.fingerprint != *fingerprint => {
                 self.note(key, AttemptOutcome::Mismatch, at_ms, started)
                     .await;
@@ -344,6 +357,13 @@ fn default_replica() -> String {
     format!("{host}-{}", std::process::id())
 }
 
+fn renewals_for(policy: &Policy) -> Option<Arc<Renewals>> {
+    policy
+        .heartbeat
+        .filter(|every| !every.is_zero())
+        .map(Renewals::new)
+}
+
 /// A claim that is seen through when its caller stops waiting for it.
 ///
 /// A caller dropped while its claim is on the wire (a client that hung up,
@@ -404,12 +424,7 @@ impl Drop for SeenThrough {
         handle.spawn(async move {
             if let Ok(Claim::Acquired(lease)) = claim.await {
                 // Dropped unfinished at once: the guard releases the key.
-                drop(LeaseGuard::start(
-                    Arc::clone(&engine.store),
-                    lease,
-                    &engine.policy,
-                    Arc::clone(&engine.replica),
-                ));
+                drop(engine.guard(lease));
             }
         });
     }

@@ -1,20 +1,22 @@
 //! The owner's side of a claimed key: [`LeaseGuard`] keeps the lease alive
-//! with a heartbeat while the work runs, writes DONE (fenced by the lease,
+//! with a heartbeat while the work runs (registered with its engine's
+//! renewals, which give a run its own task only once it lives long enough
+//! to need a renewal), writes DONE (fenced by the lease,
 //! holding the result through temporary store errors), and gives the key
 //! back on every other path, drop included.
 //!
 //! A leaf below [`crate::execute`]: the engine hands a guard out; the guard
-//! knows only the store and its lease.
+//! knows only the store, its lease and where it is registered for renewals.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tokio::task::JoinHandle;
 
 use crate::policy::Policy;
 use crate::record::now_ms;
+use crate::renewals::{Registration, Renewals, Run};
 use crate::{Attempt, AttemptOutcome, Fenced, Lease, ScopedKey, Store, StoreError};
 
 pub(crate) fn attempt(
@@ -52,22 +54,12 @@ pub(crate) async fn record_best_effort(
 /// key (from a spawned task), so a cancelled request never locks its key.
 #[derive(Debug)]
 pub struct LeaseGuard {
-    store: Arc<dyn Store>,
-    lease: Lease,
+    run: Arc<Run>,
     replica: Arc<str>,
     done_ttl: Duration,
     at_ms: u64,
-    started: Instant,
-    heartbeat: Option<JoinHandle<()>>,
-    /// Held by the heartbeat while a renewal is on its way, so pausing can
-    /// wait for it to land.
-    renewing: Arc<tokio::sync::Mutex<()>>,
-    lost: Arc<AtomicBool>,
-    /// How long a lease lasts from its last renewal.
-    pending_ttl: Duration,
-    /// When the last renewal that applied was sent, in ms after `started`
-    /// (0: none yet). Measured on the monotonic clock of this process.
-    renewed_at: Arc<AtomicU64>,
+    /// The run's place among its engine's renewals (`None`: not renewed).
+    renewals: Option<Registration>,
     finished: bool,
 }
 
@@ -77,38 +69,16 @@ impl LeaseGuard {
         lease: Lease,
         policy: &Policy,
         replica: Arc<str>,
+        renewals: Option<&Arc<Renewals>>,
     ) -> Self {
-        let lost = Arc::new(AtomicBool::new(false));
-        let renewed_at = Arc::new(AtomicU64::new(0));
-        let renewing = Arc::new(tokio::sync::Mutex::new(()));
-        let started = Instant::now();
-        let heartbeat = policy.heartbeat.filter(|d| !d.is_zero()).and_then(|every| {
-            let handle = tokio::runtime::Handle::try_current().ok()?;
-            Some(handle.spawn(heartbeat(
-                Arc::clone(&store),
-                lease.clone(),
-                every,
-                policy.pending_ttl,
-                Arc::clone(&lost),
-                Renewals {
-                    started,
-                    at: Arc::clone(&renewed_at),
-                    renewing: Arc::clone(&renewing),
-                },
-            )))
-        });
+        let run = Arc::new(Run::new(store, lease, policy.pending_ttl));
+        let renewals = renewals.and_then(|r| r.register(&run));
         Self {
-            store,
-            lease,
+            run,
             replica,
             done_ttl: policy.done_ttl,
             at_ms: now_ms(),
-            started,
-            heartbeat,
-            renewing,
-            lost,
-            pending_ttl: policy.pending_ttl,
-            renewed_at,
+            renewals,
             finished: false,
         }
     }
@@ -117,9 +87,10 @@ impl LeaseGuard {
     /// from the send of the last renewal that applied (or from the claim),
     /// `pending_ttl` less a tenth of it as a safety margin.
     pub fn lease_time_left(&self) -> Duration {
-        let renewed = Duration::from_millis(self.renewed_at.load(Ordering::Relaxed));
-        let lasts = self.pending_ttl.saturating_sub(self.pending_ttl / 10);
-        (self.started + renewed + lasts).saturating_duration_since(Instant::now())
+        let run = &self.run;
+        let renewed = Duration::from_millis(run.renewed_at.load(Ordering::Relaxed));
+        let lasts = run.pending_ttl.saturating_sub(run.pending_ttl / 10);
+        (run.started + renewed + lasts).saturating_duration_since(Instant::now())
     }
 
     /// Stops renewing the lease, once a renewal on its way (if any) has
@@ -133,26 +104,26 @@ impl LeaseGuard {
     /// the record from being taken over meanwhile (PostgreSQL's `lock_in`
     /// locks the row for the rest of the transaction).
     pub async fn pause_heartbeat(&mut self) {
-        let renewing = Arc::clone(&self.renewing);
-        let in_flight = renewing.lock().await;
+        let run = Arc::clone(&self.run);
+        let in_flight = run.renewing.lock().await;
         self.stop_heartbeat();
         drop(in_flight);
     }
 
     /// The lease held.
     pub fn lease(&self) -> &Lease {
-        &self.lease
+        &self.run.lease
     }
 
     /// Whether a heartbeat found the lease taken over. The work may go on,
     /// but its result will be fenced.
     pub fn lease_lost(&self) -> bool {
-        self.lost.load(Ordering::Relaxed)
+        self.run.lost.load(Ordering::Relaxed)
     }
 
     /// When this run started.
     pub fn started(&self) -> Instant {
-        self.started
+        self.run.started
     }
 
     /// Stores the result (PENDING → DONE). `status` goes into the timeline.
@@ -187,10 +158,11 @@ impl LeaseGuard {
         status: Option<u16>,
     ) -> Result<Fenced, StoreError> {
         self.stop_heartbeat();
-        let a = attempt(&self.replica, outcome, status, self.at_ms, self.started);
+        let a = attempt(&self.replica, outcome, status, self.at_ms, self.run.started);
         let written = self
+            .run
             .store
-            .complete(&self.lease, payload, self.done_ttl, &a)
+            .complete(&self.run.lease, payload, self.done_ttl, &a)
             .await?;
         self.finished = true;
         if written == Fenced::Stale {
@@ -199,9 +171,9 @@ impl LeaseGuard {
                 AttemptOutcome::Fenced,
                 status,
                 self.at_ms,
-                self.started,
+                self.run.started,
             );
-            record_best_effort(&*self.store, &self.lease.key, &a, self.done_ttl).await;
+            record_best_effort(&*self.run.store, &self.run.lease.key, &a, self.done_ttl).await;
         }
         Ok(written)
     }
@@ -252,12 +224,13 @@ impl LeaseGuard {
         status: Option<u16>,
         mut held: impl FnMut(&StoreError),
     ) -> Result<Fenced, StoreError> {
-        let a = attempt(&self.replica, outcome, status, self.at_ms, self.started);
+        let a = attempt(&self.replica, outcome, status, self.at_ms, self.run.started);
         let mut backoff = Duration::from_millis(50);
         let written = loop {
             match self
+                .run
                 .store
-                .complete(&self.lease, payload.clone(), self.done_ttl, &a)
+                .complete(&self.run.lease, payload.clone(), self.done_ttl, &a)
                 .await
             {
                 Ok(written) => break written,
@@ -280,9 +253,9 @@ impl LeaseGuard {
                 AttemptOutcome::Fenced,
                 status,
                 self.at_ms,
-                self.started,
+                self.run.started,
             );
-            record_best_effort(&*self.store, &self.lease.key, &a, self.done_ttl).await;
+            record_best_effort(&*self.run.store, &self.run.lease.key, &a, self.done_ttl).await;
         }
         Ok(written)
     }
@@ -299,9 +272,12 @@ impl LeaseGuard {
             AttemptOutcome::Failed,
             status,
             self.at_ms,
-            self.started,
+            self.run.started,
         );
-        self.store.release(&self.lease, &a, self.done_ttl).await
+        self.run
+            .store
+            .release(&self.run.lease, &a, self.done_ttl)
+            .await
     }
 
     pub(crate) async fn release_logged(self, status: Option<u16>) {
@@ -311,8 +287,8 @@ impl LeaseGuard {
     }
 
     fn stop_heartbeat(&mut self) {
-        if let Some(h) = self.heartbeat.take() {
-            h.abort();
+        if let Some(renewals) = self.renewals.take() {
+            renewals.end();
         }
     }
 }
@@ -329,56 +305,19 @@ impl Drop for LeaseGuard {
             );
             return;
         };
-        let store = Arc::clone(&self.store);
-        let lease = self.lease.clone();
+        let run = Arc::clone(&self.run);
         let a = attempt(
             &self.replica,
             AttemptOutcome::Failed,
             None,
             self.at_ms,
-            self.started,
+            self.run.started,
         );
         let ttl = self.done_ttl;
         handle.spawn(async move {
-            if let Err(e) = store.release(&lease, &a, ttl).await {
+            if let Err(e) = run.store.release(&run.lease, &a, ttl).await {
                 tracing::warn!(error = %e, "release of a dropped lease failed");
             }
         });
-    }
-}
-
-/// Where the heartbeat notes its renewals for [`LeaseGuard::lease_time_left`].
-struct Renewals {
-    started: Instant,
-    at: Arc<AtomicU64>,
-    renewing: Arc<tokio::sync::Mutex<()>>,
-}
-
-async fn heartbeat(
-    store: Arc<dyn Store>,
-    mut lease: Lease,
-    every: Duration,
-    pending_ttl: Duration,
-    lost: Arc<AtomicBool>,
-    renewals: Renewals,
-) {
-    loop {
-        tokio::time::sleep(every).await;
-        let in_flight = renewals.renewing.lock().await;
-        let sent = renewals.started.elapsed();
-        let renewed = store.renew(&mut lease, pending_ttl).await;
-        drop(in_flight);
-        match renewed {
-            Ok(Fenced::Applied) => {
-                let ms = u64::try_from(sent.as_millis()).unwrap_or(u64::MAX);
-                renewals.at.fetch_max(ms, Ordering::Relaxed);
-            }
-            Ok(Fenced::Stale) => {
-                lost.store(true, Ordering::Relaxed);
-                tracing::warn!(key = %lease.key.key, "lease lost: another owner took the key over");
-                return;
-            }
-            Err(e) => tracing::warn!(error = %e, "lease renewal failed; retrying"),
-        }
     }
 }

@@ -15,6 +15,8 @@
 //! - [`execute`]: the [`Engine`]: [`Engine::execute`] and the lower-level
 //!   [`Engine::begin`].
 //! - [`notify`]: per-key wake-ups used by stores for waiters.
+//! - `renewals`: lease renewals for the runs that outlive half a heartbeat
+//!   interval, without a task per claim.
 //! - [`cache`]: [`CachedStore`], a store wrapper that answers replays of
 //!   hot keys from memory for a bounded time.
 //! - [`aggregate`]: [`AggregatingStore`], a store wrapper that writes the
@@ -40,6 +42,7 @@ pub mod memory;
 pub mod notify;
 pub mod policy;
 pub mod record;
+mod renewals;
 pub mod store;
 
 pub use aggregate::AggregatingStore;
