@@ -100,9 +100,9 @@ async fn send(svc: &Idempotency<Upstream>, key: &str) {
     assert!(res.status().is_success(), "status {}", res.status());
     let _ = res.into_body().collect().await.expect("a body");
     // A server's connection task waits for the socket between requests,
-    // and the tasks a request spawned (the lease heartbeat, stopped when
-    // the answer was stored) run then. Nothing here waits, so give them
-    // their turn, or they pile up until the whole batch ends.
+    // and the tasks a request spawned (if any) run then. Nothing here
+    // waits, so give them their turn, or they pile up until the whole
+    // batch ends.
     tokio::task::yield_now().await;
 }
 
