@@ -32,8 +32,10 @@
 #      PARTS ("wrk held stream": the parts to run)
 #      BENCH_BIN, BENCH_LOADGEN, BENCH_SIM (prebuilt binaries; default:
 #        build the release binaries of this tree)
+#      GATEWAY_WORKERS (the gateway's --workers; default: one per core)
 #      IPX_BIN (idempotent-proxy-server; default: found on PATH or in
-#        $HOME/.cargo/bin, skipped when missing), IPX_REDIS_DB (9)
+#        $HOME/.cargo/bin, skipped when missing), IPX_REDIS_DB (9),
+#      IPX_WORKERS (its TOKIO_WORKER_THREADS; default: one per core)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-8s}; CONNS=${CONNS:-16}; THREADS=${THREADS:-1}
@@ -86,7 +88,7 @@ wait_http() { # url log
 
 start_gateway() { # upstream listen admin store log
   "$BIN" serve --upstream "$1" --listen "127.0.0.1:$2" --admin-listen "127.0.0.1:$3" \
-    --store "$4" >"$5" 2>&1 &
+    --store "$4" ${GATEWAY_WORKERS:+--workers "$GATEWAY_WORKERS"} >"$5" 2>&1 &
   GW_PID=$!
   PIDS+=($!)
   for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$3/healthz" >/dev/null && return 0; sleep 0.1; done
@@ -104,7 +106,7 @@ REQUEST_TIMEOUT=600000
 URL_BENCH=$1
 LOG_LEVEL=error
 ENV
-  (cd "$3" && exec "$IPX_BIN") >"$3/log" 2>&1 &
+  (cd "$3" && exec env ${IPX_WORKERS:+TOKIO_WORKER_THREADS="$IPX_WORKERS"} "$IPX_BIN") >"$3/log" 2>&1 &
   IPX_PID=$!
   PIDS+=($!)
   wait_http "http://127.0.0.1:$2/" "$3/log"

@@ -13,6 +13,7 @@ mod check;
 mod keys;
 mod log_writer;
 
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::str::FromStr;
@@ -103,6 +104,11 @@ pub(crate) struct ConfigArgs {
     /// IDEMGATE_ENCRYPTION_KEY_FILE.
     #[arg(long, value_name = "FILE")]
     encryption_key_file: Option<String>,
+    /// Worker threads of the async runtime (default: one per core, or
+    /// TOKIO_WORKER_THREADS); also `workers` in the file and
+    /// IDEMGATE_WORKERS.
+    #[arg(long, value_name = "N")]
+    workers: Option<u64>,
 }
 
 impl ConfigArgs {
@@ -115,6 +121,7 @@ impl ConfigArgs {
             pending_ttl: self.pending_ttl.clone(),
             done_ttl: self.done_ttl.clone(),
             encryption_key_file: self.encryption_key_file.clone(),
+            workers: self.workers,
         }
     }
 
@@ -247,16 +254,15 @@ async fn signal() {
     }
 }
 
-async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+async fn serve(args: ServeArgs, config: GatewayConfig) -> anyhow::Result<()> {
     let (traces, log_writer) = init_logs(&args.log_format, args.otlp_endpoint.as_deref())?;
-    let served = serve_logged(args).await;
+    let served = serve_logged(config).await;
     traces.finish().await;
     drop(log_writer);
     served
 }
 
-async fn serve_logged(args: ServeArgs) -> anyhow::Result<()> {
-    let config = args.config.load()?;
+async fn serve_logged(config: GatewayConfig) -> anyhow::Result<()> {
     if let Err(e) = idemgate_gateway::telemetry::install_prometheus() {
         tracing::warn!(error = %e, "metrics disabled");
     }
@@ -267,7 +273,19 @@ async fn serve_logged(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
+    runtime_with(None)
+}
+
+/// The multi-thread runtime, with `workers` threads when given (else
+/// tokio's default: `TOKIO_WORKER_THREADS`, or one per core). Its threads
+/// (workers and the blocking pool alike) are named `idemgate-worker`.
+fn runtime_with(workers: Option<NonZeroUsize>) -> anyhow::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.thread_name("idemgate-worker");
+    if let Some(n) = workers {
+        builder.worker_threads(n.get());
+    }
+    builder
         .enable_all()
         .build()
         .context("cannot start the async runtime")
@@ -277,7 +295,9 @@ fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => {
-            runtime()?.block_on(serve(args))?;
+            // Read first: the runtime's size is part of it.
+            let config = args.config.load()?;
+            runtime_with(config.workers)?.block_on(serve(args, config))?;
         }
         Command::Check(args) => return Ok(check::run(&args)),
         Command::Demo(args) => {

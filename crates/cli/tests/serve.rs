@@ -150,6 +150,25 @@ async fn a_bad_config_file_exits_non_zero_with_a_message() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("store"));
 
     let out = Command::new(BIN)
+        .args([
+            "serve",
+            "--upstream",
+            "http://127.0.0.1:1",
+            "--workers",
+            "0",
+        ])
+        .current_dir(dir.path())
+        .output()
+        .await
+        .expect("run the binary");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("field `workers`: must be at least 1"),
+        "{stderr}"
+    );
+
+    let out = Command::new(BIN)
         .args(["serve", "--config", "missing.toml"])
         .current_dir(dir.path())
         .output()
@@ -157,6 +176,60 @@ async fn a_bad_config_file_exits_non_zero_with_a_message() {
         .expect("run the binary");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("missing.toml"));
+}
+
+/// `--workers N` sizes the runtime: the gateway answers with one worker,
+/// and three workers make exactly two more runtime threads than one (the
+/// blocking pool, named alike, is the same in both).
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn workers_size_the_runtime() {
+    let sim = idemgate_llm_sim::spawn(SimConfig::default())
+        .await
+        .expect("spawn the simulator");
+    let mut threads = Vec::new();
+    for workers in ["1", "3"] {
+        let (port, admin_port) = (free_port().await, free_port().await);
+        let mut child = Command::new(BIN)
+            .args(["serve", "--upstream", &sim.url(), "--store", "memory:"])
+            .args(["--workers", workers])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn the gateway");
+        let client = reqwest::Client::new();
+        let ready = format!("http://127.0.0.1:{admin_port}/readyz");
+        wait_ready(&client, &ready, &mut child).await;
+        let r = client
+            .post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .header("idempotency-key", format!("workers-{workers}"))
+            .body(r#"{"model":"sim-1","messages":[{"role":"user","content":"hi"}]}"#)
+            .send()
+            .await
+            .expect("send the request");
+        assert_eq!(r.status(), 200, "with {workers} workers");
+        let pid = child.id().expect("a running child has a pid");
+        threads.push(runtime_threads(pid));
+        child.kill().await.expect("stop the gateway");
+    }
+    assert_eq!(threads[1], threads[0] + 2, "runtime threads: {threads:?}");
+}
+
+/// Threads of `pid` that its runtime started (named `idemgate-worker`).
+#[cfg(target_os = "linux")]
+fn runtime_threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("list the threads")
+        .filter_map(Result::ok)
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|name| name.trim_end() == "idemgate-worker")
+        })
+        .count()
 }
 
 #[tokio::test]

@@ -3,6 +3,7 @@
 // `figment::Jail` closures return `figment::Error`, which is large.
 #![allow(clippy::result_large_err)]
 
+use std::num::NonZeroUsize;
 use std::path::Path;
 use std::time::Duration;
 
@@ -188,9 +189,13 @@ fn environment_overrides_the_file_and_flags_override_both() {
             admin_listen = "127.0.0.1:1002"
             pending_ttl = "10s"
             store = "memory:"
+            workers = 4
             "#,
         )?;
+        let c = load(Some("gw.toml"), &Overrides::default()).map_err(jail_err)?;
+        assert_eq!(c.workers.map(NonZeroUsize::get), Some(4));
         jail.set_env("IDEMGATE_LISTEN", "127.0.0.1:2001");
+        jail.set_env("IDEMGATE_WORKERS", "3");
         jail.set_env("IDEMGATE_PENDING_TTL", "20s");
         jail.set_env("IDEMGATE_ADMIN_TOKEN", "from-env");
         jail.set_env("IDEMGATE_CONFIG", "ignored.toml");
@@ -199,6 +204,7 @@ fn environment_overrides_the_file_and_flags_override_both() {
         assert_eq!(c.admin_listen.port(), 1002, "file value kept");
         assert_eq!(c.pending_ttl, Duration::from_secs(20));
         assert_eq!(c.admin_token.as_ref().map(|t| t.expose()), Some("from-env"));
+        assert_eq!(c.workers.map(NonZeroUsize::get), Some(3));
 
         let over = Overrides {
             listen: Some("127.0.0.1:3001".into()),
@@ -208,9 +214,11 @@ fn environment_overrides_the_file_and_flags_override_both() {
             done_ttl: Some("1h".into()),
             admin_listen: None,
             encryption_key_file: None,
+            workers: Some(1),
         };
         let c = load(Some("gw.toml"), &over).map_err(jail_err)?;
         assert_eq!(c.listen.port(), 3001, "flag beats env");
+        assert_eq!(c.workers.map(NonZeroUsize::get), Some(1));
         assert_eq!(c.admin_listen.port(), 1002);
         assert_eq!(c.pending_ttl, Duration::from_millis(750));
         assert_eq!(c.done_ttl, Duration::from_secs(3600));
@@ -437,6 +445,32 @@ fn syntax_errors_and_missing_files_are_errors() {
         assert!(matches!(
             load(Some("absent.toml"), &Overrides::default()),
             Err(ConfigError::MissingFile(_))
+        ));
+        Ok(())
+    });
+}
+
+#[test]
+fn workers_default_to_tokios_choice_and_refuse_zero_or_absurd_counts() {
+    let over = |workers| Overrides {
+        upstream: Some("http://127.0.0.1:9/".into()),
+        workers,
+        ..Overrides::default()
+    };
+    Jail::expect_with(|_jail| {
+        let c = load(None, &over(None)).map_err(jail_err)?;
+        assert_eq!(c.workers, None);
+        for bad in [0, 1025, u64::MAX] {
+            let err = load(None, &over(Some(bad))).expect_err("a bad worker count accepted");
+            assert_eq!(err.field(), Some("workers"), "{bad}: {err}");
+        }
+        Ok(())
+    });
+    Jail::expect_with(|jail| {
+        jail.create_file("gw.toml", "upstream = \"http://h:1\"\nworkers = \"two\"\n")?;
+        assert!(matches!(
+            load(Some("gw.toml"), &Overrides::default()),
+            Err(ConfigError::Load(_))
         ));
         Ok(())
     });

@@ -8,6 +8,7 @@
 //! mode `optional` and `on_inflight = "attach"`.
 
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -57,6 +58,9 @@ pub struct GatewayConfig {
     /// Bytes of DONE records kept in memory to answer replays without a
     /// store round trip (`idemgate_engine::CachedStore`); 0: off.
     pub replay_cache: usize,
+    /// Worker threads of the async runtime; `None`: tokio's default (one
+    /// per core, or `TOKIO_WORKER_THREADS`).
+    pub workers: Option<NonZeroUsize>,
     /// Routes, longest prefix first.
     pub routes: Vec<RouteConfig>,
 }
@@ -133,6 +137,7 @@ impl GatewayConfig {
             .map(|s| size_or_zero("replay_cache", s))
             .transpose()?
             .unwrap_or(idemgate_engine::cache::DEFAULT_BYTES);
+        let workers = raw.workers.map(workers).transpose()?;
         let encryption_key_file = match raw.encryption_key_file {
             Some(p) if p.original().as_os_str().is_empty() => {
                 return Err(ConfigError::invalid(
@@ -195,6 +200,7 @@ impl GatewayConfig {
             alert_rules,
             encryption_key_file,
             replay_cache,
+            workers,
             routes,
         })
     }
@@ -203,6 +209,23 @@ impl GatewayConfig {
     pub fn route_for(&self, path: &str) -> Option<&RouteConfig> {
         self.routes.iter().find(|r| r.matches(path))
     }
+}
+
+/// Past this, a thread count is a typo: each worker is a thread with its
+/// own stack and run queue.
+const MAX_WORKERS: u64 = 1024;
+
+fn workers(n: u64) -> Result<NonZeroUsize, ConfigError> {
+    if n > MAX_WORKERS {
+        return Err(ConfigError::invalid(
+            "workers",
+            format!("{n} threads: at most {MAX_WORKERS}"),
+        ));
+    }
+    usize::try_from(n)
+        .ok()
+        .and_then(NonZeroUsize::new)
+        .ok_or_else(|| ConfigError::invalid("workers", "must be at least 1"))
 }
 
 fn secs(n: u64) -> Duration {

@@ -59,6 +59,9 @@ pub struct RawConfig {
     /// trusted for a second after the store confirmed it): bytes, or text
     /// like `64MiB`; `0` turns it off. Default `64MiB`.
     pub replay_cache: Option<RawSize>,
+    /// Worker threads of the async runtime; unset: tokio's default (one
+    /// per core, or `TOKIO_WORKER_THREADS`).
+    pub workers: Option<u64>,
     /// The routes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub routes: Vec<RawRoute>,
@@ -215,6 +218,9 @@ pub struct Overrides {
     /// `--encryption-key-file`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub encryption_key_file: Option<String>,
+    /// `--workers`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workers: Option<u64>,
 }
 
 impl fmt::Debug for RawConfig {
@@ -233,6 +239,7 @@ impl fmt::Debug for RawConfig {
             alert_rules,
             encryption_key_file,
             replay_cache,
+            workers,
             routes,
         } = self;
         f.debug_struct("RawConfig")
@@ -248,6 +255,7 @@ impl fmt::Debug for RawConfig {
             .field("alert_rules", alert_rules)
             .field("encryption_key_file", encryption_key_file)
             .field("replay_cache", replay_cache)
+            .field("workers", workers)
             .field("routes", routes)
             .finish()
     }
@@ -263,6 +271,7 @@ impl fmt::Debug for Overrides {
             pending_ttl,
             done_ttl,
             encryption_key_file,
+            workers,
         } = self;
         f.debug_struct("Overrides")
             .field("upstream", upstream)
@@ -272,6 +281,7 @@ impl fmt::Debug for Overrides {
             .field("pending_ttl", pending_ttl)
             .field("done_ttl", done_ttl)
             .field("encryption_key_file", encryption_key_file)
+            .field("workers", workers)
             .finish()
     }
 }
