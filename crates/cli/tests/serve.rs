@@ -114,6 +114,20 @@ async fn serve_with_only_upstream_answers_and_exits_cleanly_on_sigterm() {
     assert!(stderr.contains("gateway stopped"), "{stderr}");
 }
 
+/// Runs `idemgate` with `args` in `dir`, checks that it fails, and returns
+/// what it said on stderr.
+async fn refused(dir: &std::path::Path, args: &[&str]) -> String {
+    let out = Command::new(BIN)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .await
+        .expect("run the binary");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{args:?} succeeded: {stderr}");
+    stderr
+}
+
 #[tokio::test]
 async fn a_bad_config_file_exits_non_zero_with_a_message() {
     let dir = tempfile::tempdir().expect("create a temp dir");
@@ -123,59 +137,25 @@ async fn a_bad_config_file_exits_non_zero_with_a_message() {
         "upstream = \"http://127.0.0.1:1\"\n[[routes]]\nprefix = \"/\"\non_inflight = \"queue\"\n",
     )
     .expect("write the file");
-    let out = Command::new(BIN)
-        .args(["serve", "--config"])
-        .arg(&file)
-        .current_dir(dir.path())
-        .output()
-        .await
-        .expect("run the binary");
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = refused(dir.path(), &["serve", "--config", "bad.toml"]).await;
     assert!(stderr.contains("routes[0].on_inflight"), "{stderr}");
 
-    let out = Command::new(BIN)
-        .args([
-            "serve",
-            "--upstream",
-            "http://127.0.0.1:1",
-            "--store",
-            "mysql://h/db",
-        ])
-        .current_dir(dir.path())
-        .output()
-        .await
-        .expect("run the binary");
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("store"));
+    let upstream = ["serve", "--upstream", "http://127.0.0.1:1"];
+    let stderr = refused(
+        dir.path(),
+        &[&upstream[..], &["--store", "mysql://h/db"]].concat(),
+    )
+    .await;
+    assert!(stderr.contains("store"), "{stderr}");
 
-    let out = Command::new(BIN)
-        .args([
-            "serve",
-            "--upstream",
-            "http://127.0.0.1:1",
-            "--workers",
-            "0",
-        ])
-        .current_dir(dir.path())
-        .output()
-        .await
-        .expect("run the binary");
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = refused(dir.path(), &[&upstream[..], &["--workers", "0"]].concat()).await;
     assert!(
         stderr.contains("field `workers`: must be at least 1"),
         "{stderr}"
     );
 
-    let out = Command::new(BIN)
-        .args(["serve", "--config", "missing.toml"])
-        .current_dir(dir.path())
-        .output()
-        .await
-        .expect("run the binary");
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("missing.toml"));
+    let stderr = refused(dir.path(), &["serve", "--config", "missing.toml"]).await;
+    assert!(stderr.contains("missing.toml"), "{stderr}");
 }
 
 /// `--workers N` sizes the runtime: the gateway answers with one worker,
