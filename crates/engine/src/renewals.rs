@@ -41,8 +41,6 @@ pub(crate) struct Run {
     pub(crate) renewed_at: AtomicU64,
     /// Held while a renewal is on its way, so pausing can wait for it.
     pub(crate) renewing: tokio::sync::Mutex<()>,
-    /// The run's heartbeat task, once the ticker gave it one.
-    heartbeat: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Run {
@@ -55,18 +53,6 @@ impl Run {
             lost: AtomicBool::new(false),
             renewed_at: AtomicU64::new(0),
             renewing: tokio::sync::Mutex::new(()),
-            heartbeat: Mutex::new(None),
-        }
-    }
-
-    fn abort_heartbeat(&self) {
-        let task = self
-            .heartbeat
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(task) = task {
-            task.abort();
         }
     }
 }
@@ -91,7 +77,8 @@ struct Registered {
     runtime: Handle,
     /// On tokio's clock (so paused time in tests moves it too).
     claimed: tokio::time::Instant,
-    beating: bool,
+    /// The run's heartbeat task, once the ticker gave it one.
+    heartbeat: Option<JoinHandle<()>>,
 }
 
 /// A run's place in its registry; [`Registration::end`] takes it out and
@@ -131,7 +118,7 @@ impl Renewals {
             run: Arc::clone(run),
             runtime,
             claimed,
-            beating: false,
+            heartbeat: None,
         });
         Some(Registration {
             renewals: Arc::clone(self),
@@ -143,20 +130,15 @@ impl Renewals {
     fn start_due_heartbeats(&self, now: tokio::time::Instant) {
         let mut registry = self.registry();
         for (_, registered) in registry.runs.iter_mut() {
-            if registered.beating || now < registered.claimed + self.every / 2 {
+            if registered.heartbeat.is_some() || now < registered.claimed + self.every / 2 {
                 continue;
             }
-            registered.beating = true;
             let first = registered.claimed + self.every;
-            let task =
-                registered
-                    .runtime
-                    .spawn(heartbeat(Arc::clone(&registered.run), first, self.every));
-            *registered
-                .run
-                .heartbeat
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner) = Some(task);
+            registered.heartbeat = Some(registered.runtime.spawn(heartbeat(
+                Arc::clone(&registered.run),
+                first,
+                self.every,
+            )));
         }
     }
 }
@@ -177,10 +159,10 @@ impl Registration {
     /// Takes the run out of the registry and stops its heartbeat, if it
     /// has one. A renewal on its way is abandoned where it stands.
     pub(crate) fn end(self) {
-        let run = self.renewals.registry().runs.try_remove(self.slot);
+        let registered = self.renewals.registry().runs.try_remove(self.slot);
         // Out of the registry, the ticker can no longer give it a task.
-        if let Some(registered) = run {
-            registered.run.abort_heartbeat();
+        if let Some(task) = registered.and_then(|r| r.heartbeat) {
+            task.abort();
         }
     }
 }
