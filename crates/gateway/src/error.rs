@@ -91,5 +91,5 @@ pub struct ProxyBuildError {
     /// The route id.
     pub(crate) route: String,
     #[source]
-    pub(crate) source: reqwest::Error,
+    pub(crate) source: crate::proxy::ClientBuildError,
 }

@@ -14,9 +14,9 @@
 //! | total | one deadline for the whole body (`timeout_at` on each chunk) | body error |
 //!
 //! Answers are taken in their identity form. The client's `Accept-Encoding`
-//! is not forwarded: reqwest then asks for the encodings it can decode
-//! (gzip, brotli, deflate), decodes them, and drops `Content-Encoding` and
-//! `Content-Length`. So what is stored, scanned for events and read for
+//! is not forwarded: the upstream client ([`client`]) then asks for the
+//! encodings it can decode (gzip, brotli, deflate), decodes them, and drops
+//! `Content-Encoding` and `Content-Length`. So what is stored, scanned for events and read for
 //! token usage is the plain answer, and a replay never sends an encoding
 //! the replaying client did not accept. Decoding, rather than asking for
 //! `identity`, also covers upstreams (and CDNs in front of them) that
@@ -52,6 +52,7 @@ use http_body_util::BodyExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tower::Service;
+use tower_http::decompression::Decompression;
 use url::Url;
 
 use idemgate_layer::{IdempotencyContext, OutcomeUnknown, Problem, RetryableFailure, SendSignal};
@@ -60,6 +61,8 @@ use idemgate_telemetry::names;
 use crate::config::{RouteConfig, Timeouts};
 pub use crate::error::ProxyBuildError;
 use crate::problem::problem;
+pub use client::ClientBuildError;
+use client::{BoxError, UpstreamClient};
 
 /// A body error from the upstream response stream: the response was cut.
 #[derive(Debug, thiserror::Error)]
@@ -71,9 +74,10 @@ pub enum UpstreamBodyError {
     /// The body did not end within the total timeout.
     #[error("upstream response exceeded the total timeout of {0:?}")]
     Total(Duration),
-    /// The upstream connection failed mid-body.
+    /// The upstream connection failed mid-body, or its encoding did not
+    /// decode.
     #[error("upstream body failed")]
-    Upstream(#[source] reqwest::Error),
+    Upstream(#[source] BoxError),
 }
 
 /// The upstream proxy of one route. Cheap to clone.
@@ -84,7 +88,7 @@ pub struct Proxy {
 
 #[derive(Debug)]
 struct Inner {
-    client: reqwest::Client,
+    client: UpstreamClient,
     route: Arc<str>,
     upstream: Url,
     prefix: String,
@@ -137,29 +141,11 @@ impl Proxy {
     /// A proxy for `route`.
     ///
     /// # Errors
-    /// The HTTP client could not be built (e.g. no TLS backend).
+    /// The HTTP client could not be built (TLS setup failed).
     pub fn new(route: &RouteConfig) -> Result<Self, ProxyBuildError> {
         let label: Arc<str> = route.id.as_str().into();
-        let connect_label = Arc::clone(&label);
-        let client = reqwest::Client::builder()
-            .connect_timeout(route.timeouts.connect)
-            .connector_layer(tower::layer::layer_fn(move |svc| {
-                let label = Arc::clone(&connect_label);
-                tower::util::MapFuture::new(svc, move |fut| {
-                    let label = Arc::clone(&label);
-                    async move {
-                        let started = Instant::now();
-                        let out = fut.await;
-                        metrics::histogram!(names::UPSTREAM_PHASE, "route" => label.to_string(), "phase" => "connect")
-                            .record(started.elapsed().as_secs_f64());
-                        out
-                    }
-                })
-            }))
-            .pool_idle_timeout(Duration::from_secs(60))
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|source| ProxyBuildError {
+        let client =
+            client::build(&label, route.timeouts.connect).map_err(|source| ProxyBuildError {
                 route: route.id.clone(),
                 source,
             })?;
@@ -220,14 +206,8 @@ impl Proxy {
             Ok(b) => b,
             Err(resp) => return resp,
         };
-        let request = match inner
-            .client
-            .request(parts.method, url)
-            .headers(headers)
-            .body(body)
-            .build()
-        {
-            Ok(r) => r,
+        let uri = match http::Uri::try_from(String::from(url)) {
+            Ok(u) => u,
             Err(e) => {
                 tracing::warn!(route = %inner.route, error = %e, "upstream request not built");
                 return problem(
@@ -238,6 +218,10 @@ impl Proxy {
                 );
             }
         };
+        let mut request = Request::new(body);
+        *request.method_mut() = parts.method;
+        *request.uri_mut() = uri;
+        *request.headers_mut() = headers;
 
         // Every upstream clock starts here, after the queue; the layer's too.
         if let Some(signal) = parts.extensions.get::<SendSignal>() {
@@ -246,7 +230,8 @@ impl Proxy {
         let sent = Instant::now();
         let deadline = sent + inner.timeouts.total;
         let first_byte = inner.timeouts.first_byte.min(inner.timeouts.total);
-        let response = match tokio::time::timeout(first_byte, inner.client.execute(request)).await {
+        let sending = Decompression::new(&inner.client).call(request);
+        let response = match tokio::time::timeout(first_byte, sending).await {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => return inner.send_failed(&e),
             Err(_) => {
@@ -261,11 +246,10 @@ impl Proxy {
         };
         inner.phases.first_byte.record(sent.elapsed().as_secs_f64());
 
-        let status = response.status();
-        let mut out_headers = response.headers().clone();
-        strip_hop_by_hop(&mut out_headers);
+        let (mut head, body) = response.into_parts();
+        strip_hop_by_hop(&mut head.headers);
         let stream = timed_body(
-            response.bytes_stream(),
+            body.into_data_stream(),
             BodyClock {
                 route: Arc::clone(&inner.route),
                 total_phase: inner.phases.total.clone(),
@@ -277,8 +261,8 @@ impl Proxy {
             },
         );
         let mut resp = Response::new(Body::from_stream(stream));
-        *resp.status_mut() = status;
-        *resp.headers_mut() = out_headers;
+        *resp.status_mut() = head.status;
+        *resp.headers_mut() = head.headers;
         resp
     }
 }
@@ -307,10 +291,10 @@ impl Inner {
     fn upstream_headers(&self, incoming: &HeaderMap, ext: &http::Extensions) -> HeaderMap {
         let mut headers = incoming.clone();
         strip_hop_by_hop(&mut headers);
-        // reqwest sets Host from the upstream URL and the length from the body.
+        // The client sets Host from the upstream URL and the length from the body.
         headers.remove(header::HOST);
         headers.remove(header::CONTENT_LENGTH);
-        // reqwest asks for, and decodes, the encodings it knows (module docs).
+        // The client asks for, and decodes, the encodings it knows (module docs).
         headers.remove(header::ACCEPT_ENCODING);
         // The key the idempotency layer used (sent or derived); without the
         // layer, the client's own header.
@@ -333,14 +317,14 @@ impl Inner {
     /// A body of known size (the idempotency layer buffers what it
     /// protects) is sent with its length; any other is streamed chunked and
     /// cut at the body limit.
-    async fn upstream_body(&self, body: Body) -> Result<reqwest::Body, Response<Body>> {
+    async fn upstream_body(&self, body: Body) -> Result<Body, Response<Body>> {
         let limit = self.body_limit;
         if let Some(len) = body.size_hint().exact() {
             if usize::try_from(len).map_or(true, |l| l > limit) {
                 return Err(too_large(limit));
             }
             return match body.collect().await {
-                Ok(collected) => Ok(reqwest::Body::from(collected.to_bytes())),
+                Ok(collected) => Ok(Body::from(collected.to_bytes())),
                 Err(e) => {
                     tracing::debug!(route = %self.route, error = %e, "request body failed");
                     Err(problem(
@@ -369,11 +353,11 @@ impl Inner {
                 }
             },
         );
-        Ok(reqwest::Body::wrap_stream(stream))
+        Ok(Body::from_stream(stream))
     }
 
-    fn send_failed(&self, e: &reqwest::Error) -> Response<Body> {
-        if e.is_connect() && e.is_timeout() {
+    fn send_failed(&self, e: &hyper_util::client::legacy::Error) -> Response<Body> {
+        if e.is_connect() && client::connect_timed_out(e) {
             return self.timed_out("connect", self.timeouts.connect);
         }
         let phase = if e.is_connect() { "connect" } else { "send" };
@@ -463,7 +447,7 @@ fn timed_body<S>(
     clock: BodyClock,
 ) -> impl Stream<Item = Result<Bytes, UpstreamBodyError>> + Send + 'static
 where
-    S: Stream<Item = Result<Bytes, reqwest::Error>> + Send + 'static,
+    S: Stream<Item = Result<Bytes, BoxError>> + Send + 'static,
 {
     let upstream = Box::pin(upstream);
     futures_util::stream::unfold(Some((upstream, clock)), |state| async move {
@@ -516,5 +500,6 @@ impl Service<Request<Body>> for Proxy {
     }
 }
 
+mod client;
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,196 @@
+//! `idemgate serve` in front of an HTTPS upstream, as a real process.
+//!
+//! The upstream is the simulator behind a TLS terminator made here, with a
+//! certificate signed by a throwaway authority. The gateway trusts the
+//! platform's roots; `SSL_CERT_FILE` names the authority for the process, as
+//! an operator would for a private CA. Without it the handshake must fail:
+//! an upstream whose certificate is not trusted never sees the request.
+#![cfg(feature = "tls")]
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idemgate_llm_sim::SimConfig;
+use idemgate_testkit::tls::TestCerts;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::process::{Child, Command};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
+
+/// A TLS terminator on a loopback port in front of `backend`; counts the
+/// handshakes that completed.
+struct TlsFront {
+    port: u16,
+    handshakes: Arc<AtomicUsize>,
+}
+
+async fn tls_front(certs: &TestCerts, backend: std::net::SocketAddr) -> TlsFront {
+    let chain = CertificateDer::pem_slice_iter(certs.cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .expect("parse the server certificate");
+    let key = PrivateKeyDer::from_pem_slice(certs.key_pem.as_bytes()).expect("parse the key");
+    let config = tokio_rustls::rustls::ServerConfig::builder_with_provider(Arc::new(
+        tokio_rustls::rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("protocol versions")
+    .with_no_client_auth()
+    .with_single_cert(chain, key)
+    .expect("a server config");
+    let acceptor = TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("an address").port();
+    let handshakes = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&handshakes);
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            let counted = Arc::clone(&counted);
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                counted.fetch_add(1, Ordering::SeqCst);
+                if let Ok(mut plain) = TcpStream::connect(backend).await {
+                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+                }
+            });
+        }
+    });
+    TlsFront { port, handshakes }
+}
+
+async fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    l.local_addr().expect("an address").port()
+}
+
+/// `idemgate serve` in front of `upstream`, with `SSL_CERT_FILE` set to
+/// `ca_file`; returns the process and its listen port once it is ready.
+async fn serve(upstream: &str, ca_file: &std::path::Path, dir: &std::path::Path) -> (Child, u16) {
+    let (port, admin) = (free_port().await, free_port().await);
+    let mut child = Command::new(BIN)
+        .args(["serve", "--upstream", upstream, "--store", "memory:"])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+        .env("SSL_CERT_FILE", ca_file)
+        .env_remove("SSL_CERT_DIR")
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn the gateway");
+    let client = reqwest::Client::new();
+    for _ in 0..300 {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("gateway exited early: {status}");
+        }
+        if let Ok(r) = client
+            .get(format!("http://127.0.0.1:{admin}/readyz"))
+            .send()
+            .await
+            && r.status() == 200
+        {
+            return (child, port);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("gateway never became ready");
+}
+
+async fn chat(port: u16, key: &str) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .header("idempotency-key", key)
+        .body(r#"{"model":"sim-1","messages":[{"role":"user","content":"hello over tls"}]}"#)
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .expect("the gateway answers")
+}
+
+#[tokio::test]
+async fn an_https_upstream_with_a_trusted_certificate_runs_once_and_replays() {
+    let sim = idemgate_llm_sim::spawn(SimConfig::default())
+        .await
+        .expect("start the simulator");
+    let certs = TestCerts::generate();
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let files = certs.write(dir.path());
+    let backend = sim
+        .url()
+        .trim_start_matches("http://")
+        .parse()
+        .expect("the simulator's address");
+    let front = tls_front(&certs, backend).await;
+    let (_gateway, port) = serve(
+        &format!("https://localhost:{}", front.port),
+        &files.ca,
+        dir.path(),
+    )
+    .await;
+
+    let first = chat(port, "tls-key-1").await;
+    assert_eq!(first.status(), 200);
+    assert_eq!(first.headers()["idempotent-replayed"], "false");
+    let first = first.bytes().await.expect("the first body");
+    let again = chat(port, "tls-key-1").await;
+    assert_eq!(again.status(), 200);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.bytes().await.expect("the replayed body"), first);
+    assert_eq!(sim.executions_for("tls-key-1"), 1);
+    assert!(front.handshakes.load(Ordering::SeqCst) >= 1);
+}
+
+#[tokio::test]
+async fn an_https_upstream_with_an_untrusted_certificate_is_refused_before_sending() {
+    let sim = idemgate_llm_sim::spawn(SimConfig::default())
+        .await
+        .expect("start the simulator");
+    let certs = TestCerts::generate();
+    let dir = tempfile::tempdir().expect("a temp dir");
+    // The gateway trusts another authority only.
+    let other = tempfile::tempdir().expect("a temp dir");
+    let other_files = TestCerts::generate().write(other.path());
+    let backend = sim
+        .url()
+        .trim_start_matches("http://")
+        .parse()
+        .expect("the simulator's address");
+    let front = tls_front(&certs, backend).await;
+    let (_gateway, port) = serve(
+        &format!("https://localhost:{}", front.port),
+        &other_files.ca,
+        dir.path(),
+    )
+    .await;
+
+    let refused = chat(port, "tls-key-2").await;
+    assert_eq!(refused.status(), 502);
+    let problem: serde_json::Value =
+        serde_json::from_slice(&refused.bytes().await.expect("a body"))
+            .expect("a problem document");
+    assert_eq!(
+        problem["type"],
+        "https://idemgate.dev/problems/upstream-unavailable"
+    );
+    assert_eq!(front.handshakes.load(Ordering::SeqCst), 0);
+    assert_eq!(sim.executions_for("tls-key-2"), 0);
+    // Nothing ran, so the key was released: the same key is tried again
+    // (and refused again) rather than answered from a stored failure.
+    let retried = chat(port, "tls-key-2").await;
+    assert_eq!(retried.status(), 502);
+    assert!(
+        retried
+            .headers()
+            .get("idempotent-replayed")
+            .is_none_or(|v| v == "false")
+    );
+}
