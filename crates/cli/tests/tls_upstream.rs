@@ -116,26 +116,50 @@ async fn chat(port: u16, key: &str) -> reqwest::Response {
         .expect("the gateway answers")
 }
 
-#[tokio::test]
-async fn an_https_upstream_with_a_trusted_certificate_runs_once_and_replays() {
+/// The simulator behind a TLS terminator, and `idemgate serve` in front
+/// of it trusting the terminator's authority (`trusted`) or another one.
+struct Setup {
+    sim: idemgate_llm_sim::SimHandle,
+    front: TlsFront,
+    port: u16,
+    _gateway: Child,
+    _dirs: [tempfile::TempDir; 2],
+}
+
+async fn setup(trusted: bool) -> Setup {
     let sim = idemgate_llm_sim::spawn(SimConfig::default())
         .await
         .expect("start the simulator");
     let certs = TestCerts::generate();
     let dir = tempfile::tempdir().expect("a temp dir");
-    let files = certs.write(dir.path());
+    let other = tempfile::tempdir().expect("a temp dir");
+    let ca = if trusted {
+        certs.write(dir.path()).ca
+    } else {
+        TestCerts::generate().write(other.path()).ca
+    };
     let backend = sim
         .url()
         .trim_start_matches("http://")
         .parse()
         .expect("the simulator's address");
     let front = tls_front(&certs, backend).await;
-    let (_gateway, port) = serve(
-        &format!("https://localhost:{}", front.port),
-        &files.ca,
-        dir.path(),
-    )
-    .await;
+    let upstream = format!("https://localhost:{}", front.port);
+    let (gateway, port) = serve(&upstream, &ca, dir.path()).await;
+    Setup {
+        sim,
+        front,
+        port,
+        _gateway: gateway,
+        _dirs: [dir, other],
+    }
+}
+
+#[tokio::test]
+async fn an_https_upstream_with_a_trusted_certificate_runs_once_and_replays() {
+    // Bound whole: the gateway and the directories live to the end.
+    let up = setup(true).await;
+    let (sim, front, port) = (&up.sim, &up.front, up.port);
 
     let first = chat(port, "tls-key-1").await;
     assert_eq!(first.status(), 200);
@@ -151,26 +175,10 @@ async fn an_https_upstream_with_a_trusted_certificate_runs_once_and_replays() {
 
 #[tokio::test]
 async fn an_https_upstream_with_an_untrusted_certificate_is_refused_before_sending() {
-    let sim = idemgate_llm_sim::spawn(SimConfig::default())
-        .await
-        .expect("start the simulator");
-    let certs = TestCerts::generate();
-    let dir = tempfile::tempdir().expect("a temp dir");
     // The gateway trusts another authority only.
-    let other = tempfile::tempdir().expect("a temp dir");
-    let other_files = TestCerts::generate().write(other.path());
-    let backend = sim
-        .url()
-        .trim_start_matches("http://")
-        .parse()
-        .expect("the simulator's address");
-    let front = tls_front(&certs, backend).await;
-    let (_gateway, port) = serve(
-        &format!("https://localhost:{}", front.port),
-        &other_files.ca,
-        dir.path(),
-    )
-    .await;
+    // Bound whole: the gateway and the directories live to the end.
+    let up = setup(false).await;
+    let (sim, front, port) = (&up.sim, &up.front, up.port);
 
     let refused = chat(port, "tls-key-2").await;
     assert_eq!(refused.status(), 502);
