@@ -14,6 +14,10 @@ use std::time::Duration;
 use idemgate_llm_sim::SimConfig;
 use tokio::process::Command;
 
+mod support;
+
+use support::free_port;
+
 const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
 
 const PW: &str = "s3cr3t-pw";
@@ -25,15 +29,6 @@ fn postgres_url() -> String {
 }
 
 /// A loopback port nothing listens on.
-async fn free_port() -> u16 {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind a loopback port");
-    l.local_addr()
-        .expect("a bound listener has an address")
-        .port()
-}
-
 fn assert_hidden(what: &str, output: &str, secrets: &[&str]) {
     for s in secrets {
         assert!(!output.contains(s), "{what} shows a secret ({s}): {output}");

@@ -4,34 +4,13 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use idemgate_llm_sim::SimConfig;
-use tokio::process::{Child, Command};
+use tokio::process::Command;
+
+mod support;
+
+use support::{free_port, wait_ready};
 
 const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
-
-async fn free_port() -> u16 {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind a loopback port");
-    l.local_addr()
-        .expect("a bound listener has an address")
-        .port()
-}
-
-/// Polls `url` until it answers 200, or the process exits, or 30 s pass.
-async fn wait_ready(client: &reqwest::Client, url: &str, child: &mut Child) {
-    for _ in 0..300 {
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("gateway exited early: {status}");
-        }
-        if let Ok(r) = client.get(url).send().await
-            && r.status() == 200
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("gateway never became ready at {url}");
-}
 
 #[tokio::test]
 async fn serve_with_only_upstream_answers_and_exits_cleanly_on_sigterm() {

@@ -20,6 +20,10 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
+mod support;
+
+use support::{free_port, wait_ready};
+
 const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
 
 /// A TLS terminator on a loopback port in front of `backend`; counts the
@@ -65,11 +69,6 @@ async fn tls_front(certs: &TestCerts, backend: std::net::SocketAddr) -> TlsFront
     TlsFront { port, handshakes }
 }
 
-async fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    l.local_addr().expect("an address").port()
-}
-
 /// `idemgate serve` in front of `upstream`, with `SSL_CERT_FILE` set to
 /// `ca_file`; returns the process and its listen port once it is ready.
 async fn serve(upstream: &str, ca_file: &std::path::Path, dir: &std::path::Path) -> (Child, u16) {
@@ -86,22 +85,9 @@ async fn serve(upstream: &str, ca_file: &std::path::Path, dir: &std::path::Path)
         .kill_on_drop(true)
         .spawn()
         .expect("spawn the gateway");
-    let client = reqwest::Client::new();
-    for _ in 0..300 {
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("gateway exited early: {status}");
-        }
-        if let Ok(r) = client
-            .get(format!("http://127.0.0.1:{admin}/readyz"))
-            .send()
-            .await
-            && r.status() == 200
-        {
-            return (child, port);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("gateway never became ready");
+    let ready = format!("http://127.0.0.1:{admin}/readyz");
+    wait_ready(&reqwest::Client::new(), &ready, &mut child).await;
+    (child, port)
 }
 
 async fn chat(port: u16, key: &str) -> reqwest::Response {
