@@ -16,9 +16,9 @@
 //! Answers are taken in their identity form. The client's `Accept-Encoding`
 //! is not forwarded: the upstream client ([`client`]) then asks for the
 //! encodings it can decode (gzip, brotli, deflate), decodes them, and drops
-//! `Content-Encoding` and `Content-Length`. So what is stored, scanned for events and read for
-//! token usage is the plain answer, and a replay never sends an encoding
-//! the replaying client did not accept. Decoding, rather than asking for
+//! `Content-Encoding` and `Content-Length`. So what is stored, scanned for
+//! events and read for token usage is the plain answer, and a replay never
+//! sends an encoding the replaying client did not accept. Decoding, rather than asking for
 //! `identity`, also covers upstreams (and CDNs in front of them) that
 //! compress whatever they are asked.
 //!
