@@ -14,7 +14,7 @@
 //! | total | one deadline for the whole body (`timeout_at` on each chunk) | body error |
 //!
 //! Answers are taken in their identity form. The client's `Accept-Encoding`
-//! is not forwarded: the upstream client ([`client`]) then asks for the
+//! is not forwarded: the upstream client (`proxy/client.rs`) then asks for the
 //! encodings it can decode (gzip, brotli, deflate), decodes them, and drops
 //! `Content-Encoding` and `Content-Length`. So what is stored, scanned for
 //! events and read for token usage is the plain answer, and a replay never
