@@ -10,7 +10,6 @@
 //! (`getrusage`). Point it at any fast upstream, such as nginx `return 200`
 //! (BENCHMARKS.md, "The upstream client").
 
-use std::error::Error;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -20,13 +19,11 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use tower::Service;
+use tower::{BoxError, Service};
 use tower_http::decompression::Decompression;
 
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-type BoxError = Box<dyn Error + Send + Sync>;
 
 const BODY: &[u8] = br#"{"model":"m","messages":[{"role":"user","content":"hello"}]}"#;
 

@@ -161,8 +161,8 @@ async fn an_https_upstream_with_a_trusted_certificate_runs_once_and_replays() {
 
 #[tokio::test]
 async fn an_https_upstream_with_an_untrusted_certificate_is_refused_before_sending() {
-    // The gateway trusts another authority only.
-    // Bound whole: the gateway and the directories live to the end.
+    // The gateway trusts another authority only. Bound whole: the gateway
+    // and the directories live to the end.
     let up = setup(false).await;
     let (sim, front, port) = (&up.sim, &up.front, up.port);
 

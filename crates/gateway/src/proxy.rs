@@ -14,13 +14,13 @@
 //! | total | one deadline for the whole body (`timeout_at` on each chunk) | body error |
 //!
 //! Answers are taken in their identity form. The client's `Accept-Encoding`
-//! is not forwarded: the upstream client (`proxy/client.rs`) then asks for the
-//! encodings it can decode (gzip, brotli, deflate), decodes them, and drops
-//! `Content-Encoding` and `Content-Length`. So what is stored, scanned for
-//! events and read for token usage is the plain answer, and a replay never
-//! sends an encoding the replaying client did not accept. Decoding, rather than asking for
-//! `identity`, also covers upstreams (and CDNs in front of them) that
-//! compress whatever they are asked.
+//! is not forwarded: the upstream client (`proxy/client.rs`) then asks for
+//! the encodings it can decode (gzip, brotli, deflate), decodes them, and
+//! drops `Content-Encoding` and `Content-Length`. So what is stored, scanned
+//! for events and read for token usage is the plain answer, and a replay
+//! never sends an encoding the replaying client did not accept. Decoding,
+//! rather than asking for `identity`, also covers upstreams (and CDNs in
+//! front of them) that compress whatever they are asked.
 //!
 //! A refused connection is a 502 problem, retryable. Synthetic responses for
 //! failures *before* sending carry a [`RetryableFailure`] marker, so the
@@ -51,7 +51,7 @@ use http_body::Body as _;
 use http_body_util::BodyExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
-use tower::Service;
+use tower::{BoxError, Service};
 use tower_http::decompression::Decompression;
 use url::Url;
 
@@ -62,7 +62,7 @@ use crate::config::{RouteConfig, Timeouts};
 pub use crate::error::ProxyBuildError;
 use crate::problem::problem;
 pub use client::ClientBuildError;
-use client::{BoxError, UpstreamClient};
+use client::UpstreamClient;
 
 /// A body error from the upstream response stream: the response was cut.
 #[derive(Debug, thiserror::Error)]

@@ -28,12 +28,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::time::Instant;
-use tower::Service;
+use tower::{BoxError, Service};
 
 use idemgate_telemetry::names;
-
-/// What a boxed error is, for the connector's and the body's errors.
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The transport under the pool: plain TCP, or TCP and TLS.
 #[cfg(feature = "tls")]
