@@ -9,7 +9,22 @@
 //!
 //! Record hash fields: `st` (`P` or `D`), `fp` (32 raw fingerprint bytes),
 //! `tok` (owner token, 32 hex digits), `fence` (decimal), `exp` (lease or
-//! record expiry, ms since the epoch, decimal), `body` (payload, DONE only).
+//! record expiry, ms since the epoch, decimal), `body` (payload, DONE only),
+//! `att` (the executed attempt's timeline entry, DONE only, while the key
+//! has no timeline list).
+//!
+//! # Why the first timeline entry lives in the record
+//! Most keys run once and are never retried. Their timeline is the one
+//! entry of the completion, and a list of its own would be a third Redis
+//! key per key (after the record and the fence counter): an entry in the
+//! main and the expiry dictionaries, their rehashing as the keyspace grows,
+//! and two more calls in the completion. So a completion that finds no
+//! list keeps its entry in the record (`att`), where it lives and expires
+//! with the record. The first later append to the key's timeline creates
+//! the list and moves the entry into it (`adopt`), so the entry then lives
+//! as long as the list, as it did before. `att` is in the record only
+//! while the key has no list; the timeline is read by one script (`TIMELINE`)
+//! so that a read never sees the entry in both places or in neither.
 
 use redis::Script;
 
@@ -25,8 +40,14 @@ use redis::Script;
 /// common cases skip the calls that would change nothing: a list no longer
 /// than `max` is not trimmed, and a list the append just created (its
 /// length is what was appended, and it has no TTL yet) gets its TTL
-/// without asking for the old one. A first execution's complete makes 6
-/// calls rather than 8.
+/// without asking for the old one.
+///
+/// `adopt(key, rec)` moves the executed attempt a record holds (`att`, see
+/// the module docs) to the head of the timeline list `key` the caller just
+/// created: it is older than the entries that created the list (which
+/// keeps the order of entries stamped in the same millisecond).
+/// `push(key, entry, max, ttl, rec)` adopts when its append created the
+/// list and `rec` is given.
 const PUSH: &str = r"
 local function keep(key, n, created, max, ttl)
   max = tonumber(max)
@@ -36,9 +57,17 @@ local function keep(key, n, created, max, ttl)
     redis.call('PEXPIRE', key, ttl)
   end
 end
-local function push(key, entry, max, ttl)
+local function adopt(key, rec)
+  local att = redis.call('HGET', rec, 'att')
+  if not att then return 0 end
+  redis.call('HDEL', rec, 'att')
+  return redis.call('LPUSH', key, att) - 1
+end
+local function push(key, entry, max, ttl, rec)
   local n = redis.call('RPUSH', key, entry)
-  keep(key, n, n == 1, max, ttl)
+  local created = n == 1
+  if created and rec then n = n + adopt(key, rec) end
+  keep(key, n, created, max, ttl)
 end
 local function now_ms()
   local t = redis.call('TIME')
@@ -92,6 +121,10 @@ return es
 /// fence, payload, done_ttl ms, attempt JSON, timeline max, fingerprint,
 /// fence memory ms. Returns 1 if applied, 0 if stale.
 ///
+/// The attempt goes to the key's timeline list when it has one, and
+/// otherwise into the record (`att`; see the module docs): a first
+/// execution's complete makes 5 calls and writes no third key.
+///
 /// The DONE record keeps the owner's token and fence, so that a retry of a
 /// complete whose reply was lost is recognised: the same lease and the same
 /// payload on the DONE record it wrote return 1 without writing again.
@@ -108,22 +141,27 @@ if cur[1] == 'D' and cur[2] == ARGV[1] and cur[3] == ARGV[2] and cur[4] == ARGV[
 end
 local ttl = tonumber(ARGV[4])
 local es = string.format('%.0f', now_ms() + ttl)
+local fields = {'st', 'D', 'exp', es, 'body', ARGV[3]}
 if not cur[1] then
   local last = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
   if last > tonumber(ARGV[2]) then return 0 end
-  redis.call('HSET', KEYS[1], 'st', 'D', 'fp', ARGV[7], 'tok', ARGV[1], 'fence', ARGV[2],
-    'exp', es, 'body', ARGV[3])
-  redis.call('PEXPIRE', KEYS[1], ttl)
   if last < tonumber(ARGV[2]) then
     redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[8])
   end
-  push(KEYS[2], ARGV[5], ARGV[6], ttl)
-  return 1
+  for _, f in ipairs({'fp', ARGV[7], 'tok', ARGV[1], 'fence', ARGV[2]}) do
+    fields[#fields + 1] = f
+  end
+elseif not (cur[1] == 'P' and cur[2] == ARGV[1] and cur[3] == ARGV[2]) then
+  return 0
 end
-if not (cur[1] == 'P' and cur[2] == ARGV[1] and cur[3] == ARGV[2]) then return 0 end
-redis.call('HSET', KEYS[1], 'st', 'D', 'exp', es, 'body', ARGV[3])
+local listed = redis.call('EXISTS', KEYS[2]) == 1
+if not listed then
+  fields[#fields + 1] = 'att'
+  fields[#fields + 1] = ARGV[5]
+end
+redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('PEXPIRE', KEYS[1], ttl)
-push(KEYS[2], ARGV[5], ARGV[6], ttl)
+if listed then push(KEYS[2], ARGV[5], ARGV[6], ttl) end
 return 1
 ";
 
@@ -131,7 +169,8 @@ return 1
 /// fence, attempt JSON, timeline max, timeline ttl ms, fence memory ms.
 /// Returns 1 if applied, 0 if stale. The fence counter is raised past the
 /// lease's fence: the owner gave the key up, so its own complete must not
-/// write the record again.
+/// write the record again. (A PENDING record holds no `att`: nothing to
+/// adopt.)
 const RELEASE: &str = r"
 if not owned(KEYS[1], ARGV[1], ARGV[2]) then return 0 end
 redis.call('DEL', KEYS[1])
@@ -148,33 +187,45 @@ return 1
 /// memory ms. Returns 1 if there was a record, 0 otherwise. The fence
 /// counter is raised past the record's fence, so the next claim gets a
 /// greater fence and the forgotten owner's complete cannot write the
-/// record again.
+/// record again. The timeline outlives the record: the forget's entry is
+/// appended (adopting the record's `att`) before the record goes.
 const FORGET: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 local fence = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0') or 0
-if redis.call('DEL', KEYS[1]) == 0 then return 0 end
+push(KEYS[2], ARGV[1], ARGV[2], ARGV[3], KEYS[1])
+redis.call('DEL', KEYS[1])
 local last = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
 if last <= fence then
   redis.call('SET', KEYS[3], string.format('%.0f', fence + 1), 'PX', ARGV[4])
 end
-push(KEYS[2], ARGV[1], ARGV[2], ARGV[3])
 return 1
 ";
 
-/// Timeline append. KEYS: timeline. ARGV: attempt JSON, max, ttl ms.
+/// Timeline append. KEYS: timeline, record. ARGV: attempt JSON, max, ttl
+/// ms.
 const RECORD: &str = r"
-push(KEYS[1], ARGV[1], ARGV[2], ARGV[3])
+push(KEYS[1], ARGV[1], ARGV[2], ARGV[3], KEYS[2])
 return 1
 ";
 
 /// Timeline append of several entries of one key (the background writer).
-/// KEYS: timeline. ARGV: max, ttl ms, entry JSON…
+/// KEYS: timeline, record. ARGV: max, ttl ms, entry JSON…
 const RECORD_MANY: &str = r"
 local n = 0
 for i = 3, #ARGV do
   n = redis.call('RPUSH', KEYS[1], ARGV[i])
 end
-keep(KEYS[1], n, n == #ARGV - 2, ARGV[1], ARGV[2])
+local created = n == #ARGV - 2
+if created then n = n + adopt(KEYS[1], KEYS[2]) end
+keep(KEYS[1], n, created, ARGV[1], ARGV[2])
 return 1
+";
+
+/// The whole timeline of a key. KEYS: record, timeline. Returns
+/// `{att or false, {entries…}}`: in one script, so that an `adopt` cannot
+/// run between the two reads.
+const TIMELINE: &str = r"
+return {redis.call('HGET', KEYS[1], 'att'), redis.call('LRANGE', KEYS[2], 0, -1)}
 ";
 
 /// The compiled scripts (their SHA1s are computed once).
@@ -187,6 +238,7 @@ pub(crate) struct Scripts {
     pub(crate) forget: Script,
     pub(crate) record: Script,
     pub(crate) record_many: Script,
+    pub(crate) timeline: Script,
 }
 
 impl Scripts {
@@ -206,6 +258,7 @@ impl Scripts {
             forget: with_helpers(FORGET),
             record: with_helpers(RECORD),
             record_many: with_helpers(RECORD_MANY),
+            timeline: Script::new(TIMELINE),
         }
     }
 }

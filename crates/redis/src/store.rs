@@ -472,6 +472,7 @@ impl Store for RedisStore {
             if let Some(writer) = &self.timeline {
                 writer.push(Entry {
                     key: k.tl,
+                    rec: k.rec,
                     json: attempt_json(attempt)?,
                     ttl_ms: ttl_ms(ttl),
                 });
@@ -483,6 +484,7 @@ impl Store for RedisStore {
                     self.scripts
                         .record
                         .key(&k.tl)
+                        .key(&k.rec)
                         .arg(attempt_json(attempt)?)
                         .arg(MAX_TIMELINE)
                         .arg(ttl_ms(ttl)),
@@ -498,11 +500,14 @@ impl Store for RedisStore {
     ) -> BoxFuture<'a, Result<Vec<Attempt>, StoreError>> {
         Box::pin(async move {
             let k = self.keys(key);
-            let mut cmd = redis::cmd("LRANGE");
-            cmd.arg(&k.tl).arg(0).arg(-1);
-            let entries: Vec<Vec<u8>> = self.query("timeline", &cmd).await?;
-            let mut attempts = entries
+            // The executed attempt the record holds while the key has no
+            // list (see `scripts`), and the list.
+            let (held, listed): (Option<Vec<u8>>, Vec<Vec<u8>>) = self
+                .invoke("timeline", self.scripts.timeline.key(&k.rec).key(&k.tl))
+                .await?;
+            let mut attempts = held
                 .iter()
+                .chain(&listed)
                 .map(|e| {
                     serde_json::from_slice(e)
                         .map_err(|err| corrupt("timeline entry is not an attempt").with_source(err))

@@ -30,6 +30,8 @@ const BATCH: usize = 1024;
 pub(crate) struct Entry {
     /// The timeline list key.
     pub(crate) key: String,
+    /// The record's key (whose executed attempt a new list adopts).
+    pub(crate) rec: String,
     /// The attempt as JSON.
     pub(crate) json: Vec<u8>,
     /// How long the list must live at least, in ms.
@@ -87,28 +89,28 @@ async fn run(
     let mut batch = Vec::with_capacity(BATCH);
     while rx.recv_many(&mut batch, BATCH).await > 0 {
         // One call per key, entries in arrival order.
-        let mut groups: Vec<(String, Vec<Vec<u8>>, u64)> = Vec::new();
+        let mut groups: Vec<(String, String, Vec<Vec<u8>>, u64)> = Vec::new();
         let mut index: HashMap<String, usize> = HashMap::new();
         for e in batch.drain(..) {
             match index.get(&e.key) {
                 Some(&i) => {
                     if let Some(g) = groups.get_mut(i) {
-                        g.1.push(e.json);
-                        g.2 = g.2.max(e.ttl_ms);
+                        g.2.push(e.json);
+                        g.3 = g.3.max(e.ttl_ms);
                     }
                 }
                 None => {
                     index.insert(e.key.clone(), groups.len());
-                    groups.push((e.key, vec![e.json], e.ttl_ms));
+                    groups.push((e.key, e.rec, vec![e.json], e.ttl_ms));
                 }
             }
         }
         let mut calls = tokio::task::JoinSet::new();
-        for (key, entries, ttl) in groups {
+        for (key, rec, entries, ttl) in groups {
             let (mut conn, scripts) = (conn.clone(), Arc::clone(&scripts));
             calls.spawn(async move {
                 let mut inv = scripts.record_many.prepare_invoke();
-                inv.key(&key).arg(max).arg(ttl.max(1));
+                inv.key(&key).key(&rec).arg(max).arg(ttl.max(1));
                 for e in &entries {
                     inv.arg(e.as_slice());
                 }

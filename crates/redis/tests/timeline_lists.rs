@@ -1,8 +1,11 @@
-//! What the scripts leave in Redis for a timeline: its TTL and its length.
-//! The scripts skip the `PTTL` of a list they just created and the `LTRIM`
-//! of a list within bounds; these tests read the list back with
-//! `redis-cli` to show that the list still lives as long as its longest
-//! entry needs, never shorter, and never grows past the bound.
+//! What the scripts leave in Redis for a timeline: its TTL and its length,
+//! and where the executed attempt is kept. The scripts skip the `PTTL` of
+//! a list they just created and the `LTRIM` of a list within bounds, and
+//! keep the entry of a key run once in its record until a later entry
+//! makes the list; these tests read Redis back with `redis-cli` to show
+//! that the list still lives as long as its longest entry needs, never
+//! shorter, never grows past the bound, and that the executed entry is
+//! always in exactly one place.
 
 mod support;
 
@@ -35,6 +38,10 @@ fn timeline_key(key: &ScopedKey) -> String {
     format!("{}:{}:tl", support::run_prefix(), hash_tag(key))
 }
 
+fn record_key(key: &ScopedKey) -> String {
+    format!("{}:{}:rec", support::run_prefix(), hash_tag(key))
+}
+
 /// The list's TTL in ms, or Redis's -1 (none) / -2 (no list).
 fn pttl(key: &ScopedKey) -> i64 {
     let out =
@@ -60,33 +67,64 @@ async fn append_replay(store: &RedisStore, key: &ScopedKey, ttl: Duration) -> i6
 const MINUTE: Duration = Duration::from_secs(60);
 const HOUR: Duration = Duration::from_secs(3600);
 
-#[tokio::test]
-async fn a_new_timeline_gets_the_records_ttl_and_a_longer_entry_extends_it() {
-    let store = store().await;
-    let key = fresh_key();
-    let lease = acquired(store.claim(&key, &fp("a"), MINUTE).await.unwrap());
+/// Claims and completes `key` with a first execution kept `ttl`.
+async fn run_once(store: &RedisStore, key: &ScopedKey, ttl: Duration) {
+    let lease = acquired(store.claim(key, &fp("a"), ttl).await.expect("claim"));
     let done = store
         .complete(
             &lease,
             Bytes::from_static(b"answer"),
-            MINUTE,
+            ttl,
             &attempt(AttemptOutcome::Executed),
         )
         .await
-        .unwrap();
+        .expect("complete");
     assert_eq!(done, Fenced::Applied);
-    // Created by the complete: the record's TTL, not none.
-    let first = pttl(&key);
-    assert!(
-        (50_000..=60_000).contains(&first),
-        "a new timeline lives as long as its record, got {first} ms"
-    );
+}
 
-    // A later entry that must live longer extends the list.
+async fn outcomes(store: &RedisStore, key: &ScopedKey) -> Vec<AttemptOutcome> {
+    let timeline = store.timeline(key).await.expect("timeline");
+    timeline.iter().map(|a| a.outcome).collect()
+}
+
+/// Whether the record holds the executed attempt (`att`).
+fn record_holds_entry(key: &ScopedKey) -> bool {
+    let out = support::redis_cli(SHARED_PORT, &["HEXISTS", &record_key(key), "att"])
+        .expect("redis-cli HEXISTS");
+    out.trim() == "1"
+}
+
+#[tokio::test]
+async fn a_key_run_once_keeps_its_entry_in_the_record_and_has_no_list() {
+    let store = store().await;
+    let key = fresh_key();
+    run_once(&store, &key, MINUTE).await;
+    assert_eq!(pttl(&key), -2, "a key run once has no timeline list");
+    assert!(record_holds_entry(&key));
+    assert_eq!(outcomes(&store, &key).await, [AttemptOutcome::Executed]);
+}
+
+#[tokio::test]
+async fn the_first_later_entry_makes_the_list_takes_the_entry_and_a_longer_one_extends_it() {
+    let store = store().await;
+    let key = fresh_key();
+    run_once(&store, &key, MINUTE).await;
+
+    // The list is made by the next entry, holds both, and lives as long
+    // as the longer of them needs.
     let extended = append_replay(&store, &key, HOUR).await;
     assert!(
         (3_500_000..=3_600_000).contains(&extended),
-        "an hour-long entry extends the list, got {extended} ms"
+        "an hour-long entry makes an hour-long list, got {extended} ms"
+    );
+    assert_eq!(llen(&key), 2);
+    assert!(
+        !record_holds_entry(&key),
+        "the entry moved, it was not copied"
+    );
+    assert_eq!(
+        outcomes(&store, &key).await,
+        [AttemptOutcome::Executed, AttemptOutcome::Replayed]
     );
 
     // A shorter one never shortens it.
@@ -96,6 +134,117 @@ async fn a_new_timeline_gets_the_records_ttl_and_a_longer_entry_extends_it() {
         "a minute-long entry shortened the list to {kept} ms"
     );
     assert_eq!(llen(&key), 3);
+}
+
+#[tokio::test]
+async fn a_background_batch_takes_the_executed_entry_too() {
+    let store = connect(support::options()).await;
+    let key = fresh_key();
+    run_once(&store, &key, MINUTE).await;
+    for _ in 0..3 {
+        store
+            .record_attempt(&key, &attempt(AttemptOutcome::Replayed), HOUR)
+            .await
+            .unwrap();
+    }
+    let landed = idemgate_testkit::eventually(|| async { llen(&key) == 4 }).await;
+    assert!(landed, "the batch never landed: {} entries", llen(&key));
+    assert!(!record_holds_entry(&key));
+    assert_eq!(
+        outcomes(&store, &key).await,
+        [
+            AttemptOutcome::Executed,
+            AttemptOutcome::Replayed,
+            AttemptOutcome::Replayed,
+            AttemptOutcome::Replayed
+        ]
+    );
+}
+
+#[tokio::test]
+async fn the_executed_entry_outlives_its_record_once_the_list_holds_it() {
+    let store = store().await;
+    let key = fresh_key();
+    run_once(&store, &key, Duration::from_millis(300)).await;
+    append_replay(&store, &key, HOUR).await;
+    let gone =
+        idemgate_testkit::eventually(|| async { store.get(&key).await.expect("get").is_none() })
+            .await;
+    assert!(gone, "the record never expired");
+    assert_eq!(
+        outcomes(&store, &key).await,
+        [AttemptOutcome::Executed, AttemptOutcome::Replayed]
+    );
+}
+
+#[tokio::test]
+async fn a_completion_appends_to_the_list_a_key_already_has() {
+    let store = store().await;
+    let key = fresh_key();
+    let lease = acquired(store.claim(&key, &fp("a"), MINUTE).await.unwrap());
+    // A duplicate met the PENDING record: the key has a list already.
+    store
+        .record_attempt(&key, &attempt(AttemptOutcome::Conflict), MINUTE)
+        .await
+        .unwrap();
+    let done = store
+        .complete(
+            &lease,
+            Bytes::from_static(b"answer"),
+            HOUR,
+            &attempt(AttemptOutcome::Executed),
+        )
+        .await
+        .unwrap();
+    assert_eq!(done, Fenced::Applied);
+    assert!(!record_holds_entry(&key));
+    assert_eq!(llen(&key), 2);
+    let ttl = pttl(&key);
+    assert!(
+        ttl > 3_000_000,
+        "the completion extends the list to the record's TTL, got {ttl} ms"
+    );
+    assert_eq!(
+        outcomes(&store, &key).await,
+        [AttemptOutcome::Conflict, AttemptOutcome::Executed]
+    );
+}
+
+/// Readers on one connection, the appends that move the executed entry
+/// into a new list on another: every read sees the entry exactly once.
+/// A timeline read in two steps (the record's field, then the list) would
+/// see it twice or not at all when a move lands between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_timeline_read_sees_the_executed_entry_exactly_once_while_it_moves() {
+    let readers = store().await;
+    let writers = store().await;
+    for _ in 0..100 {
+        let key = fresh_key();
+        run_once(&writers, &key, MINUTE).await;
+        let mut reads = tokio::task::JoinSet::new();
+        for _ in 0..4 {
+            let (store, key) = (readers.clone(), key.clone());
+            reads.spawn(async move {
+                let mut seen = Vec::new();
+                for _ in 0..8 {
+                    seen.push(outcomes(&store, &key).await);
+                }
+                seen
+            });
+        }
+        let write = {
+            let (store, key) = (writers.clone(), key.clone());
+            tokio::spawn(async move { append_replay(&store, &key, MINUTE).await })
+        };
+        for seen in reads.join_all().await.into_iter().flatten() {
+            let executed = seen
+                .iter()
+                .filter(|o| **o == AttemptOutcome::Executed)
+                .count();
+            assert_eq!(executed, 1, "a read saw {seen:?}");
+        }
+        write.await.unwrap();
+    }
 }
 
 #[tokio::test]
