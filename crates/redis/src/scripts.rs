@@ -30,10 +30,11 @@ use redis::Script;
 
 /// Shared helpers prepended to the scripts that append to a timeline.
 ///
-/// `push(key, entry, max, ttl)`: append, keep the newest `max`, and make the
-/// list live at least `ttl` ms. `keep(key, n, created, max, ttl)` is its
-/// second half: `n` is the list's length after the append, `created` whether
-/// the append made the list.
+/// `push(key, entry, max, ttl, rec)`: append, keep the newest `max`, and
+/// make the list live at least `ttl` ms. `keep(key, n, created, max, ttl,
+/// rec)` is its second half: `n` is the list's length after the append,
+/// `created` whether the append made the list, `rec` the record whose
+/// executed attempt a list just made adopts (nil: none to adopt).
 ///
 /// Each `redis.call` costs the server 1 to 2 µs (a script of the claim's
 /// six calls takes about 10 µs of server time, an empty one 1.3), so the
@@ -43,13 +44,18 @@ use redis::Script;
 /// without asking for the old one.
 ///
 /// `adopt(key, rec)` moves the executed attempt a record holds (`att`, see
-/// the module docs) to the head of the timeline list `key` the caller just
-/// created: it is older than the entries that created the list (which
-/// keeps the order of entries stamped in the same millisecond).
-/// `push(key, entry, max, ttl, rec)` adopts when its append created the
-/// list and `rec` is given.
+/// the module docs) to the head of the timeline list `key` just created: it
+/// is older than the entries that created the list (which keeps the order
+/// of entries stamped in the same millisecond).
 const PUSH: &str = r"
-local function keep(key, n, created, max, ttl)
+local function adopt(key, rec)
+  local att = redis.call('HGET', rec, 'att')
+  if not att then return 0 end
+  redis.call('HDEL', rec, 'att')
+  return redis.call('LPUSH', key, att) - 1
+end
+local function keep(key, n, created, max, ttl, rec)
+  if created and rec then n = n + adopt(key, rec) end
   max = tonumber(max)
   if n > max then redis.call('LTRIM', key, -max, -1) end
   ttl = tonumber(ttl)
@@ -57,17 +63,9 @@ local function keep(key, n, created, max, ttl)
     redis.call('PEXPIRE', key, ttl)
   end
 end
-local function adopt(key, rec)
-  local att = redis.call('HGET', rec, 'att')
-  if not att then return 0 end
-  redis.call('HDEL', rec, 'att')
-  return redis.call('LPUSH', key, att) - 1
-end
 local function push(key, entry, max, ttl, rec)
   local n = redis.call('RPUSH', key, entry)
-  local created = n == 1
-  if created and rec then n = n + adopt(key, rec) end
-  keep(key, n, created, max, ttl)
+  keep(key, n, n == 1, max, ttl, rec)
 end
 local function now_ms()
   local t = redis.call('TIME')
@@ -215,9 +213,7 @@ local n = 0
 for i = 3, #ARGV do
   n = redis.call('RPUSH', KEYS[1], ARGV[i])
 end
-local created = n == #ARGV - 2
-if created then n = n + adopt(KEYS[1], KEYS[2]) end
-keep(KEYS[1], n, created, ARGV[1], ARGV[2])
+keep(KEYS[1], n, n == #ARGV - 2, ARGV[1], ARGV[2], KEYS[2])
 return 1
 ";
 

@@ -38,6 +38,14 @@ pub(crate) struct Entry {
     pub(crate) ttl_ms: u64,
 }
 
+/// One key's entries of a batch, written with one script call.
+struct Group {
+    key: String,
+    rec: String,
+    entries: Vec<Vec<u8>>,
+    ttl_ms: u64,
+}
+
 /// The sending side; the writer task ends when the last store clone (and
 /// with it this sender) is dropped, after writing what is queued.
 #[derive(Debug)]
@@ -89,24 +97,35 @@ async fn run(
     let mut batch = Vec::with_capacity(BATCH);
     while rx.recv_many(&mut batch, BATCH).await > 0 {
         // One call per key, entries in arrival order.
-        let mut groups: Vec<(String, String, Vec<Vec<u8>>, u64)> = Vec::new();
+        let mut groups: Vec<Group> = Vec::new();
         let mut index: HashMap<String, usize> = HashMap::new();
         for e in batch.drain(..) {
             match index.get(&e.key) {
                 Some(&i) => {
                     if let Some(g) = groups.get_mut(i) {
-                        g.2.push(e.json);
-                        g.3 = g.3.max(e.ttl_ms);
+                        g.entries.push(e.json);
+                        g.ttl_ms = g.ttl_ms.max(e.ttl_ms);
                     }
                 }
                 None => {
                     index.insert(e.key.clone(), groups.len());
-                    groups.push((e.key, e.rec, vec![e.json], e.ttl_ms));
+                    groups.push(Group {
+                        key: e.key,
+                        rec: e.rec,
+                        entries: vec![e.json],
+                        ttl_ms: e.ttl_ms,
+                    });
                 }
             }
         }
         let mut calls = tokio::task::JoinSet::new();
-        for (key, rec, entries, ttl) in groups {
+        for Group {
+            key,
+            rec,
+            entries,
+            ttl_ms: ttl,
+        } in groups
+        {
             let (mut conn, scripts) = (conn.clone(), Arc::clone(&scripts));
             calls.spawn(async move {
                 let mut inv = scripts.record_many.prepare_invoke();

@@ -34,12 +34,13 @@ async fn connect(opts: idemgate_redis::RedisOptions) -> RedisStore {
     }
 }
 
-fn timeline_key(key: &ScopedKey) -> String {
-    format!("{}:{}:tl", support::run_prefix(), hash_tag(key))
+/// The name of one of `key`'s Redis keys (`tl`, `rec`).
+fn redis_key(key: &ScopedKey, suffix: &str) -> String {
+    format!("{}:{}:{suffix}", support::run_prefix(), hash_tag(key))
 }
 
-fn record_key(key: &ScopedKey) -> String {
-    format!("{}:{}:rec", support::run_prefix(), hash_tag(key))
+fn timeline_key(key: &ScopedKey) -> String {
+    redis_key(key, "tl")
 }
 
 /// The list's TTL in ms, or Redis's -1 (none) / -2 (no list).
@@ -89,7 +90,7 @@ async fn outcomes(store: &RedisStore, key: &ScopedKey) -> Vec<AttemptOutcome> {
 
 /// Whether the record holds the executed attempt (`att`).
 fn record_holds_entry(key: &ScopedKey) -> bool {
-    let out = support::redis_cli(SHARED_PORT, &["HEXISTS", &record_key(key), "att"])
+    let out = support::redis_cli(SHARED_PORT, &["HEXISTS", &redis_key(key, "rec"), "att"])
         .expect("redis-cli HEXISTS");
     out.trim() == "1"
 }
