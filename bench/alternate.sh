@@ -26,6 +26,8 @@ REDIS_PORT=${REDIS_PORT:-6379}; FIRST_DB=${FIRST_DB:-5}; PORT_BASE=${PORT_BASE:-
 IPX_BIN=${IPX_BIN:-$(command -v idempotent-proxy-server || echo "$HOME/.cargo/bin/idempotent-proxy-server")}
 WORK=$(mktemp -d)
 PIDS=()
+# shellcheck source=bench/common.sh
+. bench/common.sh
 cleanup() {
   for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
   [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")" 2>/dev/null || true
@@ -51,61 +53,41 @@ http {
     listen 127.0.0.1:$UP;
     location / {
       default_type application/json;
-      return 200 '{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}';
+      return 200 '$STATIC_ANSWER';
     }
   }
 }
 NGX
 nginx -c "$WORK/nginx.conf" -p "$WORK"
 
-wait_http() { # url log
-  for _ in $(seq 1 100); do curl -s -o /dev/null "$1" && return 0; sleep 0.1; done
-  echo "$1 did not come up:" >&2; cat "$2" >&2; exit 1
-}
-
 # Targets: name, url, path, pid, db.
 NAMES=(); URLS=(); PATHS=(); TPIDS=(); DBS=()
 n=0
 for spec in "$@"; do
-  name=${spec%%=*}; bin=${spec#*=}
-  [ -x "$bin" ] || { echo "$bin is not an executable" >&2; exit 1; }
+  name=${spec%%=*}; BIN=${spec#*=}
+  [ -x "$BIN" ] || { echo "$BIN is not an executable" >&2; exit 1; }
   db=$((FIRST_DB + n)); port=$((PORT_BASE + 10 + 2 * n))
-  "$bin" serve --upstream "http://127.0.0.1:$UP" --listen "127.0.0.1:$port" \
-    --admin-listen "127.0.0.1:$((port + 1))" --store "redis://127.0.0.1:$REDIS_PORT/$db" \
-    >"$WORK/$name.log" 2>&1 &
-  PIDS+=($!)
-  wait_http "http://127.0.0.1:$((port + 1))/healthz" "$WORK/$name.log"
+  start_gateway "http://127.0.0.1:$UP" "$port" "$((port + 1))" \
+    "redis://127.0.0.1:$REDIS_PORT/$db" "$WORK/$name.log"
   NAMES+=("$name"); URLS+=("http://127.0.0.1:$port"); PATHS+=(/v1/chat/completions)
-  TPIDS+=($!); DBS+=("$db"); n=$((n + 1))
+  TPIDS+=("$GW_PID"); DBS+=("$db"); n=$((n + 1))
 done
 if [ "$IPX_BIN" != none ] && [ -x "$IPX_BIN" ]; then
   db=$((FIRST_DB + n)); port=$((PORT_BASE + 10 + 2 * n))
-  mkdir -p "$WORK/ipx"
-  # It reads a .env file from its working directory; REQUEST_TIMEOUT is
-  # also how long it keeps a response.
-  cat >"$WORK/ipx/.env" <<ENV
-SERVER_ADDR=127.0.0.1:$port
-REDIS_URL=redis://127.0.0.1:$REDIS_PORT/$db
-REQUEST_TIMEOUT=600000
-URL_BENCH=http://127.0.0.1:$UP/v1/chat/completions
-LOG_LEVEL=error
-ENV
-  (cd "$WORK/ipx" && exec "$IPX_BIN") >"$WORK/ipx/log" 2>&1 &
-  PIDS+=($!)
-  wait_http "http://127.0.0.1:$port/" "$WORK/ipx/log"
+  start_ipx "http://127.0.0.1:$UP/v1/chat/completions" "$port" "$WORK/ipx" \
+    "redis://127.0.0.1:$REDIS_PORT/$db"
   NAMES+=(idempotent-proxy); URLS+=("http://127.0.0.1:$port"); PATHS+=(/URL_BENCH)
-  TPIDS+=($!); DBS+=("$db")
+  TPIDS+=("$IPX_PID"); DBS+=("$db")
 fi
 
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 used_memory() { rcli info memory | awk -F: '/^used_memory:/ {print $2 + 0}'; }
 
 run() { # index
   local i=$1 out m0 m1 a b r0 r1
   rcli -n "${DBS[$i]}" flushdb >/dev/null; sleep 1
-  m0=$(used_memory); a=$(ticks "${TPIDS[$i]}"); r0=$(ticks "$REDIS_PID")
+  m0=$(used_memory); a=$(cpu_ticks "${TPIDS[$i]}"); r0=$(cpu_ticks "$REDIS_PID")
   out=$(BENCH_PATH="${PATHS[$i]}" wrk -t1 -c16 -d"$DURATION" --latency -s bench/fresh.lua "${URLS[$i]}" 2>&1)
-  b=$(ticks "${TPIDS[$i]}"); r1=$(ticks "$REDIS_PID")
+  b=$(cpu_ticks "${TPIDS[$i]}"); r1=$(cpu_ticks "$REDIS_PID")
   sleep 0.5; m1=$(used_memory)
   rcli -n "${DBS[$i]}" flushdb >/dev/null
   awk -v name="${NAMES[$i]}" -v a="$a" -v b="$b" -v r0="$r0" -v r1="$r1" -v m0="$m0" -v m1="$m1" \

@@ -61,6 +61,8 @@ SIMBIN=${BENCH_SIM:-$TARGET/release/idemgate-llm-sim}
 IPX_BIN=${IPX_BIN:-$(command -v idempotent-proxy-server || echo "$HOME/.cargo/bin/idempotent-proxy-server")}
 IPX_REDIS_DB=${IPX_REDIS_DB:-9}
 PIDS=(); GW_PID=; IPX_PID=
+# shellcheck source=bench/common.sh
+. bench/common.sh
 cleanup() {
   for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
   [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")" 2>/dev/null || true
@@ -81,37 +83,6 @@ redis_base() { # redis://host:port from the store URL
   local hp=${STORE#redis://}; hp=${hp%%/*}; hp=${hp%%\?*}; echo "redis://$hp"
 }
 
-wait_http() { # url log
-  for _ in $(seq 1 100); do curl -s -o /dev/null "$1" && return 0; sleep 0.1; done
-  echo "$1 did not come up:" >&2; cat "$2" >&2; exit 1
-}
-
-start_gateway() { # upstream listen admin store log
-  "$BIN" serve --upstream "$1" --listen "127.0.0.1:$2" --admin-listen "127.0.0.1:$3" \
-    --store "$4" ${GATEWAY_WORKERS:+--workers "$GATEWAY_WORKERS"} >"$5" 2>&1 &
-  GW_PID=$!
-  PIDS+=($!)
-  for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$3/healthz" >/dev/null && return 0; sleep 0.1; done
-  echo "the gateway did not start:" >&2; cat "$5" >&2; exit 1
-}
-
-start_ipx() { # upstream-url listen dir
-  mkdir -p "$3"
-  # It reads a .env file from its working directory (and refuses to start
-  # without one); REQUEST_TIMEOUT is also how long it keeps a response.
-  cat >"$3/.env" <<ENV
-SERVER_ADDR=127.0.0.1:$2
-REDIS_URL=$(redis_base)/$IPX_REDIS_DB
-REQUEST_TIMEOUT=600000
-URL_BENCH=$1
-LOG_LEVEL=error
-ENV
-  (cd "$3" && exec env ${IPX_WORKERS:+TOKIO_WORKER_THREADS="$IPX_WORKERS"} "$IPX_BIN") >"$3/log" 2>&1 &
-  IPX_PID=$!
-  PIDS+=($!)
-  wait_http "http://127.0.0.1:$2/" "$3/log"
-}
-
 ipx_cleanup() {
   local hp=${STORE#redis://}; hp=${hp%%/*}; hp=${hp%%\?*}
   redis-cli -h "${hp%%:*}" -p "${hp##*:}" -n "$IPX_REDIS_DB" --scan --pattern '*POST:*' \
@@ -128,14 +99,6 @@ warm_replays() { # base-url path
 }
 
 # ---------------------------------------------------------------- part 1
-cpu_ticks() { # pid... : user + system clock ticks of those processes
-  local t=0 pid
-  for pid in "$@"; do
-    t=$((t + $(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null || echo 0)))
-  done
-  echo "$t"
-}
-
 # The store server's processes, for its CPU per request: PostgreSQL's are
 # every process of the server's user (backends come and go), Redis's the
 # server on the store's port; SQLite runs inside the gateway.
@@ -188,7 +151,7 @@ http {
     listen 127.0.0.1:$UP;
     location / {
       default_type application/json;
-      return 200 '{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}';
+      return 200 '$STATIC_ANSWER';
     }
   }
   server {
@@ -205,7 +168,7 @@ NGX
   start_gateway "http://127.0.0.1:$UP" "$GW" "$ADMIN" "$STORE" "$WORK/gw.log"
   warm_replays "http://127.0.0.1:$GW" /v1/chat/completions
   if [ "$IPX_ON" = 1 ]; then
-    start_ipx "http://127.0.0.1:$UP/v1/chat/completions" "$IPX" "$WORK/ipx"
+    start_ipx "http://127.0.0.1:$UP/v1/chat/completions" "$IPX" "$WORK/ipx" "$(redis_base)/$IPX_REDIS_DB"
     warm_replays "http://127.0.0.1:$IPX" /URL_BENCH
   fi
 
@@ -283,7 +246,7 @@ part_held() {
   case "$store" in sqlite:*) store="sqlite:$WORK/held.db" ;; esac
   start_gateway "http://127.0.0.1:$SIM" "$GW_SLOW" "$ADMIN_SLOW" "$store" "$WORK/gw-slow.log"
   if [ "$IPX_ON" = 1 ]; then
-    start_ipx "http://127.0.0.1:$SIM/v1/chat/completions" "$IPX_SLOW" "$WORK/ipx-slow"
+    start_ipx "http://127.0.0.1:$SIM/v1/chat/completions" "$IPX_SLOW" "$WORK/ipx-slow" "$(redis_base)/$IPX_REDIS_DB"
   fi
   echo "store: $STORE   held $HELD_RATE req/s for $HELD_DURATION (warm-up $HELD_WARMUP), upstream answers in ${SLOW_MS} ms"
   : >"$WORK/held"

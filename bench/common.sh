@@ -1,0 +1,47 @@
+# Helpers the bench scripts share (sourced, not run). The caller sets
+# `PIDS=()` (every process started here is added, for the caller's
+# cleanup), and `BIN` (the idemgate binary) before `start_gateway`, and
+# `IPX_BIN` before `start_ipx`.
+
+# The answer of the static upstream (nginx `return 200`): a chat completion.
+# shellcheck disable=SC2034 # used by the scripts that source this file
+STATIC_ANSWER='{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}'
+
+wait_http() { # url log
+  for _ in $(seq 1 100); do curl -s -o /dev/null "$1" && return 0; sleep 0.1; done
+  echo "$1 did not come up:" >&2; cat "$2" >&2; exit 1
+}
+
+start_gateway() { # upstream listen-port admin-port store log; sets GW_PID
+  "$BIN" serve --upstream "$1" --listen "127.0.0.1:$2" --admin-listen "127.0.0.1:$3" \
+    --store "$4" ${GATEWAY_WORKERS:+--workers "$GATEWAY_WORKERS"} >"$5" 2>&1 &
+  GW_PID=$!
+  PIDS+=($!)
+  for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$3/healthz" >/dev/null && return 0; sleep 0.1; done
+  echo "the gateway did not start:" >&2; cat "$5" >&2; exit 1
+}
+
+start_ipx() { # upstream-url listen-port dir redis-url; sets IPX_PID
+  mkdir -p "$3"
+  # It reads a .env file from its working directory (and refuses to start
+  # without one); REQUEST_TIMEOUT is also how long it keeps a response.
+  cat >"$3/.env" <<ENV
+SERVER_ADDR=127.0.0.1:$2
+REDIS_URL=$4
+REQUEST_TIMEOUT=600000
+URL_BENCH=$1
+LOG_LEVEL=error
+ENV
+  (cd "$3" && exec env ${IPX_WORKERS:+TOKIO_WORKER_THREADS="$IPX_WORKERS"} "$IPX_BIN") >"$3/log" 2>&1 &
+  IPX_PID=$!
+  PIDS+=($!)
+  wait_http "http://127.0.0.1:$2/" "$3/log"
+}
+
+cpu_ticks() { # pid... : user + system clock ticks of those processes
+  local t=0 pid
+  for pid in "$@"; do
+    t=$((t + $(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null || echo 0)))
+  done
+  echo "$t"
+}
