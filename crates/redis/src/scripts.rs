@@ -7,11 +7,41 @@
 //! formatted with `%.0f` because Lua 5.1's `tostring` switches to exponent
 //! notation above 1e14, and µs timestamps are larger than that.
 //!
-//! Record hash fields: `st` (`P` or `D`), `fp` (32 raw fingerprint bytes),
-//! `tok` (owner token, 32 hex digits), `fence` (decimal), `exp` (lease or
-//! record expiry, ms since the epoch, decimal), `body` (payload, DONE only),
-//! `att` (the executed attempt's timeline entry, DONE only, while the key
-//! has no timeline list).
+//! # The record: one string
+//! A record is one Redis string, so that creating it, rewriting it and
+//! setting its expiry is one `SET … PX` and a replay reads it with one
+//! `GET`. The value is a fixed header, then the executed attempt, then the
+//! body (byte offsets from 0; Lua's `string.sub` counts from 1):
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 0 | state: `P` (PENDING) or `D` (DONE) |
+//! | 1–32 | fingerprint, 32 raw bytes |
+//! | 33–64 | owner token, 32 hex digits |
+//! | 65–84 | fence, 20 decimal digits, zero-padded |
+//! | 85–104 | lease expiry (PENDING) or record expiry (DONE), ms since the epoch, 20 decimal digits |
+//! | 105… | the attempt's length in decimal, `:`, the executed attempt's timeline entry (DONE only, while the key has no timeline list; length 0 otherwise), then the payload (DONE only) |
+//!
+//! Fixed-width numbers let a script compare a lease's token and fence with
+//! one `string.sub` (the store sends the fence zero-padded to 20 digits).
+//!
+//! # Why a string and not a hash
+//! Versions before kept the record as a hash of those fields. A DONE
+//! record's body is longer than Redis's `hash-max-listpack-value` (64 bytes
+//! by default), so the server turned each such hash from its compact
+//! listpack into a hash table at the completion: 1,041 bytes of memory for
+//! a record with a 270-byte body, and a `PEXPIRE` after every `HSET`. As a
+//! string the same record is one allocation the size of its value, written
+//! with its TTL in one call.
+//!
+//! Records written by earlier versions are hashes, for as long as their
+//! TTL runs. Every script reads a record through `load`, which finds such
+//! a hash (`GET` answers `WRONGTYPE`), rewrites it in this layout with its
+//! TTL kept, and goes on; `RedisStore::get` does the same through the
+//! `LOAD` script when its `GET` meets a hash. Earlier versions cannot read
+//! the string layout: a replica of an earlier version sharing the store
+//! answers a store error for every key a newer one wrote (see the
+//! runbook's upgrade section).
 //!
 //! # Why the first timeline entry lives in the record
 //! Most keys run once and are never retried. Their timeline is the one
@@ -19,16 +49,59 @@
 //! key per key (after the record and the fence counter): an entry in the
 //! main and the expiry dictionaries, their rehashing as the keyspace grows,
 //! and two more calls in the completion. So a completion that finds no
-//! list keeps its entry in the record (`att`), where it lives and expires
-//! with the record. The first later append to the key's timeline creates
-//! the list and moves the entry into it (`adopt`), so the entry then lives
-//! as long as the list, as it did before. `att` is in the record only
-//! while the key has no list; the timeline is read by one script (`TIMELINE`)
-//! so that a read never sees the entry in both places or in neither.
+//! list keeps its entry in the record (the attempt part of the value),
+//! where it lives and expires with the record. The first later append to
+//! the key's timeline creates the list and moves the entry into it
+//! (`adopt`), so the entry then lives as long as the list, as it did
+//! before. The record holds the entry only while the key has no list; the
+//! timeline is read by one script (`TIMELINE`) so that a read never sees
+//! the entry in both places or in neither.
 
 use redis::Script;
 
-/// Shared helpers prepended to the scripts that append to a timeline.
+/// Helpers for reading the record, prepended to every script.
+///
+/// `load(rec)`: the record's value, or `false` when there is none; a hash
+/// written by an earlier version is rewritten in the string layout first
+/// (`migrate`), its TTL kept. `att_end(raw)`: the position of the `:` that
+/// ends the attempt's length, and that length. `owned(rec, tok, fence)`:
+/// the record's value when it is PENDING under that token and (padded)
+/// fence, else `false`.
+const RECORD: &str = r"
+local function pad(s)
+  return string.rep('0', 20 - #s) .. s
+end
+local function migrate(rec)
+  local h = redis.call('HMGET', rec, 'st', 'fp', 'tok', 'fence', 'exp', 'att', 'body')
+  if not (h[1] and h[2] and h[3] and h[4] and h[5]) then
+    error('idemgate: a record hash without its fields')
+  end
+  local att = h[6] or ''
+  local raw = h[1] .. h[2] .. h[3] .. pad(h[4]) .. pad(h[5]) .. #att .. ':' .. att .. (h[7] or '')
+  redis.call('SET', rec, raw, 'KEEPTTL')
+  return raw
+end
+local function load(rec)
+  local raw = redis.pcall('GET', rec)
+  if type(raw) == 'table' then return migrate(rec) end
+  return raw
+end
+local function att_end(raw)
+  local c = string.find(raw, ':', 106, true)
+  if not c then error('idemgate: a record value in an unknown layout') end
+  return c, tonumber(string.sub(raw, 106, c - 1))
+end
+local function owned(rec, tok, fence)
+  local raw = load(rec)
+  if raw and string.sub(raw, 1, 1) == 'P' and string.sub(raw, 34, 85) == tok .. fence then
+    return raw
+  end
+  return false
+end
+";
+
+/// Shared helpers prepended to the scripts that append to a timeline
+/// (after [`RECORD`]).
 ///
 /// `push(key, entry, max, ttl, rec)`: append, keep the newest `max`, and
 /// make the list live at least `ttl` ms. `keep(key, n, created, max, ttl,
@@ -43,16 +116,19 @@ use redis::Script;
 /// length is what was appended, and it has no TTL yet) gets its TTL
 /// without asking for the old one.
 ///
-/// `adopt(key, rec)` moves the executed attempt a record holds (`att`, see
-/// the module docs) to the head of the timeline list `key` just created: it
+/// `adopt(key, rec)` moves the executed attempt a record holds (see the
+/// module docs) to the head of the timeline list `key` just created: it
 /// is older than the entries that created the list (which keeps the order
-/// of entries stamped in the same millisecond).
+/// of entries stamped in the same millisecond). The record is written
+/// again without it, its TTL kept.
 const PUSH: &str = r"
 local function adopt(key, rec)
-  local att = redis.call('HGET', rec, 'att')
-  if not att then return 0 end
-  redis.call('HDEL', rec, 'att')
-  return redis.call('LPUSH', key, att) - 1
+  local raw = load(rec)
+  if not raw then return 0 end
+  local c, n = att_end(raw)
+  if n == 0 then return 0 end
+  redis.call('SET', rec, string.sub(raw, 1, 105) .. '0:' .. string.sub(raw, c + 1 + n), 'KEEPTTL')
+  return redis.call('LPUSH', key, string.sub(raw, c + 1, c + n)) - 1
 end
 local function keep(key, n, created, max, ttl, rec)
   if created and rec then n = n + adopt(key, rec) end
@@ -71,57 +147,54 @@ local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-local function owned(rec, tok, fence)
-  local cur = redis.call('HMGET', rec, 'st', 'tok', 'fence')
-  return cur[1] == 'P' and cur[2] == tok and cur[3] == fence
-end
 ";
 
 /// Claim-or-read.
 ///
-/// KEYS: record, fence counter. ARGV: fingerprint, token, pending_ttl ms,
-/// fence memory ms.
+/// KEYS: record, fence counter. ARGV: fingerprint (32 bytes), token (32
+/// hex digits), pending_ttl ms, fence memory ms.
 ///
-/// Returns `{1, fence, lease_expiry}` when acquired, or
-/// `{0, st, fp, fence, exp, body}` for the live record found. The fence is
-/// `max(last fence + 1, server time in µs)`: it grows across claims while the
-/// counter key is remembered, and keeps growing after it is forgotten as long
-/// as the server clock does not go back.
+/// Returns `{1, fence, lease_expiry}` when acquired, or `{0, value}` with
+/// the live record's value. The fence is `max(last fence + 1, server time
+/// in µs)`: it grows across claims while the counter key is remembered,
+/// and keeps growing after it is forgotten as long as the server clock
+/// does not go back.
 const CLAIM: &str = r"
-local cur = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fence', 'exp', 'body')
-if cur[1] then
-  return {0, cur[1], cur[2], cur[3], cur[4], cur[5]}
+local raw = load(KEYS[1])
+if raw then return {0, raw} end
+if #ARGV[1] ~= 32 or #ARGV[2] ~= 32 then
+  error('idemgate: a claim needs a 32-byte fingerprint and token')
 end
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local fence = (tonumber(redis.call('GET', KEYS[2]) or '0') or 0) + 1
 if now_us > fence then fence = now_us end
 local ttl = tonumber(ARGV[3])
-local fs = string.format('%.0f', fence)
-local es = string.format('%.0f', math.floor(now_us / 1000) + ttl)
-redis.call('HSET', KEYS[1], 'st', 'P', 'fp', ARGV[1], 'tok', ARGV[2], 'fence', fs, 'exp', es)
-redis.call('PEXPIRE', KEYS[1], ttl)
+local fs = string.format('%020.0f', fence)
+local es = string.format('%020.0f', math.floor(now_us / 1000) + ttl)
+redis.call('SET', KEYS[1], 'P' .. ARGV[1] .. ARGV[2] .. fs .. es .. '0:', 'PX', ttl)
 redis.call('SET', KEYS[2], fs, 'PX', ARGV[4])
 return {1, fs, es}
 ";
 
-/// Heartbeat. KEYS: record. ARGV: token, fence, pending_ttl ms.
+/// Heartbeat. KEYS: record. ARGV: token, fence (padded), pending_ttl ms.
 /// Returns the new lease expiry, or nil when the lease is not current.
 const RENEW: &str = r"
-if not owned(KEYS[1], ARGV[1], ARGV[2]) then return false end
-local es = string.format('%.0f', now_ms() + tonumber(ARGV[3]))
-redis.call('HSET', KEYS[1], 'exp', es)
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
+local raw = owned(KEYS[1], ARGV[1], ARGV[2])
+if not raw then return false end
+local es = string.format('%020.0f', now_ms() + tonumber(ARGV[3]))
+redis.call('SET', KEYS[1], string.sub(raw, 1, 85) .. es .. string.sub(raw, 106), 'PX', ARGV[3])
 return es
 ";
 
 /// PENDING → DONE. KEYS: record, timeline, fence counter. ARGV: token,
-/// fence, payload, done_ttl ms, attempt JSON, timeline max, fingerprint,
-/// fence memory ms. Returns 1 if applied, 0 if stale.
+/// fence (padded), payload, done_ttl ms, attempt JSON, timeline max,
+/// fingerprint, fence memory ms. Returns 1 if applied, 0 if stale.
 ///
 /// The attempt goes to the key's timeline list when it has one, and
-/// otherwise into the record (`att`; see the module docs): a first
-/// execution's complete makes 5 calls and writes no third key.
+/// otherwise into the record (see the module docs): a first execution's
+/// complete makes 4 calls (`GET`, `TIME`, `EXISTS`, `SET … PX`) and writes
+/// no third key.
 ///
 /// The DONE record keeps the owner's token and fence, so that a retry of a
 /// complete whose reply was lost is recognised: the same lease and the same
@@ -133,48 +206,47 @@ return es
 /// replays instead of running twice. Not after a newer claim or a forget:
 /// both leave the fence counter above this lease's fence.
 const COMPLETE: &str = r"
-local cur = redis.call('HMGET', KEYS[1], 'st', 'tok', 'fence', 'body')
-if cur[1] == 'D' and cur[2] == ARGV[1] and cur[3] == ARGV[2] and cur[4] == ARGV[3] then
-  return 1
-end
-local ttl = tonumber(ARGV[4])
-local es = string.format('%.0f', now_ms() + ttl)
-local fields = {'st', 'D', 'exp', es, 'body', ARGV[3]}
-if not cur[1] then
+local raw = load(KEYS[1])
+local fp = ARGV[7]
+if raw then
+  if string.sub(raw, 34, 85) ~= ARGV[1] .. ARGV[2] then return 0 end
+  local st = string.sub(raw, 1, 1)
+  if st == 'D' then
+    local c, n = att_end(raw)
+    if string.sub(raw, c + 1 + n) == ARGV[3] then return 1 end
+    return 0
+  end
+  if st ~= 'P' then return 0 end
+  fp = string.sub(raw, 2, 33)
+else
   local last = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
   if last > tonumber(ARGV[2]) then return 0 end
   if last < tonumber(ARGV[2]) then
     redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[8])
   end
-  for _, f in ipairs({'fp', ARGV[7], 'tok', ARGV[1], 'fence', ARGV[2]}) do
-    fields[#fields + 1] = f
-  end
-elseif not (cur[1] == 'P' and cur[2] == ARGV[1] and cur[3] == ARGV[2]) then
-  return 0
 end
+local ttl = tonumber(ARGV[4])
+local es = string.format('%020.0f', now_ms() + ttl)
 local listed = redis.call('EXISTS', KEYS[2]) == 1
-if not listed then
-  fields[#fields + 1] = 'att'
-  fields[#fields + 1] = ARGV[5]
-end
-redis.call('HSET', KEYS[1], unpack(fields))
-redis.call('PEXPIRE', KEYS[1], ttl)
+local att = ARGV[5]
+if listed then att = '' end
+redis.call('SET', KEYS[1], 'D' .. fp .. ARGV[1] .. ARGV[2] .. es .. #att .. ':' .. att .. ARGV[3], 'PX', ttl)
 if listed then push(KEYS[2], ARGV[5], ARGV[6], ttl) end
 return 1
 ";
 
 /// PENDING → absent. KEYS: record, timeline, fence counter. ARGV: token,
-/// fence, attempt JSON, timeline max, timeline ttl ms, fence memory ms.
-/// Returns 1 if applied, 0 if stale. The fence counter is raised past the
-/// lease's fence: the owner gave the key up, so its own complete must not
-/// write the record again. (A PENDING record holds no `att`: nothing to
-/// adopt.)
+/// fence (padded), attempt JSON, timeline max, timeline ttl ms, fence
+/// memory ms. Returns 1 if applied, 0 if stale. The fence counter is
+/// raised past the lease's fence: the owner gave the key up, so its own
+/// complete must not write the record again. (A PENDING record holds no
+/// attempt: nothing to adopt.)
 const RELEASE: &str = r"
 if not owned(KEYS[1], ARGV[1], ARGV[2]) then return 0 end
 redis.call('DEL', KEYS[1])
 local fence = tonumber(ARGV[2])
 if (tonumber(redis.call('GET', KEYS[3]) or '0') or 0) <= fence then
-  redis.call('SET', KEYS[3], string.format('%.0f', fence + 1), 'PX', ARGV[6])
+  redis.call('SET', KEYS[3], string.format('%020.0f', fence + 1), 'PX', ARGV[6])
 end
 push(KEYS[2], ARGV[3], ARGV[4], ARGV[5])
 return 1
@@ -186,22 +258,23 @@ return 1
 /// counter is raised past the record's fence, so the next claim gets a
 /// greater fence and the forgotten owner's complete cannot write the
 /// record again. The timeline outlives the record: the forget's entry is
-/// appended (adopting the record's `att`) before the record goes.
+/// appended (adopting the record's attempt) before the record goes.
 const FORGET: &str = r"
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-local fence = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0') or 0
+local raw = load(KEYS[1])
+if not raw then return 0 end
+local fence = tonumber(string.sub(raw, 66, 85)) or 0
 push(KEYS[2], ARGV[1], ARGV[2], ARGV[3], KEYS[1])
 redis.call('DEL', KEYS[1])
 local last = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
 if last <= fence then
-  redis.call('SET', KEYS[3], string.format('%.0f', fence + 1), 'PX', ARGV[4])
+  redis.call('SET', KEYS[3], string.format('%020.0f', fence + 1), 'PX', ARGV[4])
 end
 return 1
 ";
 
 /// Timeline append. KEYS: timeline, record. ARGV: attempt JSON, max, ttl
 /// ms.
-const RECORD: &str = r"
+const RECORD_ONE: &str = r"
 push(KEYS[1], ARGV[1], ARGV[2], ARGV[3], KEYS[2])
 return 1
 ";
@@ -218,10 +291,22 @@ return 1
 ";
 
 /// The whole timeline of a key. KEYS: record, timeline. Returns
-/// `{att or false, {entries…}}`: in one script, so that an `adopt` cannot
-/// run between the two reads.
+/// `{attempt or false, {entries…}}`: in one script, so that an `adopt`
+/// cannot run between the two reads.
 const TIMELINE: &str = r"
-return {redis.call('HGET', KEYS[1], 'att'), redis.call('LRANGE', KEYS[2], 0, -1)}
+local raw = load(KEYS[1])
+local att = false
+if raw then
+  local c, n = att_end(raw)
+  if n > 0 then att = string.sub(raw, c + 1, c + n) end
+end
+return {att, redis.call('LRANGE', KEYS[2], 0, -1)}
+";
+
+/// The record's value, or nil. KEYS: record. For `RedisStore::get` when
+/// its `GET` met a hash of an earlier version (which this rewrites).
+const LOAD: &str = r"
+return load(KEYS[1])
 ";
 
 /// The compiled scripts (their SHA1s are computed once).
@@ -235,26 +320,29 @@ pub(crate) struct Scripts {
     pub(crate) record: Script,
     pub(crate) record_many: Script,
     pub(crate) timeline: Script,
+    pub(crate) load: Script,
 }
 
 impl Scripts {
     /// The completion script's source (for `SCRIPT LOAD` where a pipeline
     /// met `NOSCRIPT`).
     pub(crate) fn complete_code(&self) -> String {
-        format!("{PUSH}{COMPLETE}")
+        format!("{RECORD}{PUSH}{COMPLETE}")
     }
 
     pub(crate) fn new() -> Self {
-        let with_helpers = |body: &str| Script::new(&format!("{PUSH}{body}"));
+        let reading = |body: &str| Script::new(&format!("{RECORD}{body}"));
+        let appending = |body: &str| Script::new(&format!("{RECORD}{PUSH}{body}"));
         Self {
-            claim: Script::new(CLAIM),
-            renew: with_helpers(RENEW),
-            complete: with_helpers(COMPLETE),
-            release: with_helpers(RELEASE),
-            forget: with_helpers(FORGET),
-            record: with_helpers(RECORD),
-            record_many: with_helpers(RECORD_MANY),
-            timeline: Script::new(TIMELINE),
+            claim: reading(CLAIM),
+            renew: appending(RENEW),
+            complete: appending(COMPLETE),
+            release: appending(RELEASE),
+            forget: appending(FORGET),
+            record: appending(RECORD_ONE),
+            record_many: appending(RECORD_MANY),
+            timeline: reading(TIMELINE),
+            load: reading(LOAD),
         }
     }
 }

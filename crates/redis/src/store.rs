@@ -15,7 +15,7 @@ use idemgate_engine::{
     Attempt, BoxFuture, Claim, Fenced, Fingerprint, Lease, MAX_TIMELINE, Record, RecordState,
     ScopedKey, Store, StoreError, StoreErrorKind,
 };
-use redis::{Cmd, FromRedisValue, RedisError, ScriptInvocation, Value};
+use redis::{FromRedisValue, RedisError, ScriptInvocation, Value};
 use sha2::{Digest, Sha256};
 
 use crate::conn::Conn;
@@ -28,8 +28,8 @@ use crate::timeline::{Entry, TimelineWriter};
 ///
 /// Keys of one record share a hash slot through a hash tag holding a hex
 /// hash of the scoped key's storage id:
-/// `<prefix>:{<32 hex>}:rec` (hash), `…:tl` (timeline list) and `…:fence`
-/// (last fence). User text never appears in key names, so it can neither
+/// `<prefix>:{<32 hex>}:rec` (the record, one string: its layout is in
+/// `scripts`), `…:tl` (timeline list) and `…:fence` (last fence). User text never appears in key names, so it can neither
 /// break the tagging nor leak through `KEYS`/`SCAN`.
 ///
 /// Waiters ([`Store::changed`]) are woken at once by completions made through
@@ -141,15 +141,6 @@ impl RedisStore {
         self.bounded(what, conn.invoke(inv)).await
     }
 
-    async fn query<T: FromRedisValue>(
-        &self,
-        what: &'static str,
-        cmd: &Cmd,
-    ) -> Result<T, StoreError> {
-        let mut conn = self.conn.clone();
-        self.bounded(what, conn.query(cmd)).await
-    }
-
     async fn bounded<T>(
         &self,
         what: &'static str,
@@ -210,6 +201,12 @@ fn token_hex(token: u128) -> String {
     format!("{token:032x}")
 }
 
+/// A fence as the record keeps it: 20 decimal digits, zero-padded, so
+/// that the scripts compare it with the record's as a string.
+fn fence_arg(fence: u64) -> String {
+    format!("{fence:020}")
+}
+
 /// A duration in ms for `PEXPIRE`: at least 1 (0 would delete the key).
 fn ttl_ms(d: Duration) -> u64 {
     ms(d).max(1)
@@ -232,38 +229,66 @@ fn as_bytes(v: &Value) -> Option<&[u8]> {
 fn as_u64(v: &Value) -> Option<u64> {
     match v {
         Value::Int(i) => u64::try_from(*i).ok(),
-        other => std::str::from_utf8(as_bytes(other)?).ok()?.parse().ok(),
+        other => digits(as_bytes(other)?),
     }
 }
 
-/// Decodes `st, fp, fence, exp, body` (HMGET order) into a record;
-/// `Ok(None)` when the hash is absent.
-fn decode_record(fields: &[Value]) -> Result<Option<Record>, StoreError> {
-    let [st, fp, fence, exp, body] = fields else {
-        return Err(corrupt("record reply has the wrong shape"));
+/// An unsigned decimal, leading zeros allowed.
+fn digits(b: &[u8]) -> Option<u64> {
+    std::str::from_utf8(b).ok()?.parse().ok()
+}
+
+/// Where the header of a record's value ends (see `scripts`): state,
+/// fingerprint, token, fence and expiry.
+const HEADER: usize = 105;
+
+/// Decodes a record's value (the layout is in `scripts`). A DONE record's
+/// payload is a slice of the value, not a copy.
+fn decode_record(raw: Vec<u8>) -> Result<Record, StoreError> {
+    let field = |range: std::ops::Range<usize>| {
+        raw.get(range)
+            .ok_or_else(|| corrupt("record value is shorter than its header"))
     };
-    if matches!(st, Value::Nil) {
-        return Ok(None);
-    }
-    let fingerprint = as_bytes(fp)
-        .and_then(|b| <[u8; 32]>::try_from(b).ok())
+    let fingerprint = <[u8; 32]>::try_from(field(1..33)?)
         .map(Fingerprint)
-        .ok_or_else(|| corrupt("record fingerprint is not 32 bytes"))?;
-    let exp = as_u64(exp).ok_or_else(|| corrupt("record expiry is not a number"))?;
-    let state = match as_bytes(st) {
-        Some(b"P") => RecordState::Pending {
-            fence: as_u64(fence).ok_or_else(|| corrupt("record fence is not a number"))?,
+        .map_err(|_| corrupt("record fingerprint is not 32 bytes"))?;
+    let fence = digits(field(65..85)?).ok_or_else(|| corrupt("record fence is not a number"))?;
+    let exp = digits(field(85..HEADER)?).ok_or_else(|| corrupt("record expiry is not a number"))?;
+    let tail = field(HEADER..raw.len())?;
+    let colon = tail
+        .iter()
+        .position(|&b| b == b':')
+        .ok_or_else(|| corrupt("record value has no attempt length"))?;
+    let attempt_len = tail
+        .get(..colon)
+        .and_then(digits)
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(|| corrupt("record attempt length is not a number"))?;
+    let body_start = (HEADER + colon + 1)
+        .checked_add(attempt_len)
+        .filter(|&start| start <= raw.len())
+        .ok_or_else(|| corrupt("record attempt runs past the value"))?;
+    let state = match raw.first() {
+        Some(b'P') => RecordState::Pending {
+            fence,
             lease_expires_at_ms: exp,
         },
-        Some(b"D") => RecordState::Done {
-            payload: Bytes::copy_from_slice(
-                as_bytes(body).ok_or_else(|| corrupt("DONE record has no payload"))?,
-            ),
+        Some(b'D') => RecordState::Done {
+            payload: Bytes::from(raw).slice(body_start..),
             expires_at_ms: exp,
         },
         _ => return Err(corrupt("record state is neither P nor D")),
     };
-    Ok(Some(Record { fingerprint, state }))
+    Ok(Record { fingerprint, state })
+}
+
+/// A record's value from a reply: `Ok(None)` for nil.
+fn record_value(v: Value) -> Result<Option<Record>, StoreError> {
+    match v {
+        Value::Nil => Ok(None),
+        Value::BulkString(raw) => decode_record(raw).map(Some),
+        _ => Err(corrupt("record value is not a string")),
+    }
 }
 
 impl Store for RedisStore {
@@ -280,7 +305,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             let k = self.keys(key);
             let token = idemgate_engine::Lease::new_token();
-            let reply: Vec<Value> = self
+            let mut reply: Vec<Value> = self
                 .invoke(
                     "claim",
                     self.scripts
@@ -293,8 +318,8 @@ impl Store for RedisStore {
                         .arg(ttl_ms(self.opts.fence_memory)),
                 )
                 .await?;
-            match reply.split_first() {
-                Some((Value::Int(1), [fence, exp])) => Ok(Claim::Acquired(Lease {
+            match reply.as_mut_slice() {
+                [Value::Int(1), fence, exp] => Ok(Claim::Acquired(Lease {
                     key: key.clone(),
                     token,
                     fence: as_u64(fence).ok_or_else(|| corrupt("claim fence is not a number"))?,
@@ -302,9 +327,10 @@ impl Store for RedisStore {
                         .ok_or_else(|| corrupt("claim expiry is not a number"))?,
                     fingerprint: *fingerprint,
                 })),
-                Some((Value::Int(0), fields)) => match decode_record(fields)? {
+                [Value::Int(0), value] => match record_value(std::mem::replace(value, Value::Nil))?
+                {
                     Some(record) => Ok(Claim::Existing(record)),
-                    None => Err(corrupt("claim found a record without a state")),
+                    None => Err(corrupt("claim found a record without a value")),
                 },
                 _ => Err(corrupt("claim reply has the wrong shape")),
             }
@@ -325,7 +351,7 @@ impl Store for RedisStore {
                         .renew
                         .key(&k.rec)
                         .arg(token_hex(lease.token))
-                        .arg(lease.fence)
+                        .arg(fence_arg(lease.fence))
                         .arg(ttl_ms(pending_ttl)),
                 )
                 .await?;
@@ -361,7 +387,7 @@ impl Store for RedisStore {
             let args = complete::CompleteArgs {
                 keys: [&k.rec, &k.tl, &k.fence],
                 token: token_hex(lease.token),
-                fence: lease.fence,
+                fence: fence_arg(lease.fence),
                 payload: &payload,
                 done_ttl: ttl_ms(done_ttl),
                 attempt: attempt_json(attempt)?,
@@ -406,7 +432,7 @@ impl Store for RedisStore {
                         .key(&k.tl)
                         .key(&k.fence)
                         .arg(token_hex(lease.token))
-                        .arg(lease.fence)
+                        .arg(fence_arg(lease.fence))
                         .arg(attempt_json(attempt)?)
                         .arg(MAX_TIMELINE)
                         .arg(ttl_ms(timeline_ttl))
@@ -454,10 +480,22 @@ impl Store for RedisStore {
     fn get<'a>(&'a self, key: &'a ScopedKey) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
         Box::pin(async move {
             let k = self.keys(key);
-            let mut cmd = redis::cmd("HMGET");
-            cmd.arg(&k.rec).arg(&["st", "fp", "fence", "exp", "body"]);
-            let fields: Vec<Value> = self.query("get", &cmd).await?;
-            decode_record(&fields)
+            let mut cmd = redis::cmd("GET");
+            cmd.arg(&k.rec);
+            let mut conn = self.conn.clone();
+            let value =
+                match tokio::time::timeout(self.opts.operation_timeout, conn.query::<Value>(&cmd))
+                    .await
+                {
+                    Ok(Ok(value)) => value,
+                    // A hash of an earlier version: the script rewrites it.
+                    Ok(Err(e)) if e.code() == Some("WRONGTYPE") => {
+                        self.invoke("get", &self.scripts.load.key(&k.rec)).await?
+                    }
+                    Ok(Err(e)) => return Err(map_error(e)),
+                    Err(_) => return Err(timed_out("get")),
+                };
+            record_value(value)
         })
     }
 

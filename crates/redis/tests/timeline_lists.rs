@@ -88,11 +88,17 @@ async fn outcomes(store: &RedisStore, key: &ScopedKey) -> Vec<AttemptOutcome> {
     timeline.iter().map(|a| a.outcome).collect()
 }
 
-/// Whether the record holds the executed attempt (`att`).
+/// Whether the record holds the executed attempt: the length written
+/// after the value's 105-byte header is not 0.
 fn record_holds_entry(key: &ScopedKey) -> bool {
-    let out = support::redis_cli(SHARED_PORT, &["HEXISTS", &redis_key(key, "rec"), "att"])
-        .expect("redis-cli HEXISTS");
-    out.trim() == "1"
+    const ATTEMPT_LEN: &str = "local v = redis.call('GET', KEYS[1]) \
+        return tonumber(string.sub(v, 106, string.find(v, ':', 106, true) - 1))";
+    let out = support::redis_cli(
+        SHARED_PORT,
+        &["EVAL", ATTEMPT_LEN, "1", &redis_key(key, "rec")],
+    )
+    .expect("redis-cli EVAL");
+    out.trim() != "0"
 }
 
 #[tokio::test]

@@ -15,7 +15,8 @@ use idemgate_engine::StoreError;
 pub(super) struct CompleteArgs<'a> {
     pub(super) keys: [&'a String; 3],
     pub(super) token: String,
-    pub(super) fence: u64,
+    /// Zero-padded to 20 digits, as the record keeps it.
+    pub(super) fence: String,
     pub(super) payload: &'a Bytes,
     pub(super) done_ttl: u64,
     pub(super) attempt: Vec<u8>,
@@ -29,7 +30,7 @@ impl CompleteArgs<'_> {
             inv.key(key);
         }
         inv.arg(&self.token)
-            .arg(self.fence)
+            .arg(&self.fence)
             .arg(&self.payload[..])
             .arg(self.done_ttl)
             .arg(&self.attempt)
@@ -45,7 +46,7 @@ impl CompleteArgs<'_> {
             cmd.arg(key);
         }
         cmd.arg(&self.token)
-            .arg(self.fence)
+            .arg(&self.fence)
             .arg(&self.payload[..])
             .arg(self.done_ttl)
             .arg(&self.attempt)

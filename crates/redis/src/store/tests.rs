@@ -37,3 +37,74 @@ fn a_hash_tag_is_the_storage_ids_digest_as_before() {
     assert_eq!(k.tl, format!("pre:{}:tl", hash_tag(&key)));
     assert_eq!(k.fence, format!("pre:{}:fence", hash_tag(&key)));
 }
+
+/// A record's value as the scripts write it.
+fn value(state: u8, fence: u64, exp: u64, attempt: &[u8], body: &[u8]) -> Vec<u8> {
+    let mut v = vec![state];
+    v.extend_from_slice(&[7; 32]);
+    v.extend_from_slice(format!("{:032x}", 0xabc_u128).as_bytes());
+    v.extend_from_slice(fence_arg(fence).as_bytes());
+    v.extend_from_slice(format!("{exp:020}").as_bytes());
+    v.extend_from_slice(format!("{}:", attempt.len()).as_bytes());
+    v.extend_from_slice(attempt);
+    v.extend_from_slice(body);
+    v
+}
+
+#[test]
+fn a_record_value_decodes_to_its_state_fence_expiry_and_payload() {
+    let pending = decode_record(value(b'P', 1_733_000_000_123_456, 42, b"", b"")).unwrap();
+    assert_eq!(pending.fingerprint, Fingerprint([7; 32]));
+    assert_eq!(
+        pending.state,
+        RecordState::Pending {
+            fence: 1_733_000_000_123_456,
+            lease_expires_at_ms: 42
+        }
+    );
+    // The attempt is skipped whatever it holds, `:` included.
+    let done = decode_record(value(b'D', 9, 1_800_000_000_000, b"{\"a\":1}", b"body:1")).unwrap();
+    assert_eq!(
+        done.state,
+        RecordState::Done {
+            payload: Bytes::from_static(b"body:1"),
+            expires_at_ms: 1_800_000_000_000
+        }
+    );
+    let empty = decode_record(value(b'D', 9, 1, b"", b"")).unwrap();
+    assert!(matches!(empty.state, RecordState::Done { payload, .. } if payload.is_empty()));
+    assert_eq!(fence_arg(u64::MAX).len(), 20, "every fence fits the field");
+}
+
+#[test]
+fn a_damaged_record_value_is_a_corrupt_error_not_a_panic() {
+    let good = value(b'D', 9, 1, b"att", b"body");
+    let mut cases: Vec<(&str, Vec<u8>)> = vec![
+        ("empty", Vec::new()),
+        ("cut in the header", good[..60].to_vec()),
+        ("cut before the attempt length", good[..HEADER].to_vec()),
+        ("no attempt length", good[..HEADER + 1].to_vec()),
+        (
+            "attempt past the end",
+            value(b'D', 9, 1, b"att", b"")[..HEADER + 4].to_vec(),
+        ),
+    ];
+    let mut state = good.clone();
+    state[0] = b'X';
+    cases.push(("unknown state", state));
+    let mut fence = good.clone();
+    fence[70] = b'x';
+    cases.push(("fence not digits", fence));
+    let mut length = good.clone();
+    length[HEADER] = b'-';
+    cases.push(("attempt length not digits", length));
+    let mut huge = good[..HEADER].to_vec();
+    huge.extend_from_slice(b"99999999999999999999999:");
+    cases.push(("attempt length beyond usize", huge));
+    for (what, raw) in cases {
+        let e = decode_record(raw).expect_err(what);
+        assert_eq!(e.kind(), StoreErrorKind::Corrupt, "{what}: {e}");
+    }
+    assert!(record_value(Value::Int(3)).is_err());
+    assert_eq!(record_value(Value::Nil).unwrap(), None);
+}
