@@ -40,8 +40,8 @@
 //! **Every operation is one round trip and one atomic step on the server.**
 //! A claim is a Lua script (sent as `EVALSHA`) that reads the record and, if
 //! it is absent, writes PENDING with a fresh fence in the same step; renew,
-//! complete and release are scripts that check token and fence first; reads
-//! are one `HMGET` or `LRANGE`. Expiry is Redis's own key TTL (PENDING key
+//! complete and release are scripts that check token and fence first; a
+//! record is one string, read with one `GET`. Expiry is Redis's own key TTL (PENDING key
 //! TTL = the lease, DONE key TTL = `done_ttl`) and every timestamp comes from
 //! the server's `TIME`, so replicas with skewed clocks still agree. The
 //! alternative — `WATCH`/`MULTI` transactions — costs several round trips and

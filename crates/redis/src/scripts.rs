@@ -38,7 +38,7 @@
 //! TTL runs. Every script reads a record through `load`, which finds such
 //! a hash (`GET` answers `WRONGTYPE`), rewrites it in this layout with its
 //! TTL kept, and goes on; `RedisStore::get` does the same through the
-//! `LOAD` script when its `GET` meets a hash. Earlier versions cannot read
+//! script `GET` when its own `GET` meets a hash. Earlier versions cannot read
 //! the string layout: a replica of an earlier version sharing the store
 //! answers a store error for every key a newer one wrote (see the
 //! runbook's upgrade section).
@@ -59,33 +59,34 @@
 
 use redis::Script;
 
-/// Helpers for reading the record, prepended to every script.
+/// The record's reader, prepended to every script.
 ///
-/// `load(rec)`: the record's value, or `false` when there is none; a hash
-/// written by an earlier version is rewritten in the string layout first
-/// (`migrate`), its TTL kept. `att_end(raw)`: the position of the `:` that
-/// ends the attempt's length, and that length. `owned(rec, tok, fence)`:
-/// the record's value when it is PENDING under that token and (padded)
-/// fence, else `false`.
-const RECORD: &str = r"
-local function pad(s)
-  return string.rep('0', 20 - #s) .. s
-end
-local function migrate(rec)
+/// `load(rec)`: the record's value, or `false` when there is none. A hash
+/// written by an earlier version is rewritten in the string layout first,
+/// its TTL kept (`KEEPTTL`). Kept apart from [`FIELDS`] so that the claim,
+/// the script of every request, defines no function it does not call.
+const LOAD: &str = r"
+local function load(rec)
+  local raw = redis.pcall('GET', rec)
+  if type(raw) ~= 'table' then return raw end
   local h = redis.call('HMGET', rec, 'st', 'fp', 'tok', 'fence', 'exp', 'att', 'body')
   if not (h[1] and h[2] and h[3] and h[4] and h[5]) then
     error('idemgate: a record hash without its fields')
   end
   local att = h[6] or ''
-  local raw = h[1] .. h[2] .. h[3] .. pad(h[4]) .. pad(h[5]) .. #att .. ':' .. att .. (h[7] or '')
+  raw = h[1] .. h[2] .. h[3] .. string.rep('0', 20 - #h[4]) .. h[4]
+    .. string.rep('0', 20 - #h[5]) .. h[5] .. #att .. ':' .. att .. (h[7] or '')
   redis.call('SET', rec, raw, 'KEEPTTL')
   return raw
 end
-local function load(rec)
-  local raw = redis.pcall('GET', rec)
-  if type(raw) == 'table' then return migrate(rec) end
-  return raw
-end
+";
+
+/// Helpers over a record's value (after [`LOAD`]).
+///
+/// `att_end(raw)`: the position of the `:` that ends the attempt's length,
+/// and that length. `owned(rec, tok, fence)`: the record's value when it is
+/// PENDING under that token and (padded) fence, else `false`.
+const FIELDS: &str = r"
 local function att_end(raw)
   local c = string.find(raw, ':', 106, true)
   if not c then error('idemgate: a record value in an unknown layout') end
@@ -101,7 +102,7 @@ end
 ";
 
 /// Shared helpers prepended to the scripts that append to a timeline
-/// (after [`RECORD`]).
+/// (after [`LOAD`] and [`FIELDS`]).
 ///
 /// `push(key, entry, max, ttl, rec)`: append, keep the newest `max`, and
 /// make the list live at least `ttl` ms. `keep(key, n, created, max, ttl,
@@ -109,8 +110,9 @@ end
 /// `created` whether the append made the list, `rec` the record whose
 /// executed attempt a list just made adopts (nil: none to adopt).
 ///
-/// Each `redis.call` costs the server 1 to 2 µs (a script of the claim's
-/// six calls takes about 10 µs of server time, an empty one 1.3), so the
+/// Each `redis.call` costs the server 1 to 2 µs (the claim's script, when
+/// it still made six calls on a hash, took about 10 µs of server time, an
+/// empty script 1.3), so the
 /// common cases skip the calls that would change nothing: a list no longer
 /// than `max` is not trimmed, and a list the append just created (its
 /// length is what was appended, and it has no TTL yet) gets its TTL
@@ -305,7 +307,7 @@ return {att, redis.call('LRANGE', KEYS[2], 0, -1)}
 
 /// The record's value, or nil. KEYS: record. For `RedisStore::get` when
 /// its `GET` met a hash of an earlier version (which this rewrites).
-const LOAD: &str = r"
+const GET: &str = r"
 return load(KEYS[1])
 ";
 
@@ -327,14 +329,15 @@ impl Scripts {
     /// The completion script's source (for `SCRIPT LOAD` where a pipeline
     /// met `NOSCRIPT`).
     pub(crate) fn complete_code(&self) -> String {
-        format!("{RECORD}{PUSH}{COMPLETE}")
+        format!("{LOAD}{FIELDS}{PUSH}{COMPLETE}")
     }
 
     pub(crate) fn new() -> Self {
-        let reading = |body: &str| Script::new(&format!("{RECORD}{body}"));
-        let appending = |body: &str| Script::new(&format!("{RECORD}{PUSH}{body}"));
+        let loading = |body: &str| Script::new(&format!("{LOAD}{body}"));
+        let reading = |body: &str| Script::new(&format!("{LOAD}{FIELDS}{body}"));
+        let appending = |body: &str| Script::new(&format!("{LOAD}{FIELDS}{PUSH}{body}"));
         Self {
-            claim: reading(CLAIM),
+            claim: loading(CLAIM),
             renew: appending(RENEW),
             complete: appending(COMPLETE),
             release: appending(RELEASE),
@@ -342,7 +345,7 @@ impl Scripts {
             record: appending(RECORD_ONE),
             record_many: appending(RECORD_MANY),
             timeline: reading(TIMELINE),
-            load: reading(LOAD),
+            load: loading(GET),
         }
     }
 }
