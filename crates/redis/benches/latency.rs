@@ -3,7 +3,11 @@
 //! Run with: `cargo bench -p idemgate-redis --bench latency`
 //! (`IDEMGATE_BENCH_REDIS_URL` overrides `redis://127.0.0.1:6379`; any
 //! `redis+cluster://` URL works too). Under `cargo test` it runs a few
-//! iterations only, as a smoke test.
+//! iterations only, as a smoke test. On a single node it then prints the
+//! server's script time per first execution and per replay, and the
+//! memory a key keeps: run it against a Redis nothing else uses for those
+//! (`redis-server --port 6390 --save ''` and
+//! `IDEMGATE_BENCH_REDIS_URL=redis://127.0.0.1:6390`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
@@ -125,4 +129,103 @@ async fn main() {
     report("eng.replay", engine_replay);
     report("eng.inline", inline_replay);
     report("eng.cached", cached_replay);
+    if !url.starts_with("redis+cluster") && !url.starts_with("rediss") {
+        server_side(&url, &store, n, &fp, &attempt).await;
+    }
+}
+
+/// The server's side of a first execution and of a replay: the scripts'
+/// time (`INFO commandstats`, `cmdstat_evalsha`) and the memory a key
+/// keeps (`used_memory`), measured around `n` first executions with a
+/// 300-byte payload (about a stored chat completion) and then `n`
+/// replays of those keys, 16 at a time. Meaningful on a Redis nothing
+/// else uses.
+async fn server_side(url: &str, store: &RedisStore, n: usize, fp: &Fingerprint, attempt: &Attempt) {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut stats = async || {
+        let commands: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let memory: String = redis::cmd("INFO")
+            .arg("memory")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        (evalsha_usec(&commands), info_field(&memory, "used_memory"))
+    };
+    let ttl = Duration::from_secs(300);
+    let payload = Bytes::from(vec![b'x'; 300]);
+    let keys: Vec<ScopedKey> = (0..n)
+        .map(|_| ScopedKey::new("bench", "ns", ClientKey::mint()))
+        .collect();
+    // 16 keys in flight at a time, as under the gateway's closed-loop
+    // bench: the scripts then run back to back on a busy server.
+    let (before, mem_before) = stats().await;
+    for chunk in keys.chunks(16) {
+        let mut tasks = tokio::task::JoinSet::new();
+        for key in chunk {
+            let (store, key, fp, payload, attempt) = (
+                store.clone(),
+                key.clone(),
+                *fp,
+                payload.clone(),
+                attempt.clone(),
+            );
+            tasks.spawn(async move {
+                let Claim::Acquired(lease) = store.claim(&key, &fp, ttl).await.unwrap() else {
+                    panic!("fresh key held")
+                };
+                let _ = store
+                    .complete(&lease, payload, ttl, &attempt)
+                    .await
+                    .unwrap();
+            });
+        }
+        tasks.join_all().await;
+    }
+    let (fresh, mem_after) = stats().await;
+    for chunk in keys.chunks(16) {
+        let mut tasks = tokio::task::JoinSet::new();
+        for key in chunk {
+            let (store, key, fp) = (store.clone(), key.clone(), *fp);
+            tasks.spawn(async move {
+                let Claim::Existing(_) = store.claim(&key, &fp, ttl).await.unwrap() else {
+                    panic!("replay claimed")
+                };
+            });
+        }
+        tasks.join_all().await;
+    }
+    let (replayed, _) = stats().await;
+    let per = |a: u64, b: u64| (b - a) as f64 / n as f64;
+    println!("server side, {n} keys, 300-byte payload:");
+    println!(
+        "  first execution: {:.1} us of script time (claim + complete), {:.0} B of memory per key",
+        per(before, fresh),
+        mem_after as f64 / n as f64 - mem_before as f64 / n as f64
+    );
+    println!(
+        "  replay:          {:.1} us of script time",
+        per(fresh, replayed)
+    );
+}
+
+/// The `usec` total of `cmdstat_evalsha` in `INFO commandstats`.
+fn evalsha_usec(info: &str) -> u64 {
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))
+        .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("usec=")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A numeric field of an `INFO` section.
+fn info_field(info: &str, name: &str) -> u64 {
+    info.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
 }
