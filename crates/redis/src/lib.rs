@@ -41,11 +41,12 @@
 //! A claim is a Lua script (sent as `EVALSHA`) that reads the record and, if
 //! it is absent, writes PENDING with a fresh fence in the same step; renew,
 //! complete and release are scripts that check token and fence first; a
-//! record is one string, read with one `GET`. Expiry is Redis's own key TTL (PENDING key
-//! TTL = the lease, DONE key TTL = `done_ttl`) and every timestamp comes from
-//! the server's `TIME`, so replicas with skewed clocks still agree. The
-//! alternative — `WATCH`/`MULTI` transactions — costs several round trips and
-//! retries under contention, which is exactly when a claim must be fast.
+//! record is one string, read with one `GET`. Expiry is Redis's own key
+//! TTL (PENDING key TTL = the lease, DONE key TTL = `done_ttl`) and every
+//! timestamp comes from the server's `TIME`, so replicas with skewed clocks
+//! still agree. The alternative — `WATCH`/`MULTI` transactions — costs
+//! several round trips and retries under contention, which is exactly when
+//! a claim must be fast.
 //!
 //! A replay is therefore one round trip: the claim script finds DONE and
 //! returns it. The timeline entry the engine adds for it is handed to a

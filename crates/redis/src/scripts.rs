@@ -112,9 +112,8 @@ end
 ///
 /// Each `redis.call` costs the server 1 to 2 µs (the claim's script, when
 /// it still made six calls on a hash, took about 10 µs of server time, an
-/// empty script 1.3), so the
-/// common cases skip the calls that would change nothing: a list no longer
-/// than `max` is not trimmed, and a list the append just created (its
+/// empty script 1.3), so the common cases skip the calls that would change
+/// nothing: a list no longer than `max` is not trimmed, and a list the append just created (its
 /// length is what was appended, and it has no TTL yet) gets its TTL
 /// without asking for the old one.
 ///

@@ -29,8 +29,9 @@ use crate::timeline::{Entry, TimelineWriter};
 /// Keys of one record share a hash slot through a hash tag holding a hex
 /// hash of the scoped key's storage id:
 /// `<prefix>:{<32 hex>}:rec` (the record, one string: its layout is in
-/// `scripts`), `…:tl` (timeline list) and `…:fence` (last fence). User text never appears in key names, so it can neither
-/// break the tagging nor leak through `KEYS`/`SCAN`.
+/// `scripts`), `…:tl` (timeline list) and `…:fence` (last fence). User
+/// text never appears in key names, so it can neither break the tagging
+/// nor leak through `KEYS`/`SCAN`.
 ///
 /// Waiters ([`Store::changed`]) are woken at once by completions made through
 /// this store instance, and otherwise poll every 50 ms (the trait's default
@@ -146,10 +147,19 @@ impl RedisStore {
         what: &'static str,
         run: impl Future<Output = Result<T, RedisError>>,
     ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.opts.operation_timeout, run).await {
-            Ok(r) => r.map_err(map_error),
-            Err(_) => Err(timed_out(what)),
-        }
+        self.bounded_raw(what, run).await?.map_err(map_error)
+    }
+
+    /// As [`Self::bounded`], but the driver's error comes back unmapped,
+    /// for a caller that looks at it first.
+    async fn bounded_raw<T>(
+        &self,
+        what: &'static str,
+        run: impl Future<Output = Result<T, RedisError>>,
+    ) -> Result<Result<T, RedisError>, StoreError> {
+        tokio::time::timeout(self.opts.operation_timeout, run)
+            .await
+            .map_err(|_| timed_out(what))
     }
 }
 
@@ -483,18 +493,14 @@ impl Store for RedisStore {
             let mut cmd = redis::cmd("GET");
             cmd.arg(&k.rec);
             let mut conn = self.conn.clone();
-            let value =
-                match tokio::time::timeout(self.opts.operation_timeout, conn.query::<Value>(&cmd))
-                    .await
-                {
-                    Ok(Ok(value)) => value,
-                    // A hash of an earlier version: the script rewrites it.
-                    Ok(Err(e)) if e.code() == Some("WRONGTYPE") => {
-                        self.invoke("get", &self.scripts.load.key(&k.rec)).await?
-                    }
-                    Ok(Err(e)) => return Err(map_error(e)),
-                    Err(_) => return Err(timed_out("get")),
-                };
+            let value = match self.bounded_raw("get", conn.query::<Value>(&cmd)).await? {
+                Ok(value) => value,
+                // A hash of an earlier version: the script rewrites it.
+                Err(e) if e.code() == Some("WRONGTYPE") => {
+                    self.invoke("get", &self.scripts.load.key(&k.rec)).await?
+                }
+                Err(e) => return Err(map_error(e)),
+            };
             record_value(value)
         })
     }
