@@ -11,7 +11,8 @@
 //!   a parse into `f64` would merge. An object with a duplicate key is
 //!   refused ([`BodyError::DuplicateKey`]): parsers disagree on which value
 //!   wins, so the upstream may see a different request than the one we
-//!   fingerprinted. Configured JSON pointers (e.g. `/metadata/request_time`)
+//!   fingerprinted. So is one nested deeper than [`MAX_JSON_DEPTH`]
+//!   ([`BodyError::TooDeep`]). Configured JSON pointers (e.g. `/metadata/request_time`)
 //!   are left out, for fields that clients legitimately change between
 //!   retries.
 //! - **multipart** bodies are hashed without their boundary: a client picks a
@@ -19,16 +20,23 @@
 //!   retry look like a different request.
 //! - anything else is hashed as raw bytes.
 //!
-//! The canonical form is built from `serde_json`'s [`RawValue`], which gives
-//! each value's exact source text, so no crate-wide `arbitrary_precision`
-//! feature is needed (it would change every crate's `Value`).
+//! The canonical form is built in one pass by [`canonical`], with an
+//! explicit stack instead of recursion, so a body's nesting costs neither
+//! stack nor extra time; nesting deeper than [`MAX_JSON_DEPTH`] is refused
+//! ([`BodyError::TooDeep`]). Numbers keep their source text, so no
+//! crate-wide `arbitrary_precision` feature is needed (it would change
+//! every crate's `Value`).
 
 use std::fmt;
 
-use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de;
 use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
+
+mod canonical;
+
+pub use canonical::MAX_JSON_DEPTH;
+use canonical::{Failure, Pointers};
 
 /// SHA-256 of a request's method, path and canonical body.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -63,11 +71,11 @@ impl Fingerprint {
     /// When `value` cannot be serialized to JSON.
     pub fn of_value<T: Serialize + ?Sized>(value: &T) -> Result<Self, serde_json::Error> {
         let text = serde_json::to_vec(value)?;
-        let raw: &RawValue = serde_json::from_slice(&text)?;
         let mut out = Vec::with_capacity(text.len());
-        Canonical::new(&[])
-            .write(raw, &mut Vec::new(), &mut out)
-            .map_err(de::Error::custom)?;
+        canonical::write(&text, &Pointers::default(), &mut out).map_err(|e| match e {
+            Failure::Refused(e) => de::Error::custom(e),
+            Failure::NotJson => de::Error::custom("the value has no canonical JSON form"),
+        })?;
         Ok(Self(Sha256::digest(&out).into()))
     }
 
@@ -130,6 +138,12 @@ pub enum BodyError {
         /// The repeated key (at most 64 characters of it).
         key: String,
     },
+    /// Arrays and objects nest deeper than [`MAX_JSON_DEPTH`].
+    #[error("the JSON body nests arrays and objects deeper than {limit} levels")]
+    TooDeep {
+        /// The deepest nesting accepted.
+        limit: usize,
+    },
 }
 
 /// The digest of `body`: canonical JSON (with `ignore` pointers left out),
@@ -146,11 +160,12 @@ pub fn digest_body(
     body: &[u8],
     ignore: &[String],
 ) -> Result<BodyDigest, BodyError> {
-    if let Ok(raw) = serde_json::from_slice::<&RawValue>(body) {
-        let mut out = Vec::with_capacity(body.len() + 1);
-        out.push(b'j');
-        Canonical::new(ignore).write(raw, &mut Vec::new(), &mut out)?;
-        return Ok(BodyDigest(Sha256::digest(&out).into()));
+    let mut out = Vec::with_capacity(body.len() + 1);
+    out.push(b'j');
+    match canonical::write(body, &Pointers::new(ignore), &mut out) {
+        Ok(()) => return Ok(BodyDigest(Sha256::digest(&out).into())),
+        Err(Failure::Refused(e)) => return Err(e),
+        Err(Failure::NotJson) => {}
     }
     if let Some(boundary) = content_type.and_then(multipart_boundary) {
         return Ok(BodyDigest(multipart_digest(body, boundary.as_bytes())));
@@ -161,138 +176,9 @@ pub fn digest_body(
 /// Canonical JSON text of `body` (sorted keys, no whitespace, numbers as
 /// written), if it is JSON without duplicate keys.
 pub fn canonical_json(body: &[u8]) -> Option<Vec<u8>> {
-    let raw: &RawValue = serde_json::from_slice(body).ok()?;
     let mut out = Vec::with_capacity(body.len());
-    Canonical::new(&[])
-        .write(raw, &mut Vec::new(), &mut out)
-        .ok()?;
+    canonical::write(body, &Pointers::default(), &mut out).ok()?;
     Some(out)
-}
-
-/// Writes canonical JSON from raw JSON text, leaving out ignored pointers.
-struct Canonical {
-    /// Ignored pointers, split into unescaped reference tokens.
-    ignore: Vec<Vec<String>>,
-}
-
-impl Canonical {
-    fn new(ignore: &[String]) -> Self {
-        let ignore = ignore
-            .iter()
-            .filter_map(|p| p.strip_prefix('/'))
-            .map(|p| {
-                p.split('/')
-                    .map(|t| t.replace("~1", "/").replace("~0", "~"))
-                    .collect()
-            })
-            .collect();
-        Self { ignore }
-    }
-
-    fn ignored(&self, path: &[String]) -> bool {
-        self.ignore.iter().any(|p| p.as_slice() == path)
-    }
-
-    /// Writes `raw` (already validated JSON) at `path` into `out`.
-    fn write(
-        &self,
-        raw: &RawValue,
-        path: &mut Vec<String>,
-        out: &mut Vec<u8>,
-    ) -> Result<(), BodyError> {
-        let text = raw.get();
-        match text.as_bytes().first() {
-            Some(b'{') => {
-                let Members(mut members) = parse(text)?;
-                members.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-                if let Some(pair) = members.windows(2).find(|w| w[0].0 == w[1].0) {
-                    return Err(BodyError::DuplicateKey {
-                        key: pair[0].0.chars().take(64).collect(),
-                    });
-                }
-                out.push(b'{');
-                let mut first = true;
-                for (key, value) in members {
-                    path.push(key);
-                    if !self.ignored(path) {
-                        if !first {
-                            out.push(b',');
-                        }
-                        first = false;
-                        write_string(path.last().map_or("", String::as_str), out);
-                        out.push(b':');
-                        self.write(value, path, out)?;
-                    }
-                    path.pop();
-                }
-                out.push(b'}');
-            }
-            Some(b'[') => {
-                let items: Vec<&RawValue> = parse(text)?;
-                out.push(b'[');
-                let mut first = true;
-                for (i, item) in items.into_iter().enumerate() {
-                    path.push(i.to_string());
-                    if !self.ignored(path) {
-                        if !first {
-                            out.push(b',');
-                        }
-                        first = false;
-                        self.write(item, path, out)?;
-                    }
-                    path.pop();
-                }
-                out.push(b']');
-            }
-            Some(b'"') => {
-                let s: String = parse(text)?;
-                write_string(&s, out);
-            }
-            // Numbers, `true`, `false` and `null`: their exact literal text.
-            _ => out.extend_from_slice(text.as_bytes()),
-        }
-        Ok(())
-    }
-}
-
-/// Re-parses a fragment that `serde_json` already validated as part of the
-/// whole body; a failure here cannot happen for valid input, and is treated
-/// as "not canonicalisable" rather than a panic.
-fn parse<'a, T: Deserialize<'a>>(text: &'a str) -> Result<T, BodyError> {
-    serde_json::from_str(text).map_err(|_| BodyError::DuplicateKey { key: String::new() })
-}
-
-fn write_string(s: &str, out: &mut Vec<u8>) {
-    // Serializing a string into a Vec cannot fail.
-    if serde_json::to_writer(&mut *out, s).is_err() {
-        out.extend_from_slice(b"\"\"");
-    }
-}
-
-/// An object's members in source order, values as raw text.
-struct Members<'a>(Vec<(String, &'a RawValue)>);
-
-impl<'de: 'a, 'a> Deserialize<'de> for Members<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
-            type Value = Members<'a>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut members = Vec::with_capacity(map.size_hint().unwrap_or(8));
-                while let Some(key) = map.next_key::<String>()? {
-                    members.push((key, map.next_value::<&'a RawValue>()?));
-                }
-                Ok(Members(members))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
-                Err(de::Error::custom("expected an object"))
-            }
-        }
-        d.deserialize_map(V(std::marker::PhantomData))
-    }
 }
 
 /// The `boundary` parameter of a `multipart/*` content type.

@@ -278,6 +278,52 @@ async fn duplicate_object_keys_are_refused_before_anything_runs() {
     stop(gw).await;
 }
 
+/// A body nested far deeper than any request needs (20 KB, 10,000
+/// levels) once aborted the whole process. It is refused with 400
+/// `body-too-deep` before anything is stored or forwarded, and the gateway
+/// goes on serving: the same key then runs a normal request.
+#[tokio::test]
+async fn deeply_nested_bodies_are_refused_and_the_gateway_goes_on() {
+    let sim = sim().await;
+    let gw = TestGateway::start(config(&sim.url(), |_| {})).await;
+    let client = reqwest::Client::new();
+    let req = |body: String| {
+        client
+            .post(format!("{}/v1/messages", gw.base))
+            .header("content-type", "application/json")
+            .header("idempotency-key", "deep-key")
+            .header("x-api-key", "k")
+            .body(body)
+    };
+    let depth = 10_000;
+    for body in [
+        format!("{}{}", "[".repeat(depth), "]".repeat(depth)),
+        format!(
+            r#"{{"model":"sim-claude-small","max_tokens":16,"metadata":{}1{}}}"#,
+            r#"{"a":"#.repeat(depth),
+            "}".repeat(depth)
+        ),
+    ] {
+        let refused = send(req(body)).await;
+        assert_eq!(refused.status, 400, "{}", refused.body);
+        assert_eq!(
+            problem_type(&refused),
+            "https://idemgate.dev/problems/body-too-deep"
+        );
+        assert!(refused.body.contains("128 levels"), "{}", refused.body);
+    }
+    assert_eq!(sim.stats().requests, 0, "nothing forwarded");
+    let fine = send(req(messages_body("x"))).await;
+    assert_eq!(fine.status, 200, "{}", fine.body);
+    assert_eq!(
+        fine.replayed.as_deref(),
+        Some("false"),
+        "no record was left"
+    );
+    assert_eq!(sim.executions_for("deep-key"), 1);
+    stop(gw).await;
+}
+
 fn multipart(boundary: &str, purpose: &str) -> (String, String) {
     let body = format!(
         "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\n{purpose}\r\n\

@@ -120,6 +120,17 @@ impl Problem {
         )
     }
 
+    /// 400 `body-too-deep`: the JSON body nests arrays and objects deeper
+    /// than the fingerprint accepts; no upstream should have to parse it.
+    pub fn body_too_deep(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "body-too-deep",
+            "Request body nested too deeply",
+            detail.into(),
+        )
+    }
+
     /// 422 `key-mismatch`: the key was used for a different request.
     pub fn key_mismatch() -> Self {
         Self::new(

@@ -20,7 +20,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, HeaderName, Request, header};
 use http_body_util::BodyExt;
-use idemgate_engine::fingerprint::digest_body;
+use idemgate_engine::fingerprint::{BodyError, digest_body};
 use idemgate_engine::{ClientKey, Fingerprint, Record, ScopedKey};
 
 use super::inner::IdempotencyContext;
@@ -112,11 +112,16 @@ impl Keyed {
             .headers
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok());
-        // A body that reads two ways is refused before anything is stored
-        // or forwarded: the upstream might act on another request than the
-        // one fingerprinted.
-        let digest = digest_body(content_type, &body, &cfg.fingerprint_ignore)
-            .map_err(|e| rejected(shared, Problem::ambiguous_body(e.to_string())))?;
+        // A body that reads two ways, or nests beyond the limit, is refused
+        // before anything is stored or forwarded: the upstream might act on
+        // another request than the one fingerprinted, or fail to parse it.
+        let digest = digest_body(content_type, &body, &cfg.fingerprint_ignore).map_err(|e| {
+            let problem = match e {
+                BodyError::TooDeep { .. } => Problem::body_too_deep(e.to_string()),
+                _ => Problem::ambiguous_body(e.to_string()),
+            };
+            rejected(shared, problem)
+        })?;
         let key = match source {
             KeySource::Given(key) => key,
             KeySource::Derived(template) => derive_key(
