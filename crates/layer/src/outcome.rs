@@ -35,6 +35,8 @@ pub(crate) struct StreamJudge {
     dialect: StreamDialect,
     terminated: bool,
     failed: bool,
+    /// Event data parsed as JSON so far: at most one parse per event.
+    parsed: u64,
 }
 
 impl StreamJudge {
@@ -43,6 +45,7 @@ impl StreamJudge {
             dialect,
             terminated: false,
             failed: false,
+            parsed: 0,
         }
     }
 
@@ -56,16 +59,17 @@ impl StreamJudge {
                 let data = sse::data_of(event);
                 if data.trim_ascii() == b"[DONE]" {
                     self.terminated = true;
-                } else if may_be_error(&data) && json_has_error_member(&data) {
-                    self.failed = true;
+                } else if may_be_error(&data) {
+                    self.parsed += 1;
+                    self.failed = json_has_error_member(&data);
                 }
             }
-            StreamDialect::Anthropic => match kind_of(event).as_deref() {
+            StreamDialect::Anthropic => match kind_of(event, &mut self.parsed).as_deref() {
                 Some("error") => self.failed = true,
                 Some("message_stop") => self.terminated = true,
                 _ => {}
             },
-            StreamDialect::OpenaiResponses => match kind_of(event).as_deref() {
+            StreamDialect::OpenaiResponses => match kind_of(event, &mut self.parsed).as_deref() {
                 Some("error" | "response.failed") => self.failed = true,
                 Some("response.completed" | "response.incomplete") => self.terminated = true,
                 _ => {}
@@ -101,13 +105,15 @@ fn json_has_error_member(data: &[u8]) -> bool {
 }
 
 /// The event's type: its `event:` name, or else the `type` of its JSON
-/// data (both dialects send both; the name is cheaper).
-fn kind_of(event: &[u8]) -> Option<String> {
+/// data (both dialects send both; the name is cheaper). `parsed` counts
+/// the JSON parses.
+fn kind_of(event: &[u8], parsed: &mut u64) -> Option<String> {
     if let Some(name) = sse::event_of(event) {
         return Some(String::from_utf8_lossy(name).into_owned());
     }
     let data = sse::data_of(event);
     memchr::memmem::find(&data, b"\"type\"")?;
+    *parsed += 1;
     serde_json::from_slice::<Value>(&data)
         .ok()?
         .get("type")?
@@ -118,6 +124,62 @@ fn kind_of(event: &[u8]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Runs `f` on a thread with a quarter of a runtime worker's stack.
+    fn on_small_stack(f: impl FnOnce() + Send + 'static) {
+        std::thread::Builder::new()
+            .stack_size(512 * 1024)
+            .spawn(f)
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+
+    /// Events an upstream could send to make the judge work hard: JSON
+    /// nested a million levels under the markers it looks for, huge
+    /// members, many events.
+    fn hostile_events(n: usize) -> Vec<Vec<u8>> {
+        let deep = |marker: &str| {
+            format!(
+                "data: {{\"{marker}\":{}{}}}\n\n",
+                "[".repeat(n),
+                "]".repeat(n)
+            )
+            .into_bytes()
+        };
+        vec![
+            deep("error"),
+            deep("type"),
+            deep("usage"),
+            format!("data: {{\"type\":\"x\",\"pad\":\"{}\"}}\n\n", "a".repeat(n)).into_bytes(),
+            format!("event: {}\ndata: {{}}\n\n", "e".repeat(n)).into_bytes(),
+        ]
+    }
+
+    #[test]
+    fn hostile_events_are_judged_without_deep_recursion_one_parse_each() {
+        on_small_stack(|| {
+            for dialect in [
+                StreamDialect::Openai,
+                StreamDialect::Anthropic,
+                StreamDialect::OpenaiResponses,
+            ] {
+                for n in [1_000, 10_000, 100_000, 1_000_000] {
+                    let events = hostile_events(n);
+                    let mut j = StreamJudge::new(dialect);
+                    let mut usage = crate::StreamUsage::default();
+                    for e in &events {
+                        j.observe(e);
+                        usage.add_event(e);
+                    }
+                    // Nothing in them is a readable error or terminal event.
+                    assert_eq!(j.verdict(), StreamVerdict::Unterminated, "{dialect:?} {n}");
+                    assert!(j.parsed <= events.len() as u64, "{dialect:?}: {}", j.parsed);
+                    assert_eq!(usage.finish(), None);
+                }
+            }
+        });
+    }
 
     fn judge(dialect: StreamDialect, events: &[&[u8]]) -> StreamVerdict {
         let mut j = StreamJudge::new(dialect);

@@ -47,6 +47,9 @@ pub struct EventScanner {
     cr_ends_event: bool,
     /// Most bytes one unfinished event may hold.
     limit: usize,
+    /// Bytes examined so far, over the scanner's life: tests show with it
+    /// that the work is linear in the stream however it is chunked.
+    examined: u64,
 }
 
 impl Default for EventScanner {
@@ -71,6 +74,7 @@ impl EventScanner {
             pending_cr: false,
             cr_ends_event: false,
             limit,
+            examined: 0,
         }
     }
 
@@ -118,6 +122,12 @@ impl EventScanner {
         self.buf.len()
     }
 
+    /// Bytes examined so far.
+    #[cfg(test)]
+    pub(crate) fn examined(&self) -> u64 {
+        self.examined
+    }
+
     fn reset_state(&mut self) {
         self.searched = 0;
         self.at_line_start = true;
@@ -131,6 +141,7 @@ impl EventScanner {
             let i = self.searched;
             if self.pending_cr {
                 let next = *self.buf.get(i)?;
+                self.examined += 1;
                 self.pending_cr = false;
                 if next == b'\n' {
                     // The second half of a `\r\n`.
@@ -147,6 +158,7 @@ impl EventScanner {
                 }
             }
             let Some(off) = memchr::memchr2(b'\n', b'\r', self.buf.get(i..)?) else {
+                self.examined += (self.buf.len() - i) as u64;
                 if self.buf.len() > i {
                     self.at_line_start = false;
                 }
@@ -154,6 +166,7 @@ impl EventScanner {
                 return None;
             };
             let at = i + off;
+            self.examined += off as u64 + 1;
             let blank = self.at_line_start && off == 0;
             self.searched = at + 1;
             self.at_line_start = true;

@@ -94,6 +94,49 @@ fn an_event_past_the_limit_is_refused() {
     assert_eq!(s.buffered(), 0);
 }
 
+/// Streams of about `n` bytes in the shapes that cost a naive scanner a
+/// re-scan per chunk: one huge event, many small ones, lone `\r`s,
+/// `\r\n` pairs split across chunks.
+fn hostile_streams(n: usize) -> Vec<(&'static str, Vec<u8>, usize)> {
+    vec![
+        (
+            "one event byte by byte",
+            format!("data: {}\n\n", "x".repeat(n)).into_bytes(),
+            1,
+        ),
+        (
+            "small events in odd chunks",
+            b"data: {}\n\n".repeat(n / 10),
+            7,
+        ),
+        ("lone carriage returns", b"data: a\r".repeat(n / 8), 3),
+        ("split crlf", b"data: a\r\n\r\n".repeat(n / 12), 9),
+        ("no line ending at all", vec![b'a'; n], 1),
+    ]
+}
+
+#[test]
+fn scanning_examines_each_byte_at_most_twice_however_the_stream_is_chunked() {
+    for n in [10_000, 100_000, 1_000_000] {
+        for (name, stream, chunk) in hostile_streams(n) {
+            let mut s = EventScanner::new();
+            let mut out = Vec::new();
+            for c in stream.chunks(chunk) {
+                s.push(c, &mut out).unwrap();
+                out.clear();
+            }
+            // Once each, but for the byte after a lone `\r`, which is
+            // looked at once more to see that it is not a `\n`.
+            assert!(
+                s.examined() <= 2 * stream.len() as u64,
+                "{name}: {} bytes examined for a {} byte stream",
+                s.examined(),
+                stream.len()
+            );
+        }
+    }
+}
+
 #[test]
 fn blank_blocks_are_dropped() {
     let (events, rest) = scan_all(&[b"\n\n\r\n\r\ndata: a\n\n\n\n"]);
