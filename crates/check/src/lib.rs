@@ -294,6 +294,7 @@ pub fn check(plan: &Plan) -> Vec<Finding> {
         timeouts_are_layered(route, &mut out);
         key_template(route, &mut out);
         store_for_charges(plan.store, route, &mut out);
+        charging_route_key_optional(route, &mut out);
         retryable_statuses(route, &mut out);
         tenant_reads_credential(route, &mut out);
     }

@@ -310,6 +310,21 @@ pub(crate) fn store_for_charges(store: StoreKind, r: &RoutePlan, out: &mut Vec<F
     }
 }
 
+/// A charging route that accepts requests without a key protects only the
+/// clients that remember to send one: a deploy that drops the header turns
+/// protection off without an error anywhere.
+pub(crate) fn charging_route_key_optional(r: &RoutePlan, out: &mut Vec<Finding>) {
+    if r.charges && matches!(r.key, KeyPlan::Optional) {
+        out.push(finding(
+            "charging-route-key-optional",
+            Severity::Warning,
+            r,
+            "a charging route forwards requests without an Idempotency-Key unprotected: a client that stops sending the header runs every retry again".into(),
+            "use key = \"require\" (or \"derive\") on charging routes, and keep the IdempotencyUnkeyedOnChargingRoute alert".into(),
+        ));
+    }
+}
+
 /// 2xx and most 4xx are final outcomes; marking them retryable re-executes.
 pub(crate) fn retryable_statuses(r: &RoutePlan, out: &mut Vec<Finding>) {
     let wrong: Vec<u16> = r

@@ -179,6 +179,17 @@ fn memory_store_or_fail_open_on_a_charging_route_is_an_error() {
 }
 
 #[test]
+fn a_charging_route_with_an_optional_key_warns() {
+    let mut r = good_route();
+    r.key = KeyPlan::Optional;
+    let f = check(&plan(r.clone()));
+    assert_eq!(rules(&plan(r.clone())), vec!["charging-route-key-optional"]);
+    assert_eq!(f[0].severity, Severity::Warning);
+    r.charges = false;
+    assert_eq!(rules(&plan(r)), Vec::<&str>::new());
+}
+
+#[test]
 fn final_statuses_marked_retryable_warn() {
     let mut r = good_route();
     r.retryable_statuses = vec![200, 400, 408, 429, 503];

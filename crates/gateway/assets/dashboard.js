@@ -89,6 +89,7 @@
       .filter(([, n]) => n > 0)
       .map(([o, n]) => o + " " + n);
     setText("outcomes", parts.length ? parts.join(" · ") : "no keyed requests yet");
+    renderRoutes(s.routes || []);
 
     push(history.ratio, s.hit_ratio);
     // Conflicts and tokens: what each interval added.
@@ -98,6 +99,25 @@
     spark("spark-hit-ratio", history.ratio, 1);
     spark("spark-conflicts", history.conflicts);
     spark("spark-tokens", history.tokens);
+  }
+
+  // One row per route: the share of its requests that ran protected, and
+  // the two causes of the rest (a client that sent no key, a store down
+  // under fail_open).
+  function renderRoutes(routes) {
+    const tbody = $("routes").querySelector("tbody");
+    while (tbody.firstChild) tbody.removeChild(tbody.firstChild);
+    for (const r of routes) {
+      const tr = document.createElement("tr");
+      const share = r.protected_share === null ? "–" : percent(r.protected_share);
+      for (const cell of [r.route, String(r.requests), share, String(r.unprotected_no_key), String(r.unprotected_store_error)]) {
+        const td = document.createElement("td");
+        td.textContent = cell;
+        tr.appendChild(td);
+      }
+      if (r.protected_share !== null && r.protected_share < 1) tr.className = "unprotected";
+      tbody.appendChild(tr);
+    }
   }
 
   const KINDS = { in_flight: "in flight", conflicts: "conflict", fenced: "fenced", most_retried: "retried" };

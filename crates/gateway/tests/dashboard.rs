@@ -185,6 +185,19 @@ async fn the_dashboard_shows_recent_keys_the_alert_threshold_and_timelines() {
         saved += first;
     }
     assert_eq!(sim.stats().executions, 5);
+    // Two requests without a key: the optional route forwards them
+    // unprotected, and the page shows the route's protected share.
+    for _ in 0..2 {
+        let unkeyed = client
+            .post(format!("{base}/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .header("authorization", CREDENTIAL)
+            .body(r#"{"model":"sim-1","messages":[{"role":"user","content":"no key"}]}"#)
+            .send()
+            .await
+            .expect("send the request");
+        assert_eq!(unkeyed.status(), 200);
+    }
 
     // A slow generation (a minute) stays in flight; its duplicate is
     // refused with 409 meanwhile: one in-flight conflict.
@@ -280,6 +293,11 @@ async fn the_dashboard_shows_recent_keys_the_alert_threshold_and_timelines() {
     assert_eq!(text(&page, "tokens-saved").await, saved.to_string());
     assert_eq!(text(&page, "conflicts").await, "1");
     assert_eq!(text(&page, "per-key-p50").await, "3");
+    // 18 keyed requests and 2 unkeyed on the one route: 90% protected.
+    assert_eq!(
+        rows(&page, "#routes tbody tr").await,
+        vec![vec!["chat", "20", "90.0%", "2", "0"]]
+    );
     assert!(
         js::<bool>(
             &page,

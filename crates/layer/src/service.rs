@@ -242,7 +242,7 @@ async fn store_failed<S: Inner>(
             tracing::warn!(error = %e, "store unavailable; request forwarded unprotected");
             shared
                 .metrics
-                .request(Outcome::Unprotected, Some(&keyed.scoped));
+                .request(Outcome::UnprotectedStoreError, Some(&keyed.scoped));
             inner::call(inner, keyed.request()).await
         }
     }

@@ -45,7 +45,7 @@ impl Shared {
     pub(crate) fn new(engine: Engine, config: LayerConfig, live: Arc<dyn LiveEvents>) -> Self {
         Self {
             engine,
-            metrics: Metrics::new(&config.namespace),
+            metrics: Metrics::new(&config),
             config,
             live,
             tracker: TaskTracker::new(),

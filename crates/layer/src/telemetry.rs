@@ -23,6 +23,7 @@ use idemgate_telemetry::key_id;
 pub use idemgate_telemetry::{Outcome, names};
 use idemgate_telemetry::{RouteTelemetry, RunningKey, Telemetry};
 
+use crate::config::{LayerConfig, OutcomeUnknownMode};
 use crate::stored::Usage;
 
 /// Why a detached execution gave its key back instead of storing a result.
@@ -107,10 +108,10 @@ pub(crate) struct Metrics {
 }
 
 impl Metrics {
-    pub(crate) fn new(route: &str) -> Self {
-        Self {
-            route: Telemetry::shared().route(route),
-        }
+    pub(crate) fn new(config: &LayerConfig) -> Self {
+        let route = Telemetry::shared().route(config.namespace.as_str());
+        route.describe(config.on_outcome_unknown == OutcomeUnknownMode::Store);
+        Self { route }
     }
 
     /// A request that ended with `outcome`; `key` when it had one.

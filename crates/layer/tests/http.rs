@@ -16,10 +16,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
-use idemgate_engine::{
-    Attempt, BoxFuture, Claim, ClientKey, Engine, Fenced, Fingerprint, Lease, MemoryStore, Policy,
-    Record, ScopedKey, Store, StoreError, StoreErrorKind,
-};
+use idemgate_engine::{ClientKey, Engine, MemoryStore, Policy, ScopedKey, Store};
 use idemgate_layer::key::tenant_id;
 use idemgate_layer::{
     DeriveTemplate, IdempotencyContext, IdempotencyLayer, InflightMode, KeyMode, LayerConfig,
@@ -27,6 +24,9 @@ use idemgate_layer::{
 };
 use reqwest::header::HeaderValue;
 use tokio::sync::{mpsc, watch};
+
+mod support;
+use support::DownStore;
 
 // ---------------------------------------------------------------- the app
 
@@ -1205,74 +1205,6 @@ async fn respond_async_returns_an_operation_to_poll() {
 }
 
 // ---------------------------------------------------------------- store outage
-
-/// A store whose every operation fails as an unreachable server would.
-#[derive(Debug)]
-struct DownStore;
-
-fn down() -> StoreError {
-    StoreError::new(StoreErrorKind::Unavailable, "down", "connection refused")
-}
-
-impl Store for DownStore {
-    fn backend(&self) -> &'static str {
-        "down"
-    }
-    fn claim<'a>(
-        &'a self,
-        _: &'a ScopedKey,
-        _: &'a Fingerprint,
-        _: Duration,
-    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        Box::pin(async move { Err(down()) })
-    }
-    fn renew<'a>(
-        &'a self,
-        _: &'a mut Lease,
-        _: Duration,
-    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-        Box::pin(async move { Err(down()) })
-    }
-    fn complete<'a>(
-        &'a self,
-        _: &'a Lease,
-        _: Bytes,
-        _: Duration,
-        _: &'a Attempt,
-    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-        Box::pin(async move { Err(down()) })
-    }
-    fn release<'a>(
-        &'a self,
-        _: &'a Lease,
-        _: &'a Attempt,
-        _: Duration,
-    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-        Box::pin(async move { Err(down()) })
-    }
-    fn forget<'a>(
-        &'a self,
-        _: &'a ScopedKey,
-        _: &'a Attempt,
-        _: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move { Err(down()) })
-    }
-    fn get<'a>(&'a self, _: &'a ScopedKey) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
-        Box::pin(async move { Err(down()) })
-    }
-    fn record_attempt<'a>(
-        &'a self,
-        _: &'a ScopedKey,
-        _: &'a Attempt,
-        _: Duration,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move { Err(down()) })
-    }
-    fn timeline<'a>(&'a self, _: &'a ScopedKey) -> BoxFuture<'a, Result<Vec<Attempt>, StoreError>> {
-        Box::pin(async move { Err(down()) })
-    }
-}
 
 #[tokio::test]
 async fn a_store_outage_fails_closed_by_default() {

@@ -10,8 +10,11 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::post;
 use idemgate_engine::{Engine, MemoryStore};
-use idemgate_layer::{IdempotencyLayer, InflightMode, LayerConfig};
+use idemgate_layer::{IdempotencyLayer, InflightMode, KeyMode, LayerConfig, StoreErrorMode};
+
+mod support;
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+use support::DownStore;
 
 /// Counters by `name{label=value,…}` (labels sorted).
 #[derive(Debug, Default)]
@@ -137,4 +140,64 @@ async fn replays_count_hits_and_saved_tokens_conflicts_and_outcomes() {
         .cloned()
         .collect();
     assert!(keyed.is_empty(), "no key in any label: {keyed:?}");
+}
+
+/// The two causes of an unprotected request are counted apart: a request
+/// without a key on an optional route, and a request forwarded because the
+/// store is down under `fail_open`.
+#[tokio::test]
+async fn unprotected_requests_are_counted_by_cause() {
+    counters();
+    let optional = IdempotencyLayer::new(
+        Engine::new(Arc::new(MemoryStore::new())),
+        LayerConfig {
+            key_mode: KeyMode::Optional,
+            ..LayerConfig::new("no-key")
+        },
+    );
+    let failing_open = IdempotencyLayer::new(
+        Engine::new(Arc::new(DownStore)),
+        LayerConfig {
+            on_store_error: StoreErrorMode::FailOpen,
+            ..LayerConfig::new("store-down")
+        },
+    );
+    let handler = || post(|| async { "ran" });
+    let app = Router::new()
+        .route("/optional", handler().layer(optional))
+        .route("/open", handler().layer(failing_open));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let client = reqwest::Client::new();
+    for _ in 0..3 {
+        let r = client
+            .post(format!("{base}/optional"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.text().await.unwrap(), "ran");
+    }
+    for k in 0..2 {
+        let r = client
+            .post(format!("{base}/open"))
+            .header("idempotency-key", format!("k{k}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.text().await.unwrap(), "ran");
+    }
+    assert_eq!(
+        value("idempotency_requests_total{outcome=unprotected_no_key,route=no-key}"),
+        3
+    );
+    assert_eq!(
+        value("idempotency_requests_total{outcome=unprotected_store_error,route=store-down}"),
+        2
+    );
+    assert_eq!(
+        value("idempotency_requests_total{outcome=unprotected_store_error,route=no-key}")
+            + value("idempotency_requests_total{outcome=unprotected_no_key,route=store-down}"),
+        0
+    );
 }

@@ -10,6 +10,7 @@
 //! handle always belongs to the recorder installed by then.
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use metrics::{Counter, Label};
 
@@ -25,6 +26,8 @@ pub(crate) struct Counters {
     conflict: OnceLock<Counter>,
     tokens_saved: OnceLock<Counter>,
     events_lost: OnceLock<Counter>,
+    /// Requests by outcome, mirrored for the dashboard's per-route figures.
+    totals: [AtomicU64; Outcome::ALL.len()],
 }
 
 impl Counters {
@@ -43,6 +46,20 @@ impl Counters {
 
     fn handle<'a>(&'a self, cell: &'a OnceLock<Counter>, name: &'static str) -> &'a Counter {
         cell.get_or_init(|| metrics::counter!(name, self.labels.clone()))
+    }
+
+    /// Counts `outcome` in the mirrored totals.
+    pub(crate) fn count(&self, outcome: Outcome) {
+        if let Some(c) = self.totals.get(outcome.index()) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The mirrored total of `outcome`.
+    pub(crate) fn total(&self, outcome: Outcome) -> u64 {
+        self.totals
+            .get(outcome.index())
+            .map_or(0, |c| c.load(Ordering::Relaxed))
     }
 
     /// `idempotency_requests_total{…, outcome}`.

@@ -133,6 +133,8 @@ struct Inner {
     totals: Totals,
     /// The counters of requests counted without a route.
     unrouted: Counters,
+    /// Every route's counters, by route id, for the per-route figures.
+    routes: Mutex<Vec<(Arc<str>, Arc<Counters>)>>,
 }
 
 /// Process totals, mirrored from the counters so a dashboard can read them
@@ -175,6 +177,21 @@ pub struct Snapshot {
     pub requests_per_key_p50: f64,
     /// 99th percentile of requests per key over the last ten minutes.
     pub requests_per_key_p99: f64,
+    /// Each route's requests and how many ran unprotected, since start.
+    pub routes: Vec<RouteRequests>,
+}
+
+/// One route's requests in a [`Snapshot`]: the share that ran protected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteRequests {
+    /// The route id.
+    pub route: String,
+    /// Requests counted on the route, every outcome.
+    pub requests: u64,
+    /// Forwarded unprotected: no key on a route where it is optional.
+    pub unprotected_no_key: u64,
+    /// Forwarded unprotected: the store failed under `fail_open`.
+    pub unprotected_store_error: u64,
 }
 
 static SHARED: OnceLock<Telemetry> = OnceLock::new();
@@ -217,6 +234,7 @@ impl Telemetry {
                 recent: Mutex::new(RecentKeys::new(RECENT_KEYS)),
                 totals: Totals::default(),
                 unrouted: Counters::default(),
+                routes: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -232,7 +250,21 @@ impl Telemetry {
     /// alerts see every series from the first scrape on.
     pub fn route(&self, route: impl Into<String>) -> RouteTelemetry {
         let route: Arc<str> = Arc::from(route.into());
-        let counters = Counters::new(vec![Label::new("route", route.to_string())]);
+        let counters = {
+            let mut routes = self
+                .inner
+                .routes
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            match routes.iter().find(|(r, _)| *r == route) {
+                Some((_, c)) => Arc::clone(c),
+                None => {
+                    let c = Arc::new(Counters::new(vec![Label::new("route", route.to_string())]));
+                    routes.push((Arc::clone(&route), Arc::clone(&c)));
+                    c
+                }
+            }
+        };
         for counter in [
             counters.hit(),
             counters.conflict(),
@@ -252,7 +284,7 @@ impl Telemetry {
         RouteTelemetry {
             telemetry: self.clone(),
             route,
-            counters: Arc::new(counters),
+            counters,
         }
     }
 
@@ -292,6 +324,7 @@ impl Telemetry {
     }
 
     fn count_request(&self, counters: &Counters, outcome: Outcome, key_id: Option<u64>) {
+        counters.count(outcome);
         let totals = &self.inner.totals;
         if let Some(c) = totals.by_outcome.get(outcome.index()) {
             c.fetch_add(1, Ordering::Relaxed);
@@ -309,7 +342,7 @@ impl Telemetry {
         let now = Instant::now();
         // The ratio is over requests idempotency protects: an unkeyed
         // request on an optional route is neither a hit nor a miss.
-        if outcome != Outcome::Unprotected {
+        if !outcome.is_unprotected() {
             self.inner
                 .ratio
                 .lock()
@@ -388,8 +421,26 @@ impl Telemetry {
                 .unwrap_or_else(PoisonError::into_inner);
             (keys.quantile(0.5, now), keys.quantile(0.99, now))
         };
+        let routes = self
+            .inner
+            .routes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(route, c)| RouteRequests {
+                route: route.to_string(),
+                requests: Outcome::ALL.iter().map(|o| c.total(*o)).sum(),
+                unprotected_no_key: c.total(Outcome::UnprotectedNoKey),
+                unprotected_store_error: c.total(Outcome::UnprotectedStoreError),
+            })
+            .collect();
         Snapshot {
-            requests_total: requests.iter().map(|(_, n)| n).sum(),
+            routes,
+            requests_total: requests
+                .iter()
+                .filter(|(o, _)| !o.is_unprotected())
+                .map(|(_, n)| n)
+                .sum(),
             requests,
             hits: totals.hits.load(Ordering::Relaxed),
             hit_ratio,

@@ -61,6 +61,9 @@ pub const REPLAY_CACHE_HITS: &str = "idemgate_replay_cache_hits_total";
 /// Always 1, labelled with the `version` of the running build.
 pub const BUILD_INFO: &str = "idemgate_build_info";
 
+/// Always 1 per route, labelled with whether the route `charges`.
+pub const ROUTE_INFO: &str = "idemgate_route_info";
+
 /// Every name above, for consistency checks (alerts, dashboards).
 pub const ALL: &[&str] = &[
     HIT,
@@ -82,6 +85,7 @@ pub const ALL: &[&str] = &[
     UPSTREAM_TIMEOUTS,
     UPSTREAM_ERRORS,
     BUILD_INFO,
+    ROUTE_INFO,
     SEAL_FAILURES,
     REPLAY_CACHE_HITS,
 ];
@@ -151,6 +155,10 @@ pub const HELP: &[(&str, &str)] = &[
     (
         BUILD_INFO,
         "Always 1; the version label names the running idemgate build.",
+    ),
+    (
+        ROUTE_INFO,
+        "Always 1 per route; charges=\"true\" marks a route that keeps outcome-unknown answers.",
     ),
     (
         SEAL_FAILURES,

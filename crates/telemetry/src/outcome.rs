@@ -26,16 +26,19 @@ pub enum Outcome {
     /// The store failed and the request was refused (`fail_closed`), or a
     /// stored result could not be read.
     StoreError,
-    /// Forwarded without protection: no key on an optional route, or the
-    /// store down under `fail_open`.
-    Unprotected,
+    /// Forwarded without protection because the request had no key, on a
+    /// route where the key is optional: a client that stopped sending keys.
+    UnprotectedNoKey,
+    /// Forwarded without protection because the store failed, on a
+    /// `fail_open` route: a store that is down.
+    UnprotectedStoreError,
     /// `Prefer: respond-async` on a key already running: pointed at it (202).
     Accepted,
 }
 
 impl Outcome {
     /// Every outcome, in label order.
-    pub const ALL: [Outcome; 11] = [
+    pub const ALL: [Outcome; 12] = [
         Self::Executed,
         Self::Replayed,
         Self::Attached,
@@ -45,7 +48,8 @@ impl Outcome {
         Self::Fenced,
         Self::Rejected,
         Self::StoreError,
-        Self::Unprotected,
+        Self::UnprotectedNoKey,
+        Self::UnprotectedStoreError,
         Self::Accepted,
     ];
 
@@ -61,9 +65,15 @@ impl Outcome {
             Self::Fenced => "fenced",
             Self::Rejected => "rejected",
             Self::StoreError => "store_error",
-            Self::Unprotected => "unprotected",
+            Self::UnprotectedNoKey => "unprotected_no_key",
+            Self::UnprotectedStoreError => "unprotected_store_error",
             Self::Accepted => "accepted",
         }
+    }
+
+    /// Whether the request was forwarded without protection (either cause).
+    pub fn is_unprotected(self) -> bool {
+        matches!(self, Self::UnprotectedNoKey | Self::UnprotectedStoreError)
     }
 
     /// Whether the response came from a stored or live result without an

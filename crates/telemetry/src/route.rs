@@ -33,6 +33,19 @@ impl RouteTelemetry {
         &self.route
     }
 
+    /// Publishes what the route is: `idemgate_route_info{route, charges}`
+    /// at 1, so alert rules can single out routes whose repeats cost money
+    /// (`charges="true"`: the route keeps an `outcome-unknown` answer
+    /// instead of letting a retry run again).
+    pub fn describe(&self, charges: bool) {
+        let mut labels = self.labels();
+        labels.push(Label::new(
+            "charges",
+            if charges { "true" } else { "false" },
+        ));
+        metrics::gauge!(names::ROUTE_INFO, labels).set(1.0);
+    }
+
     /// As [`Telemetry::request`].
     pub fn request(&self, outcome: Outcome, key_id: Option<u64>) {
         self.telemetry

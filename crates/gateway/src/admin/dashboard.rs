@@ -8,7 +8,7 @@ use std::sync::LazyLock;
 use axum::body::Body;
 use axum::extract::State;
 use http::{HeaderMap, HeaderValue, Response, header};
-use idemgate_telemetry::{RecentKey, Snapshot};
+use idemgate_telemetry::{RecentKey, RouteRequests, Snapshot};
 
 use super::alert::{self, HitRatioRule};
 use super::{AdminState, RouteName, refuse_unauthorized};
@@ -64,7 +64,9 @@ pub(super) async fn stats(State(s): State<AdminState>, headers: HeaderMap) -> Re
         .map(|(o, n)| (o.as_str().to_owned(), (*n).into()))
         .collect();
     let now_ms = idemgate_engine::record::now_ms();
+    let routes: Vec<serde_json::Value> = snap.routes.iter().map(route_row).collect();
     let body = serde_json::json!({
+        "routes": routes,
         "time_ms": now_ms,
         "requests_total": snap.requests_total,
         "hits": snap.hits,
@@ -77,6 +79,20 @@ pub(super) async fn stats(State(s): State<AdminState>, headers: HeaderMap) -> Re
         "hit_ratio_alert": hit_ratio_alert(&s.hit_ratio_rule, &snap),
     });
     json(&body)
+}
+
+/// A route's requests and the share that ran protected (`null` before its
+/// first request).
+fn route_row(r: &RouteRequests) -> serde_json::Value {
+    let unprotected = r.unprotected_no_key + r.unprotected_store_error;
+    let share = (r.requests > 0).then(|| 1.0 - unprotected as f64 / r.requests as f64);
+    serde_json::json!({
+        "route": r.route,
+        "requests": r.requests,
+        "unprotected_no_key": r.unprotected_no_key,
+        "unprotected_store_error": r.unprotected_store_error,
+        "protected_share": share,
+    })
 }
 
 /// The hit ratio against the alert: the baseline, the ratio at which the

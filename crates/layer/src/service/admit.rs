@@ -99,7 +99,7 @@ impl Keyed {
                 if declared_length(req.headers()).is_some_and(|n| exceeds(n, cfg.body_limit)) {
                     return Err(rejected(shared, Problem::body_too_large(cfg.body_limit)));
                 }
-                shared.metrics.request(Outcome::Unprotected, None);
+                shared.metrics.request(Outcome::UnprotectedNoKey, None);
                 return Err(NotKeyed::Forward(req));
             }
         };

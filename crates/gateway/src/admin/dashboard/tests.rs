@@ -36,6 +36,7 @@ fn snapshot(ratio: f64, baseline: Option<f64>, keyed_5m: u64) -> Snapshot {
         stream_events_lost: 0,
         requests_per_key_p50: 0.0,
         requests_per_key_p99: 0.0,
+        routes: Vec::new(),
     }
 }
 
