@@ -20,7 +20,7 @@
 //!   retry look like a different request.
 //! - anything else is hashed as raw bytes.
 //!
-//! The canonical form is built in one pass by [`canonical`], with an
+//! The canonical form is built in one pass by the `canonical` module, with an
 //! explicit stack instead of recursion, so a body's nesting costs neither
 //! stack nor extra time; nesting deeper than [`MAX_JSON_DEPTH`] is refused
 //! ([`BodyError::TooDeep`]). Numbers keep their source text, so no

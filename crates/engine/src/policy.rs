@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-/// TTLs and in-flight behaviour of an [`Engine`].
+/// TTLs and in-flight behaviour of an [`Engine`](crate::Engine).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Policy {
     /// Lease length. Short, so a crashed owner's claim rots quickly; the
@@ -55,12 +55,12 @@ impl Policy {
 /// What to do when the key is PENDING (someone else is running the work).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OnInflight {
-    /// Refuse at once ([`ExecuteError::InFlight`]); the caller retries later.
+    /// Refuse at once ([`ExecuteError::InFlight`](crate::ExecuteError::InFlight)); the caller retries later.
     Reject,
     /// Wait up to the bound for the other run to finish, then return its
     /// result (or take the key over if that run failed).
     Wait(Duration),
-    /// Return at once with an [`InFlight`] handle whose
-    /// [`settled`](InFlight::settled) resolves when the key is DONE or free.
+    /// Return at once with an [`InFlight`](crate::InFlight) handle whose
+    /// [`settled`](crate::InFlight::settled) resolves when the key is DONE or free.
     Notify,
 }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-/// Settings of a [`PostgresStore`]. `Default` gives the documented defaults.
+/// Settings of a [`PostgresStore`](crate::PostgresStore). `Default` gives the documented defaults.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PostgresOptions {
     /// Schema holding the store's tables (default `idemgate`); created on
@@ -16,11 +16,11 @@ pub struct PostgresOptions {
     /// Pool size when the store opens its own pool (default 10).
     pub max_connections: u32,
     /// Upper bound on one store operation, waiting for a pooled connection
-    /// included (default 5 s). [`PostgresStore::complete_in`] is not bounded:
+    /// included (default 5 s). [`PostgresStore::complete_in`](crate::PostgresStore::complete_in) is not bounded:
     /// it runs on the caller's connection.
     pub operation_timeout: Duration,
     /// How often expired rows are purged (default 30 s); `None` disables the
-    /// background purge (call [`PostgresStore::purge_expired`] yourself).
+    /// background purge (call [`PostgresStore::purge_expired`](crate::PostgresStore::purge_expired) yourself).
     pub purge_interval: Option<Duration>,
     /// Rows deleted per purge statement (default 1000).
     pub purge_batch: u32,

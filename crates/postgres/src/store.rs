@@ -32,7 +32,7 @@ use crate::timeline::TimelineWriter;
 /// one statement, hence one round trip; fences come from one sequence, so
 /// they grow across every claim the database ever made.
 ///
-/// Waiters ([`Store::changed`]) are woken at once by changes made through
+/// Waiters ([`Store::changed`](idemgate_engine::Store::changed)) are woken at once by changes made through
 /// this store instance and otherwise poll every 50 ms. `LISTEN/NOTIFY` was
 /// not used: a `NOTIFY` in the completing transaction takes a database-wide
 /// lock at commit, serialising every completion, and a listener can miss
@@ -286,7 +286,7 @@ impl PostgresStore {
     /// Begin the transaction with [`PostgresStore::lock_in`] (required at
     /// REPEATABLE READ and SERIALIZABLE).
     ///
-    /// Same contract as [`Store::complete`]; the DONE record (and its
+    /// Same contract as [`Store::complete`](idemgate_engine::Store::complete); the DONE record (and its
     /// timeline entry) exists only once the caller commits. The row is
     /// locked from this call until the commit, so a concurrent claim waits
     /// and then sees DONE. Returns [`Fenced::Stale`] when the lease is no
