@@ -16,6 +16,7 @@
 //!   here, not in the engine, because only configuration checks need it:
 //!   the engine runs with whatever TTL it is given.
 //! - [`check`]: runs every rule; [`has_errors`] decides the exit status.
+//! - `rules`: the rules, one plain function per deployment mistake.
 //!
 //! The rules are plain functions over the plan, one per checklist item, so a
 //! test can show each one firing and staying quiet.

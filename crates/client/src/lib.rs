@@ -96,6 +96,18 @@
 //! attempt: give long generations enough attempts, or use `wait`/`attach`.
 //!
 //! HTTPS needs the `tls` feature (rustls).
+//!
+//! # Layout
+//! - `client`: [`Client`], its builder and the request builder.
+//! - `send`: the retry loop that sends a prepared request, attempt after
+//!   attempt with the same key.
+//! - `policy`: [`RetryPolicy`], when to retry and how long to wait first.
+//! - `key`: the idempotency key of one logical operation.
+//! - `attempt`: the record of each attempt, and the retry bookkeeping.
+//! - `response`: a successful, whole response.
+//! - `error`: errors, and the failed responses they carry.
+//! - `sse`: server-sent events as an `EventSource` reads them.
+//! - `stream`: an event stream that resumes itself with `Last-Event-ID`.
 
 mod attempt;
 mod client;

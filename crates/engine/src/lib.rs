@@ -14,6 +14,11 @@
 //! - [`memory`]: the in-memory store.
 //! - [`execute`]: the [`Engine`]: [`Engine::execute`] and the lower-level
 //!   [`Engine::begin`].
+//! - `guard`: [`LeaseGuard`], the owner's side of a claimed key (heartbeat,
+//!   fenced completion, release on drop).
+//! - `inflight`: [`InFlight`], the waiter's side of a key found PENDING,
+//!   and how the wait [`Settled`].
+//! - `policy`: [`Policy`], lease and record lifetimes, and [`OnInflight`].
 //! - [`notify`]: per-key wake-ups used by stores for waiters.
 //! - `renewals`: lease renewals for the runs that outlive half a heartbeat
 //!   interval, without a task per claim.

@@ -41,6 +41,9 @@
 //! - `shared`: the state every clone of the layer shares.
 //! - `outcome`: whether a 200 event stream succeeded, from its events.
 //! - `refusal`: the one path of a refusal (count, log, problem).
+//! - `held`: results held in memory while the store cannot take them yet.
+//! - `latency`: how long a route's executions take, for the delay a 409
+//!   tells the client to wait.
 //! - `replay`: answering from a stored result, and [`IDEMPOTENT_REPLAYED`].
 //! - `service`: [`IdempotencyLayer`], the [`Idempotency`] service, shutdown,
 //!   and the request path in its children (admission, the detached owner,

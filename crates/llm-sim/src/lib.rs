@@ -18,6 +18,10 @@
 //! - `sim`: the state every request shares (config, counters, shutdown).
 //! - `respond`: the shared life of a request (count, pace, bill, break).
 //! - `server`: routes ([`router`]), [`spawn`], [`SimHandle`].
+//! - `connection`: the connection a request came on, so a handler can
+//!   close it without answering (the `close` fault).
+//! - `encoding`: gzip and brotli answers, as providers behind CDNs send
+//!   them.
 //!
 //! # Endpoints
 //! - `POST /v1/chat/completions`, `POST /v1/responses`, `POST

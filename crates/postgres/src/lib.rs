@@ -20,6 +20,8 @@
 //! - `timeline`: the background writer of timeline entries that change no
 //!   record (replays, conflicts), one statement per batch.
 //! - `error`: the one mapping from sqlx errors to `StoreError` kinds.
+//! - `replication`: whether the server keeps a committed DONE across a
+//!   failover (a synchronous standby), for `idemgate check`.
 //!
 //! # The key decision
 //! **A claim is one statement**: `INSERT … ON CONFLICT (id) DO UPDATE … WHERE

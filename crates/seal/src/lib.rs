@@ -114,6 +114,14 @@
 //! key bytes and the text read by [`KeyRing::from_file`] are zeroized after
 //! parsing. `Debug` for [`KeyRing`] shows key ids and which is active, no
 //! key bytes. No error message contains key material or plaintext.
+//!
+//! # Layout
+//! - `keyring`: [`KeyRing`]: parsing key files, sealing and opening.
+//! - `format`: the sealed byte layout, key-id rules and
+//!   [`associated_data`].
+//! - `error`: the errors of sealing, opening, parsing and generation.
+//! - [`store`]: [`SealedStore`], the `Store` wrapper
+//!   that seals every payload before the backend sees it.
 
 mod error;
 mod format;

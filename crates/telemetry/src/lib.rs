@@ -21,7 +21,9 @@
 //!   [`RunningKey`].
 //! - `recent`: [`RecentKeys`], the bounded table of keys the dashboard
 //!   lists (most retried, in flight, conflicts, fenced).
-//! - [`InstrumentedStore`]: a [`Store`](idemgate_engine::Store) decorator
+//! - `counters`: the per-request counters of one label set, each looked
+//!   up in the recorder once.
+//! - `store`: [`InstrumentedStore`], a [`Store`](idemgate_engine::Store) decorator
 //!   timing every operation by backend and op, and counting errors.
 //! - [`logging`]: the JSON-lines log format, for capturing logs in tests
 //!   (the `idemgate` binary sets up its own subscriber with the same format).

@@ -18,6 +18,15 @@
 //! [`tls`] makes the certificates of the suites that run over TLS: each
 //! store runs the whole suite once more on a server of its own that only
 //! speaks TLS.
+//!
+//! # Layout
+//! - [`cases`]: the conformance cases, one function per behaviour.
+//! - [`counting`]: [`CountingStore`], a wrapper that counts store calls.
+//! - [`fault`]: [`FaultProxy`] (a TCP proxy that cuts, stalls and drops)
+//!   and the store fault scenarios run through it.
+//! - [`redis_server`]: private `redis-server` processes (single nodes,
+//!   replicas, cluster nodes) for the suites that need their own.
+//! - [`tls`]: certificates for the suites over TLS.
 
 #![allow(clippy::unwrap_used, clippy::panic)] // a test suite: failing loudly is its job
 
