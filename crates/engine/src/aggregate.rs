@@ -32,13 +32,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use bytes::Bytes;
 use tokio::sync::Notify;
 
-use crate::{
-    Attempt, AttemptOutcome, BoxFuture, Claim, Fenced, Fingerprint, Lease, Record, Repeated,
-    ScopedKey, Store, StoreError,
-};
+use crate::{Attempt, AttemptOutcome, BoxFuture, Repeated, ScopedKey, Store, StoreError};
 
 /// How often gathered replays are written.
 pub const FLUSH_EVERY: Duration = Duration::from_millis(200);
@@ -264,45 +260,9 @@ async fn flush_loop(inner: Arc<dyn Store>, pending: Arc<Pending>, every: Duratio
     }
 }
 
-impl Store for AggregatingStore {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-
-    fn claim<'a>(
-        &'a self,
-        key: &'a ScopedKey,
-        fingerprint: &'a Fingerprint,
-        pending_ttl: Duration,
-    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        self.inner.claim(key, fingerprint, pending_ttl)
-    }
-
-    fn renew<'a>(
-        &'a self,
-        lease: &'a mut Lease,
-        pending_ttl: Duration,
-    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-        self.inner.renew(lease, pending_ttl)
-    }
-
-    fn complete<'a>(
-        &'a self,
-        lease: &'a Lease,
-        payload: Bytes,
-        done_ttl: Duration,
-        attempt: &'a Attempt,
-    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-        self.inner.complete(lease, payload, done_ttl, attempt)
-    }
-
-    fn release<'a>(
-        &'a self,
-        lease: &'a Lease,
-        attempt: &'a Attempt,
-        timeline_ttl: Duration,
-    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-        self.inner.release(lease, attempt, timeline_ttl)
+impl crate::LayeredStore for AggregatingStore {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
     }
 
     fn forget<'a>(
@@ -318,10 +278,6 @@ impl Store for AggregatingStore {
                 self.inner.forget(key, attempt, timeline_ttl).await
             }),
         }
-    }
-
-    fn get<'a>(&'a self, key: &'a ScopedKey) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
-        self.inner.get(key)
     }
 
     fn record_attempt<'a>(
@@ -340,16 +296,5 @@ impl Store for AggregatingStore {
                 self.inner.record_attempt(key, attempt, ttl).await
             }),
         }
-    }
-
-    fn timeline<'a>(
-        &'a self,
-        key: &'a ScopedKey,
-    ) -> BoxFuture<'a, Result<Vec<Attempt>, StoreError>> {
-        self.inner.timeline(key)
-    }
-
-    fn changed<'a>(&'a self, key: &'a ScopedKey, max: Duration) -> BoxFuture<'a, ()> {
-        self.inner.changed(key, max)
     }
 }

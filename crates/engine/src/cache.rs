@@ -46,13 +46,11 @@ use std::sync::{Arc, atomic::AtomicU64, atomic::Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use bytes::Bytes;
 use tokio::time::Instant;
 
 use crate::record::{monotonic_ms, ms, now_ms};
 use crate::{
-    Attempt, BoxFuture, Claim, Fenced, Fingerprint, Lease, Record, RecordState, ScopedKey, Store,
-    StoreError,
+    Attempt, BoxFuture, Claim, Fingerprint, Record, RecordState, ScopedKey, Store, StoreError,
 };
 
 /// How long a copy is trusted after the read that brought it was sent;
@@ -288,9 +286,9 @@ fn key_bytes(key: &ScopedKey) -> usize {
     key.tenant.len() + key.namespace.len() + key.key.as_str().len()
 }
 
-impl Store for CachedStore {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
+impl crate::LayeredStore for CachedStore {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
     }
 
     fn claim<'a>(
@@ -312,33 +310,6 @@ impl Store for CachedStore {
             }
             Ok(claim)
         })
-    }
-
-    fn renew<'a>(
-        &'a self,
-        lease: &'a mut Lease,
-        pending_ttl: Duration,
-    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-        self.inner.renew(lease, pending_ttl)
-    }
-
-    fn complete<'a>(
-        &'a self,
-        lease: &'a Lease,
-        payload: Bytes,
-        done_ttl: Duration,
-        attempt: &'a Attempt,
-    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-        self.inner.complete(lease, payload, done_ttl, attempt)
-    }
-
-    fn release<'a>(
-        &'a self,
-        lease: &'a Lease,
-        attempt: &'a Attempt,
-        timeline_ttl: Duration,
-    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-        self.inner.release(lease, attempt, timeline_ttl)
     }
 
     fn forget<'a>(
@@ -373,26 +344,6 @@ impl Store for CachedStore {
             }
             Ok(record)
         })
-    }
-
-    fn record_attempt<'a>(
-        &'a self,
-        key: &'a ScopedKey,
-        attempt: &'a Attempt,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.inner.record_attempt(key, attempt, ttl)
-    }
-
-    fn timeline<'a>(
-        &'a self,
-        key: &'a ScopedKey,
-    ) -> BoxFuture<'a, Result<Vec<Attempt>, StoreError>> {
-        self.inner.timeline(key)
-    }
-
-    fn changed<'a>(&'a self, key: &'a ScopedKey, max: Duration) -> BoxFuture<'a, ()> {
-        self.inner.changed(key, max)
     }
 }
 

@@ -12,6 +12,8 @@
 //! - [`record`]: the record, its lease, and the timeline of attempts.
 //! - [`store`]: the [`Store`] trait every backend implements.
 //! - [`memory`]: the in-memory store.
+//! - `layered`: [`LayeredStore`], the base of store wrappers: every method
+//!   forwards to the wrapped store unless the wrapper overrides it.
 //! - [`execute`]: the [`Engine`]: [`Engine::execute`] and the lower-level
 //!   [`Engine::begin`].
 //! - `guard`: [`LeaseGuard`], the owner's side of a claimed key (heartbeat,
@@ -43,6 +45,7 @@ pub mod fingerprint;
 pub mod guard;
 pub mod inflight;
 pub mod key;
+mod layered;
 pub mod memory;
 pub mod notify;
 pub mod policy;
@@ -57,6 +60,7 @@ pub use fingerprint::Fingerprint;
 pub use guard::LeaseGuard;
 pub use inflight::{InFlight, Settled};
 pub use key::{ClientKey, DerivedKey, KeyError, ScopedKey, natural_key};
+pub use layered::LayeredStore;
 pub use memory::{Clock, ManualClock, MemoryStore, MonotonicClock, SystemClock};
 pub use policy::{OnInflight, Policy};
 pub use record::{

@@ -12,7 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use idemgate_engine::{
     Attempt, AttemptOutcome, Begin, BoxFuture, Claim, ClientKey, Engine, Fenced, Fingerprint,
-    Lease, LeaseGuard, MemoryStore, Policy, Record, ScopedKey, Store, StoreError, StoreErrorKind,
+    Lease, LeaseGuard, MemoryStore, Policy, ScopedKey, Store, StoreError, StoreErrorKind,
 };
 
 /// How `complete` misbehaves.
@@ -37,17 +37,13 @@ fn unavailable() -> StoreError {
     StoreError::new(StoreErrorKind::Unavailable, "blinking", "store blinked")
 }
 
-impl Store for Blinking {
+impl idemgate_engine::LayeredStore for Blinking {
+    fn inner(&self) -> &dyn Store {
+        &self.inner
+    }
+
     fn backend(&self) -> &'static str {
         "blinking"
-    }
-    fn claim<'a>(
-        &'a self,
-        key: &'a ScopedKey,
-        fingerprint: &'a Fingerprint,
-        pending_ttl: Duration,
-    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        self.inner.claim(key, fingerprint, pending_ttl)
     }
     fn renew<'a>(
         &'a self,
@@ -80,39 +76,6 @@ impl Store for Blinking {
             }
             Ok(written)
         })
-    }
-    fn release<'a>(
-        &'a self,
-        lease: &'a Lease,
-        attempt: &'a Attempt,
-        timeline_ttl: Duration,
-    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-        self.inner.release(lease, attempt, timeline_ttl)
-    }
-    fn get<'a>(&'a self, key: &'a ScopedKey) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
-        self.inner.get(key)
-    }
-    fn record_attempt<'a>(
-        &'a self,
-        key: &'a ScopedKey,
-        attempt: &'a Attempt,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.inner.record_attempt(key, attempt, ttl)
-    }
-    fn timeline<'a>(
-        &'a self,
-        key: &'a ScopedKey,
-    ) -> BoxFuture<'a, Result<Vec<Attempt>, StoreError>> {
-        self.inner.timeline(key)
-    }
-    fn forget<'a>(
-        &'a self,
-        key: &'a ScopedKey,
-        attempt: &'a Attempt,
-        timeline_ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.inner.forget(key, attempt, timeline_ttl)
     }
 }
 
@@ -272,24 +235,13 @@ async fn the_owner_gives_up_before_the_lease_may_lapse() {
 async fn a_permanent_error_is_not_retried() {
     #[derive(Debug)]
     struct Refusing(MemoryStore);
-    impl Store for Refusing {
+    impl idemgate_engine::LayeredStore for Refusing {
+        fn inner(&self) -> &dyn Store {
+            &self.0
+        }
+
         fn backend(&self) -> &'static str {
             "refusing"
-        }
-        fn claim<'a>(
-            &'a self,
-            key: &'a ScopedKey,
-            fingerprint: &'a Fingerprint,
-            pending_ttl: Duration,
-        ) -> BoxFuture<'a, Result<Claim, StoreError>> {
-            self.0.claim(key, fingerprint, pending_ttl)
-        }
-        fn renew<'a>(
-            &'a self,
-            lease: &'a mut Lease,
-            pending_ttl: Duration,
-        ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-            self.0.renew(lease, pending_ttl)
         }
         fn complete<'a>(
             &'a self,
@@ -299,42 +251,6 @@ async fn a_permanent_error_is_not_retried() {
             _: &'a Attempt,
         ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
             Box::pin(async { Err(StoreError::new(StoreErrorKind::Rejected, "refusing", "no")) })
-        }
-        fn release<'a>(
-            &'a self,
-            lease: &'a Lease,
-            attempt: &'a Attempt,
-            ttl: Duration,
-        ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-            self.0.release(lease, attempt, ttl)
-        }
-        fn get<'a>(
-            &'a self,
-            key: &'a ScopedKey,
-        ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
-            self.0.get(key)
-        }
-        fn record_attempt<'a>(
-            &'a self,
-            key: &'a ScopedKey,
-            attempt: &'a Attempt,
-            ttl: Duration,
-        ) -> BoxFuture<'a, Result<(), StoreError>> {
-            self.0.record_attempt(key, attempt, ttl)
-        }
-        fn timeline<'a>(
-            &'a self,
-            key: &'a ScopedKey,
-        ) -> BoxFuture<'a, Result<Vec<Attempt>, StoreError>> {
-            self.0.timeline(key)
-        }
-        fn forget<'a>(
-            &'a self,
-            key: &'a ScopedKey,
-            attempt: &'a Attempt,
-            timeline_ttl: Duration,
-        ) -> BoxFuture<'a, Result<bool, StoreError>> {
-            self.0.forget(key, attempt, timeline_ttl)
         }
     }
     let engine = Engine::new(Arc::new(Refusing(MemoryStore::new())));

@@ -70,9 +70,9 @@ impl InstrumentedStore {
     }
 }
 
-impl Store for InstrumentedStore {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
+impl idemgate_engine::LayeredStore for InstrumentedStore {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
     }
 
     fn claim<'a>(

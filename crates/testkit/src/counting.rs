@@ -71,9 +71,9 @@ fn count(n: &AtomicUsize) {
     n.fetch_add(1, Ordering::SeqCst);
 }
 
-impl Store for CountingStore {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
+impl idemgate_engine::LayeredStore for CountingStore {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
     }
 
     fn claim<'a>(
@@ -147,9 +147,5 @@ impl Store for CountingStore {
     ) -> BoxFuture<'a, Result<Vec<Attempt>, StoreError>> {
         count(&self.calls.timeline);
         self.inner.timeline(key)
-    }
-
-    fn changed<'a>(&'a self, key: &'a ScopedKey, max: Duration) -> BoxFuture<'a, ()> {
-        self.inner.changed(key, max)
     }
 }

@@ -22,7 +22,7 @@
 //! # Layout
 //! - [`cases`]: the conformance cases, one function per behaviour.
 //! - [`counting`]: [`CountingStore`], a wrapper that counts store calls.
-//! - [`fault`]: [`FaultProxy`] (a TCP proxy that cuts, stalls and drops)
+//! - [`fault`]: the [`FaultProxy`] (a TCP proxy that cuts, stalls and drops)
 //!   and the store fault scenarios run through it.
 //! - [`redis_server`]: private `redis-server` processes (single nodes,
 //!   replicas, cluster nodes) for the suites that need their own.

@@ -19,10 +19,10 @@ fn declared(lib: &str) -> Vec<String> {
             .strip_prefix("pub mod ")
             .or_else(|| line.strip_prefix("pub(crate) mod "))
             .or_else(|| line.strip_prefix("mod "));
-        if let Some(name) = rest.and_then(|r| r.strip_suffix(';')) {
-            if !test_only {
-                out.push(name.trim().to_owned());
-            }
+        if let Some(name) = rest.and_then(|r| r.strip_suffix(';'))
+            && !test_only
+        {
+            out.push(name.trim().to_owned());
         }
         if !line.starts_with("#[") {
             test_only = false;

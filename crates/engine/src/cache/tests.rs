@@ -7,6 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::*;
+use crate::Fenced;
 use crate::{AttemptOutcome, ClientKey, MemoryStore};
 
 const LONG: Duration = Duration::from_secs(3600);
