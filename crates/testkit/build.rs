@@ -2,6 +2,7 @@
 //! there runs on every store without being listed anywhere else:
 //!
 //! - `conformance_suite!` from every `pub async fn NAME(store: Arc<dyn Store>)`
+//!   (however rustfmt breaks its lines)
 //!   in `src/cases/`;
 //! - `fault_suite!` from every `pub async fn NAME(rig: Rig)` in
 //!   `src/fault/scenarios.rs`.
@@ -12,6 +13,7 @@ use std::{env, fs, path::PathBuf};
 /// directory) whose signature ends `signature`.
 fn cases(path: &str, signature: &str) -> Vec<String> {
     println!("cargo::rerun-if-changed={path}");
+    println!("cargo::rerun-if-changed=build/case_names.rs");
     let files: Vec<String> = if fs::metadata(path).is_ok_and(|m| m.is_dir()) {
         let mut files: Vec<String> = fs::read_dir(path)
             .unwrap_or_else(|e| panic!("read {path}: {e}"))
@@ -30,14 +32,12 @@ fn cases(path: &str, signature: &str) -> Vec<String> {
         source.push('\n');
     }
     let file = path;
-    let names: Vec<String> = source
-        .lines()
-        .filter_map(|line| line.trim_start().strip_prefix("pub async fn "))
-        .filter_map(|rest| rest.split_once(signature).map(|(name, _)| name.to_owned()))
-        .collect();
+    let names = case_names(&source, signature);
     assert!(!names.is_empty(), "no cases found in {file}");
     names
 }
+
+include!("build/case_names.rs");
 
 /// A `#[macro_export]` macro `name!($suite, $make)` generating `mod $suite`
 /// with one `#[tokio::test]` per case, each calling `path::case(super::$make().await)`.

@@ -4,7 +4,8 @@
 //! The build script reads the files of this directory and generates the list of cases that
 //! [`conformance_suite!`](crate::conformance_suite) turns into tests, so a case
 //! written here runs on every store without being listed anywhere else. Keep
-//! the signature exactly `pub async fn NAME(store: Arc<dyn Store>)`.
+//! the parameters exactly `(store: Arc<dyn Store>)` (line breaks and a
+//! trailing comma do not matter).
 
 mod execution;
 mod records;

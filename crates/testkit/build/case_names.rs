@@ -1,0 +1,36 @@
+// Shared by the build script and `tests/case_names.rs`.
+
+/// Every `pub async fn NAME(…)` of `source` whose parameter list is
+/// `signature`, however the lines are broken: rustfmt wraps a long
+/// signature, and a wrapped case must not drop out of every store's run.
+/// Whitespace and a trailing comma are ignored; a generic function is a
+/// helper, never a case.
+fn case_names(source: &str, signature: &str) -> Vec<String> {
+    let squash = |s: &str| {
+        let mut t: String = s.chars().filter(|c| !c.is_whitespace()).collect();
+        if t.ends_with(",)") {
+            t.remove(t.len() - 2);
+        }
+        t
+    };
+    let wanted = squash(signature);
+    let mut names = Vec::new();
+    let mut rest = source;
+    while let Some(at) = rest.find("pub async fn ") {
+        rest = &rest[at + "pub async fn ".len()..];
+        let name_len = rest
+            .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        let (name, after) = rest.split_at(name_len);
+        if !after.starts_with('(') {
+            continue;
+        }
+        let Some(close) = after.find(')') else {
+            continue;
+        };
+        if squash(&after[..=close]) == wanted {
+            names.push(name.to_owned());
+        }
+    }
+    names
+}
