@@ -29,3 +29,18 @@ pub fn no_route(path: &str) -> Response<Body> {
         &format!("no route serves `{shown}`"),
     )
 }
+
+/// 400: the path holds a dot segment (`..`, `.`, or one spelled with
+/// `%2e`), an encoded slash or a backslash. Resolved after routing, such a
+/// path could reach an upstream path that another route guards.
+pub fn path_not_normalized(path: &str) -> Response<Body> {
+    let shown: String = path.chars().take(200).collect();
+    problem(
+        StatusCode::BAD_REQUEST,
+        "path-not-normalized",
+        "Path not normalized",
+        &format!(
+            "the path `{shown}` has a dot segment, an encoded slash or a backslash; send the path it resolves to"
+        ),
+    )
+}

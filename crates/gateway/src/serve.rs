@@ -36,7 +36,7 @@ use tower::{Layer, ServiceExt};
 use crate::config::{GatewayConfig, RouteConfig};
 use crate::error::GatewayError;
 use crate::plan;
-use crate::problem::no_route;
+use crate::problem::{no_route, path_not_normalized};
 use crate::proxy::Proxy;
 
 /// The engine of a route: the shared store with the route's TTLs. The
@@ -95,6 +95,10 @@ impl tower::Service<Request<Body>> for Dispatch {
 
     fn call(&mut self, req: Request<Body>) -> Self::Future {
         let path = req.uri().path();
+        if !is_normalized(path) {
+            let resp = path_not_normalized(path);
+            return Box::pin(async move { Ok(resp) });
+        }
         let svc = self
             .routes
             .iter()
@@ -108,6 +112,27 @@ impl tower::Service<Request<Body>> for Dispatch {
             }
         }
     }
+}
+
+/// Whether `path` is routed as it reads: no segment is `.` or `..` (also
+/// spelled `%2e`), and no segment hides a separator (`%2f`, `%5c`, `\\`).
+///
+/// Routing matches the path as sent, but building the upstream URL
+/// resolves dot segments, so `/v1/../admin` would pass the `/v1` route's
+/// checks and reach `/admin` upstream with the client's credential. An
+/// upstream that decodes `%2f` before routing would do the same with
+/// `/v1/..%2fadmin`. No API path needs any of these, so they are refused
+/// (400) rather than resolved.
+pub(crate) fn is_normalized(path: &str) -> bool {
+    path.split('/').all(|segment| {
+        let lower = segment.to_ascii_lowercase();
+        let dots = lower.replace("%2e", ".");
+        dots != "."
+            && dots != ".."
+            && !lower.contains("%2f")
+            && !lower.contains("%5c")
+            && !segment.contains('\\')
+    })
 }
 
 /// Runs the gateway on `listener` (proxy) and `admin` (health endpoints)
