@@ -21,6 +21,8 @@
 //! never sends an encoding the replaying client did not accept. Decoding,
 //! rather than asking for `identity`, also covers upstreams (and CDNs in
 //! front of them) that compress whatever they are asked.
+//! Decoding is bounded, and a `1xx` answer or an encoding that cannot be
+//! decoded is a broken answer, never stored (`proxy/decoded.rs`).
 //!
 //! A refused connection is a 502 problem, retryable. Synthetic responses for
 //! failures *before* sending carry a [`RetryableFailure`] marker, so the
@@ -63,6 +65,7 @@ pub use crate::error::ProxyBuildError;
 use crate::problem::problem;
 pub use client::ClientBuildError;
 use client::UpstreamClient;
+use decoded::{CountingBody, RawBytes};
 
 /// A body error from the upstream response stream: the response was cut.
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +81,15 @@ pub enum UpstreamBodyError {
     /// decode.
     #[error("upstream body failed")]
     Upstream(#[source] BoxError),
+    /// A compressed answer decoded past the gateway's bounds (its size or
+    /// its ratio to the bytes received).
+    #[error("a compressed upstream answer decoded to more than {decoded} bytes from {raw}")]
+    DecodedTooLarge {
+        /// Bytes decoded so far.
+        decoded: u64,
+        /// Bytes received so far.
+        raw: u64,
+    },
 }
 
 /// The upstream proxy of one route. Cheap to clone.
@@ -230,7 +242,12 @@ impl Proxy {
         let sent = Instant::now();
         let deadline = sent + inner.timeouts.total;
         let first_byte = inner.timeouts.first_byte.min(inner.timeouts.total);
-        let sending = Decompression::new(&inner.client).call(request);
+        let raw = RawBytes::default();
+        let counted = raw.clone();
+        let counting = tower::ServiceExt::map_response(&inner.client, move |r: Response<_>| {
+            r.map(|body| CountingBody::new(body, counted.clone()))
+        });
+        let sending = Decompression::new(counting).call(request);
         let response = match tokio::time::timeout(first_byte, sending).await {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => return inner.send_failed(&e),
@@ -247,6 +264,9 @@ impl Proxy {
         inner.phases.first_byte.record(sent.elapsed().as_secs_f64());
 
         let (mut head, body) = response.into_parts();
+        if let Some(why) = decoded::unstorable(head.status, &head.headers) {
+            return inner.broken_answer(&why);
+        }
         strip_hop_by_hop(&mut head.headers);
         let stream = timed_body(
             body.into_data_stream(),
@@ -257,6 +277,8 @@ impl Proxy {
                 deadline,
                 idle: inner.timeouts.idle,
                 total: inner.timeouts.total,
+                raw,
+                decoded: 0,
                 _permit: permit,
             },
         );
@@ -380,6 +402,24 @@ impl Inner {
         resp
     }
 
+    /// An answer that must never be stored (a `1xx`, an encoding that
+    /// cannot be decoded): the request was sent and may have run, so it is
+    /// a broken answer, like a body cut mid-way.
+    fn broken_answer(&self, why: &str) -> Response<Body> {
+        metrics::counter!(names::UPSTREAM_ERRORS, "route" => self.route.to_string(), "phase" => "answer")
+            .increment(1);
+        tracing::warn!(route = %self.route, reason = why, "upstream answer cannot be stored");
+        let mut resp = problem(
+            StatusCode::BAD_GATEWAY,
+            "upstream-answer-broken",
+            "Upstream answer broken",
+            why,
+        );
+        resp.extensions_mut()
+            .insert(OutcomeUnknown { phase: "answer" });
+        resp
+    }
+
     /// No slot freed within the queue timeout: nothing was sent, so the key
     /// is released and a retry is safe.
     fn queue_timed_out(&self) -> Response<Body> {
@@ -438,6 +478,10 @@ struct BodyClock {
     deadline: Instant,
     idle: Duration,
     total: Duration,
+    /// Bytes received, under the decoder.
+    raw: RawBytes,
+    /// Bytes decoded so far.
+    decoded: u64,
     /// Held until the body ends or is dropped.
     _permit: Option<OwnedSemaphorePermit>,
 }
@@ -451,7 +495,7 @@ where
 {
     let upstream = Box::pin(upstream);
     futures_util::stream::unfold(Some((upstream, clock)), |state| async move {
-        let (mut upstream, clock) = state?;
+        let (mut upstream, mut clock) = state?;
         let idle_at = Instant::now() + clock.idle;
         let (at, phase) = if idle_at < clock.deadline {
             (idle_at, "idle")
@@ -459,7 +503,21 @@ where
             (clock.deadline, "total")
         };
         match tokio::time::timeout_at(at, upstream.next()).await {
-            Ok(Some(Ok(chunk))) => Some((Ok(chunk), Some((upstream, clock)))),
+            Ok(Some(Ok(chunk))) => {
+                clock.decoded += chunk.len() as u64;
+                let raw = clock.raw.get();
+                if decoded::past_bounds(clock.decoded, raw) {
+                    metrics::counter!(names::UPSTREAM_ERRORS, "route" => clock.route.to_string(), "phase" => "decode")
+                        .increment(1);
+                    tracing::warn!(route = %clock.route, decoded = clock.decoded, raw, "compressed upstream answer past the decoding bounds");
+                    let err = UpstreamBodyError::DecodedTooLarge {
+                        decoded: clock.decoded,
+                        raw,
+                    };
+                    return Some((Err(err), None));
+                }
+                Some((Ok(chunk), Some((upstream, clock))))
+            }
             Ok(Some(Err(e))) => {
                 metrics::counter!(names::UPSTREAM_ERRORS, "route" => clock.route.to_string(), "phase" => "body")
                     .increment(1);
@@ -501,5 +559,6 @@ impl Service<Request<Body>> for Proxy {
 }
 
 mod client;
+mod decoded;
 #[cfg(test)]
 mod tests;
