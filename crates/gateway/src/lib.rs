@@ -54,5 +54,5 @@ pub use config::{ConfigError, GatewayConfig, Overrides, RouteConfig, StoreUrl};
 pub use error::GatewayError;
 pub use idemgate_layer::{OutcomeUnknown, RetryableFailure};
 pub use proxy::{Proxy, UpstreamBodyError};
-pub use serve::{bind_and_serve, serve};
+pub use serve::{bind_and_serve, guard_panics, serve};
 pub use stores::{load_key_ring, open_records};

@@ -114,6 +114,26 @@ impl tower::Service<Request<Body>> for Dispatch {
     }
 }
 
+/// `router` with a guard that turns a panic while handling a request into
+/// a 500 `internal` problem for that request alone, counted in
+/// `idemgate_panics_total{at="request"}`. The connection and the process go
+/// on. (A panic in an owner's execution is caught closer, by the layer,
+/// which also releases its key.) Both listeners of `serve` use it.
+pub fn guard_panics(router: Router) -> Router {
+    router.layer(tower_http::catch_panic::CatchPanicLayer::custom(
+        |panic: Box<dyn std::any::Any + Send>| {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Telemetry::shared().panicked("request");
+            tracing::error!(panic = %what.chars().take(200).collect::<String>(), "a request's handling panicked; answered 500");
+            axum::response::IntoResponse::into_response(idemgate_layer::Problem::internal())
+        },
+    ))
+}
+
 /// Whether `path` is routed as it reads: no segment is `.` or `..` (also
 /// spelled `%2e`), and no segment hides a separator (`%2f`, `%5c`, `\\`).
 ///
@@ -262,12 +282,12 @@ async fn run(
         routes.push((route.prefix.clone(), svc));
         layers.push(layer);
     }
-    let app = Router::new().fallback_service(Dispatch {
+    let app = guard_panics(Router::new().fallback_service(Dispatch {
         routes: routes.into(),
-    });
+    }));
 
     let ready = Arc::new(AtomicBool::new(true));
-    let admin_app = crate::admin::router(crate::admin::AdminState {
+    let admin_app = guard_panics(crate::admin::router(crate::admin::AdminState {
         store: Arc::clone(&store),
         ready: Arc::clone(&ready),
         telemetry,
@@ -284,7 +304,7 @@ async fn run(
         hit_ratio_rule: Arc::new(crate::admin::HitRatioRule::configured(
             config.alert_rules.as_deref(),
         )),
-    });
+    }));
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {

@@ -201,3 +201,40 @@ async fn unprotected_requests_are_counted_by_cause() {
         0
     );
 }
+
+/// A panic in the owner's work is answered 500, releases the key (the retry
+/// runs), and is counted where it was caught.
+#[tokio::test]
+async fn a_panicking_execution_is_counted() {
+    counters();
+    let runs = Arc::new(AtomicU64::new(0));
+    let seen = Arc::clone(&runs);
+    let layer = IdempotencyLayer::new(
+        Engine::new(Arc::new(MemoryStore::new())),
+        LayerConfig::new("panics"),
+    );
+    let app = Router::new()
+        .route(
+            "/work",
+            post(move || {
+                let seen = Arc::clone(&seen);
+                async move {
+                    let n = seen.fetch_add(1, Ordering::SeqCst);
+                    assert!(n > 0, "the first run panics");
+                    "ran"
+                }
+            }),
+        )
+        .layer(layer);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/work", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let client = reqwest::Client::new();
+    let send = || client.post(&url).header("idempotency-key", "p").send();
+    assert_eq!(send().await.unwrap().status(), 500);
+    let again = send().await.unwrap();
+    assert_eq!(again.status(), 200, "the key was released");
+    assert_eq!(again.text().await.unwrap(), "ran");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(value("idemgate_panics_total{at=execution}"), 1);
+}

@@ -325,6 +325,12 @@ impl Telemetry {
         metrics::counter!(names::SEAL_FAILURES, "reason" => reason).increment(1);
     }
 
+    /// A request whose handling panicked, caught `at` (`"execution"` or
+    /// `"request"`): `idemgate_panics_total{at}`.
+    pub fn panicked(&self, at: &'static str) {
+        metrics::counter!(names::PANICS, "at" => at).increment(1);
+    }
+
     fn count_request(&self, counters: &Counters, outcome: Outcome, key_id: Option<u64>) {
         counters.count(outcome);
         let totals = &self.inner.totals;

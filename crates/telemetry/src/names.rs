@@ -61,6 +61,12 @@ pub const REPLAY_CACHE_HITS: &str = "idemgate_replay_cache_hits_total";
 /// Always 1, labelled with the `version` of the running build.
 pub const BUILD_INFO: &str = "idemgate_build_info";
 
+/// Requests whose handling panicked, by where the panic was caught
+/// (`at="execution"`: the owner's upstream call or handler; `at="request"`:
+/// anywhere else in the request's handling). Each was answered 500 and its
+/// key released; the process went on.
+pub const PANICS: &str = "idemgate_panics_total";
+
 /// Always 1 per route, labelled with whether the route `charges`.
 pub const ROUTE_INFO: &str = "idemgate_route_info";
 
@@ -86,6 +92,7 @@ pub const ALL: &[&str] = &[
     UPSTREAM_ERRORS,
     BUILD_INFO,
     ROUTE_INFO,
+    PANICS,
     SEAL_FAILURES,
     REPLAY_CACHE_HITS,
 ];
@@ -155,6 +162,10 @@ pub const HELP: &[(&str, &str)] = &[
     (
         BUILD_INFO,
         "Always 1; the version label names the running idemgate build.",
+    ),
+    (
+        PANICS,
+        "Requests whose handling panicked (answered 500, key released), by where it was caught.",
     ),
     (
         ROUTE_INFO,

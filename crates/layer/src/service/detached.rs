@@ -84,6 +84,7 @@ pub(super) async fn own<S: Inner>(
         .catch_unwind()
         .map(|ended| {
             if ended.is_err() {
+                idemgate_telemetry::Telemetry::shared().panicked("execution");
                 tracing::error!("the execution panicked; key released");
             }
         });
