@@ -15,9 +15,19 @@ fn case_names(source: &str, signature: &str) -> Vec<String> {
     };
     let wanted = squash(signature);
     let mut names = Vec::new();
-    let mut rest = source;
-    while let Some(at) = rest.find("pub async fn ") {
-        rest = &rest[at + "pub async fn ".len()..];
+    // Only where a line starts with the declaration (comments and strings
+    // that mention one are not cases).
+    let mut offset = 0;
+    let starts: Vec<usize> = source
+        .split_inclusive('\n')
+        .filter_map(|line| {
+            let at = offset + (line.len() - line.trim_start().len());
+            offset += line.len();
+            line.trim_start().starts_with("pub async fn ").then_some(at)
+        })
+        .collect();
+    for at in starts {
+        let rest = &source[at + "pub async fn ".len()..];
         let name_len = rest
             .find(|c: char| !(c.is_alphanumeric() || c == '_'))
             .unwrap_or(rest.len());

@@ -19,6 +19,7 @@ pub async fn helper<F>(store: Arc<dyn Store>, f: F) {}
 pub async fn other(store: Arc<dyn Store>, n: usize) {}
 async fn private(store: Arc<dyn Store>) {}
 pub fn not_async(store: Arc<dyn Store>) {}
+//! one `pub async fn NAME(store: Arc<dyn Store>)` per case
 ";
     assert_eq!(
         case_names(source, "(store: Arc<dyn Store>)"),
