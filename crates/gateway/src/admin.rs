@@ -34,6 +34,7 @@ pub(crate) use alert::HitRatioRule;
 
 mod alert;
 mod dashboard;
+mod host;
 
 /// A route as the admin endpoints name it.
 #[derive(Clone, Debug)]
@@ -61,6 +62,8 @@ pub(crate) struct AdminState {
     pub(crate) routes: Arc<[RouteName]>,
     /// The hit-ratio alert the dashboard compares the ratio with.
     pub(crate) hit_ratio_rule: Arc<HitRatioRule>,
+    /// Host names answered besides IP addresses and `localhost`.
+    pub(crate) admin_hosts: Arc<[String]>,
 }
 
 /// The admin router.
@@ -74,6 +77,10 @@ pub(crate) fn router(state: AdminState) -> Router {
         .route("/admin/recent", get(dashboard::recent))
         .route("/admin/keys/{key}/timeline", get(timeline))
         .route("/admin/keys/{key}", delete(forget))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            host::check,
+        ))
         .with_state(state)
 }
 

@@ -318,6 +318,9 @@ impl Inner {
         headers.remove(header::CONTENT_LENGTH);
         // The client asks for, and decodes, the encodings it knows (module docs).
         headers.remove(header::ACCEPT_ENCODING);
+        // The body was read (or is being streamed) already: an upstream
+        // must not wait to be asked for it.
+        headers.remove(header::EXPECT);
         // The key the idempotency layer used (sent or derived); without the
         // layer, the client's own header.
         let key = ext

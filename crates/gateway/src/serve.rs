@@ -304,6 +304,7 @@ async fn run(
         hit_ratio_rule: Arc::new(crate::admin::HitRatioRule::configured(
             config.alert_rules.as_deref(),
         )),
+        admin_hosts: config.admin_hosts.clone().into(),
     }));
 
     let (stop_tx, stop_rx) = watch::channel(false);

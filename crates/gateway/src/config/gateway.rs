@@ -46,6 +46,9 @@ pub struct GatewayConfig {
     pub shutdown_grace: Duration,
     /// Token for the admin endpoints that need one.
     pub admin_token: Option<Secret>,
+    /// Host names the admin listener answers besides IP addresses and
+    /// `localhost` (lower case, without port).
+    pub admin_hosts: Vec<String>,
     /// The retry policy of the clients, as routes inherit it (default: the
     /// official OpenAI and Anthropic clients' policy).
     pub client_retry: RetryPolicy,
@@ -196,6 +199,12 @@ impl GatewayConfig {
             done_ttl,
             shutdown_grace,
             admin_token,
+            admin_hosts: raw
+                .admin_hosts
+                .unwrap_or_default()
+                .into_iter()
+                .map(|h| h.trim().to_ascii_lowercase())
+                .collect(),
             client_retry,
             alert_rules,
             encryption_key_file,

@@ -44,6 +44,9 @@ pub struct RawConfig {
     pub shutdown_grace: Option<String>,
     /// Token for the admin endpoints that need one.
     pub admin_token: Option<String>,
+    /// Host names the admin listener answers besides IP addresses and
+    /// `localhost` (e.g. the name Prometheus scrapes it by).
+    pub admin_hosts: Option<Vec<String>>,
     /// How the clients in front of the gateway retry (`[client_retry]`);
     /// routes inherit it field by field. Used by `idemgate check`.
     pub client_retry: Option<RawClientRetry>,
@@ -235,6 +238,7 @@ impl fmt::Debug for RawConfig {
             done_ttl,
             shutdown_grace,
             admin_token,
+            admin_hosts,
             client_retry,
             alert_rules,
             encryption_key_file,
@@ -251,6 +255,7 @@ impl fmt::Debug for RawConfig {
             .field("done_ttl", done_ttl)
             .field("shutdown_grace", shutdown_grace)
             .field("admin_token", &admin_token.as_ref().map(|_| "***"))
+            .field("admin_hosts", admin_hosts)
             .field("client_retry", client_retry)
             .field("alert_rules", alert_rules)
             .field("encryption_key_file", encryption_key_file)
