@@ -45,7 +45,7 @@ pub(crate) fn allowed(value: &HeaderValue, names: &[String]) -> bool {
         return true;
     }
     let host = host.trim_end_matches('.').to_ascii_lowercase();
-    host == "localhost" || host.ends_with(".localhost") || names.iter().any(|n| *n == host)
+    host == "localhost" || host.ends_with(".localhost") || names.contains(&host)
 }
 
 /// `host[:port]` without its port (an IPv6 literal keeps its brackets).
