@@ -84,6 +84,11 @@ impl Fingerprint {
         hex::encode(self.0)
     }
 
+    /// The fingerprint's bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
     /// Parses the hex form.
     pub fn from_hex(s: &str) -> Option<Self> {
         let mut out = [0u8; 32];

@@ -6,6 +6,8 @@
 //! - [`GatewayError`] (module `error`): why the gateway could not start or
 //!   stopped.
 //! - [`problem`]: the gateway's own RFC 9457 problem responses.
+//! - [`listener`]: the accept loop of both listeners and the connection
+//!   limits (count, header and body read time, header size).
 //! - [`config`]: configuration in two phases (raw TOML/env/flags, then typed
 //!   and validated [`GatewayConfig`]); a route's modes are the idempotency
 //!   layer's own types.
@@ -43,6 +45,7 @@
 mod admin;
 pub mod config;
 mod error;
+pub mod listener;
 pub mod plan;
 pub mod problem;
 pub mod proxy;
@@ -53,6 +56,7 @@ pub mod telemetry;
 pub use config::{ConfigError, GatewayConfig, Overrides, RouteConfig, StoreUrl};
 pub use error::GatewayError;
 pub use idemgate_layer::{OutcomeUnknown, RetryableFailure};
+pub use listener::ConnectionLimits;
 pub use proxy::{Proxy, UpstreamBodyError};
 pub use serve::{bind_and_serve, guard_panics, serve};
 pub use stores::{load_key_ring, open_records};

@@ -352,6 +352,13 @@ impl Inner {
                 Ok(collected) => Ok(Body::from(collected.to_bytes())),
                 Err(e) => {
                     tracing::debug!(route = %self.route, error = %e, "request body failed");
+                    if let Some(idemgate_layer::BodyTimeout(deadline)) =
+                        idemgate_layer::BodyTimeout::find(&e)
+                    {
+                        return Err(axum::response::IntoResponse::into_response(
+                            idemgate_layer::Problem::request_body_timeout(deadline),
+                        ));
+                    }
                     Err(problem(
                         StatusCode::BAD_REQUEST,
                         "bad-body",

@@ -14,7 +14,7 @@
 //! 3. [`Proxy`]: the upstream call with its layered timeouts.
 
 use std::convert::Infallible;
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,7 +23,6 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::serve::ListenerExt;
 use http::{Request, Response};
 use idemgate_check::{Finding, Severity};
 use idemgate_engine::{AggregatingStore, CachedStore, Engine, OnInflight, Policy, Store};
@@ -308,9 +307,6 @@ async fn run(
     }));
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
     tracing::info!(
         listen = %listener.local_addr()?,
         admin = %admin.local_addr()?,
@@ -318,16 +314,22 @@ async fn run(
         routes = config.routes.len(),
         "gateway started"
     );
-    let mut main_task = tokio::spawn(
-        axum::serve(listener.tap_io(no_delay), app)
-            .with_graceful_shutdown(stopped(stop_rx.clone()))
-            .into_future(),
-    );
-    let mut admin_task = tokio::spawn(
-        axum::serve(admin.tap_io(no_delay), admin_app)
-            .with_graceful_shutdown(stopped(stop_rx))
-            .into_future(),
-    );
+    let mut main_task = tokio::spawn(crate::listener::serve(
+        listener,
+        app,
+        config.connections,
+        stop_rx.clone(),
+        true,
+    ));
+    // The admin listener keeps the same limits, uncounted: its clients are
+    // the operator's own (Prometheus, probes, the dashboard).
+    let mut admin_task = tokio::spawn(crate::listener::serve(
+        admin,
+        admin_app,
+        config.connections,
+        stop_rx,
+        false,
+    ));
 
     let upkeep = tokio::spawn(crate::telemetry::upkeep(telemetry));
 
@@ -391,16 +393,6 @@ async fn run(
     match failure {
         Some(e) => Err(e),
         None => Ok(()),
-    }
-}
-
-/// Sets TCP_NODELAY on an accepted connection. Without it, a response
-/// written in parts (a stream's head, then each event) waits on Nagle's
-/// algorithm for the client's delayed ACK on a kept-alive connection:
-/// about 40 ms per streamed answer on Linux.
-fn no_delay(tcp: &mut tokio::net::TcpStream) {
-    if let Err(e) = tcp.set_nodelay(true) {
-        tracing::debug!(error = %e, "cannot set TCP_NODELAY on an accepted connection");
     }
 }
 

@@ -23,6 +23,8 @@
 //!
 //! # Layout
 //! Public modules:
+//! - [`body_timeout`]: request bodies with an idle and a total read
+//!   deadline, and the 408 a stalled body gets.
 //! - [`config`]: [`LayerConfig`] and its modes (key, in-flight, tenant,
 //!   store errors), with safe defaults.
 //! - [`key`]: tenant (a hash of the credential) and key extraction or
@@ -67,6 +69,7 @@
 //! A stream that breaks, a retryable status, a timeout or a shutdown
 //! releases the key, so the retry runs again instead of waiting for a TTL.
 
+pub mod body_timeout;
 pub mod config;
 mod held;
 pub mod key;
@@ -83,6 +86,7 @@ pub mod sse;
 pub mod stored;
 pub mod telemetry;
 
+pub use body_timeout::{BodyDeadline, BodyTimeout, BodyTimeouts, with_timeouts};
 pub use config::{
     CompletionClock, DerivePart, DeriveTemplate, InflightMode, KeyMode, LayerConfig,
     OutcomeUnknownMode, StoreErrorMode, StreamDialect, TenantSource,

@@ -97,6 +97,22 @@ impl Problem {
         )
     }
 
+    /// 408 `request-body-timeout`: the request body stalled, or took longer
+    /// in all than the listener allows. Nothing was stored or forwarded; the
+    /// client may send the request again.
+    pub fn request_body_timeout(deadline: crate::BodyDeadline) -> Self {
+        let detail = match deadline {
+            crate::BodyDeadline::Idle => "the request body stalled: no part of it arrived in time",
+            crate::BodyDeadline::Total => "the request body took too long to arrive in all",
+        };
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request-body-timeout",
+            "Request body timed out",
+            detail.to_owned(),
+        )
+    }
+
     /// 400 `request-body-unreadable`: the request body failed while it was
     /// being read.
     pub fn request_body_unreadable() -> Self {
@@ -452,6 +468,7 @@ mod tests {
             Problem::malformed_key("x"),
             Problem::body_too_large(1),
             Problem::request_body_unreadable(),
+            Problem::request_body_timeout(crate::BodyDeadline::Idle),
             Problem::ambiguous_body("x"),
             Problem::key_mismatch(),
             Problem::in_flight(Duration::ZERO),

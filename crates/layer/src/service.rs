@@ -204,7 +204,7 @@ async fn dispatch<S: Inner>(shared: Arc<Shared>, inner: S, keyed: Keyed) -> Resp
                 shared
                     .metrics
                     .request(Outcome::Accepted, Some(&keyed.scoped));
-                return operations::accepted_for(cfg, &keyed.scoped.key);
+                return operations::accepted_for(cfg, &keyed.scoped.key, &keyed.fingerprint);
             }
             match cfg.on_inflight {
                 // Without a live stream of this process to join (only Attach

@@ -126,7 +126,9 @@ impl Metrics {
     /// stored `usage` says a second execution would have billed.
     pub(crate) fn replayed(&self, outcome: Outcome, key: &ScopedKey, usage: Option<Usage>) {
         self.request(outcome, Some(key));
-        if let Some(u) = usage {
+        // Only a hit saved a call: an operation read is the asker's own
+        // result, paid for once by its execution.
+        if let Some(u) = usage.filter(|_| outcome.is_hit()) {
             self.route.tokens_saved(u.total());
         }
     }

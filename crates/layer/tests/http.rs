@@ -61,6 +61,20 @@ async fn json_handler(State(s): State<AppState>, req: axum::extract::Request) ->
         )
             .into_response();
     }
+    if headers.contains_key("x-accepted") {
+        // A job accepted for later: where it is must survive a replay.
+        let at = format!("/jobs/{n}");
+        return (
+            StatusCode::ACCEPTED,
+            [
+                ("content-type", "application/json".to_owned()),
+                ("location", at.clone()),
+                ("operation-location", format!("{at}/status")),
+            ],
+            "{\"status\":\"accepted\"}",
+        )
+            .into_response();
+    }
     let v = serde_json::json!({
         "execution": n,
         "echo": String::from_utf8_lossy(&body),
@@ -150,6 +164,8 @@ async fn sse_handler(State(s): State<AppState>, headers: HeaderMap) -> Response 
         [
             ("content-type", "text/event-stream"),
             ("cache-control", "no-cache"),
+            // For the owner's client only: never stored, never attached.
+            ("set-cookie", "session=owner-only"),
         ],
         Body::from_stream(stream),
     )
@@ -378,6 +394,22 @@ async fn first_request_runs_and_a_retry_replays_byte_for_byte() {
 }
 
 #[tokio::test]
+async fn a_replayed_202_keeps_where_the_job_is() {
+    let h = Harness::start(config(InflightMode::Reject)).await;
+    let first = send(h.post("/json", Some("job"), "{}").header("x-accepted", "1")).await;
+    let replay = send(h.post("/json", Some("job"), "{}").header("x-accepted", "1")).await;
+    assert_eq!(first.status, StatusCode::ACCEPTED);
+    assert_eq!(
+        (first.replayed(), replay.replayed()),
+        (Some("false"), Some("true"))
+    );
+    assert_eq!(replay.status, StatusCode::ACCEPTED);
+    assert_eq!(replay.headers["location"], "/jobs/1");
+    assert_eq!(replay.headers["operation-location"], "/jobs/1/status");
+    assert_eq!(h.executions(), 1);
+}
+
+#[tokio::test]
 async fn same_key_with_another_body_is_refused_with_422() {
     let h = Harness::start(config(InflightMode::Reject)).await;
     send(h.post("/json", Some("k"), r#"{"a":1}"#)).await;
@@ -465,6 +497,20 @@ async fn an_attached_duplicate_joins_the_live_stream() {
     let replay = send(h.post("/sse", Some("s"), "{}")).await;
     assert_eq!(replay.body, owner_bytes);
     assert_eq!(h.layer.live_streams(), 0);
+
+    // A follower gets the head a replay gets: the stored headers only.
+    assert_eq!(owner.headers()["set-cookie"], "session=owner-only");
+    let head = |h: &reqwest::header::HeaderMap| {
+        let mut names: Vec<String> = h
+            .keys()
+            .map(|n| n.as_str().to_owned())
+            .filter(|n| !matches!(n.as_str(), "date" | "transfer-encoding" | "content-length"))
+            .collect();
+        names.sort();
+        names
+    };
+    assert!(full.headers().get("set-cookie").is_none());
+    assert_eq!(head(full.headers()), head(&replay.headers));
 }
 
 #[tokio::test]
@@ -1196,6 +1242,21 @@ async fn respond_async_returns_an_operation_to_poll() {
     .await;
     assert_eq!(stranger.status, StatusCode::NOT_FOUND);
     assert_eq!(stranger.problem_type(), problem("operation-not-found"));
+    // An id naming the key but not the request that made it finds nothing:
+    // reading needs what a replay needs.
+    let id = location.trim_start_matches("/idemgate/operations/");
+    let op = idemgate_layer::operations::parse_operation_id(id).unwrap();
+    let forged = idemgate_layer::operations::operation_id(
+        &op.namespace,
+        &op.key,
+        &idemgate_engine::Fingerprint([0; 32]),
+    );
+    let forged = send(auth(
+        h.client
+            .get(format!("{}/idemgate/operations/{forged}", h.base)),
+    ))
+    .await;
+    assert_eq!(forged.status, StatusCode::NOT_FOUND);
     let garbage = send(auth(
         h.client.get(format!("{}/idemgate/operations/%%%", h.base)),
     ))

@@ -142,6 +142,63 @@ async fn replays_count_hits_and_saved_tokens_conflicts_and_outcomes() {
     assert!(keyed.is_empty(), "no key in any label: {keyed:?}");
 }
 
+/// Collecting a `Prefer: respond-async` result is the asker's own read:
+/// counted as `operation_read`, never as a hit or as tokens saved.
+#[tokio::test]
+async fn reading_an_operation_is_not_a_replay() {
+    counters();
+    let layer = IdempotencyLayer::new(
+        Engine::new(Arc::new(MemoryStore::new())),
+        LayerConfig::new("ops"),
+    );
+    let app = Router::new()
+        .route(
+            "/v1/chat",
+            post(|| async {
+                (
+                    [("content-type", "application/json")],
+                    r#"{"usage":{"prompt_tokens":11,"completion_tokens":22}}"#,
+                )
+            }),
+        )
+        .layer(layer.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let client = reqwest::Client::new();
+    let accepted = client
+        .post(format!("{base}/v1/chat"))
+        .header("idempotency-key", "op")
+        .header("prefer", "respond-async")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(accepted.status(), 202);
+    let location = accepted.headers()["location"].to_str().unwrap().to_owned();
+    let mut done = None;
+    for _ in 0..200 {
+        let r = client
+            .get(format!("{base}{location}"))
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 200 {
+            done = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let done = done.expect("the operation finished");
+    assert_eq!(done.headers()["idempotent-replayed"], "true");
+    assert_eq!(
+        value("idempotency_requests_total{outcome=operation_read,route=ops}"),
+        1
+    );
+    assert_eq!(value("idempotency_hit_total{route=ops}"), 0);
+    assert_eq!(value("idempotency_tokens_saved_total{route=ops}"), 0);
+}
+
 /// The two causes of an unprotected request are counted apart: a request
 /// without a key on an optional route, and a request forwarded because the
 /// store is down under `fail_open`.

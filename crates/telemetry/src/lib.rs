@@ -331,6 +331,19 @@ impl Telemetry {
         metrics::counter!(names::PANICS, "at" => at).increment(1);
     }
 
+    /// A connection or request stopped by a connection limit
+    /// (`idemgate_connection_limits_total{limit}`; see
+    /// [`names::CONNECTION_LIMITS`] for the labels).
+    pub fn connection_limit(&self, limit: &'static str) {
+        metrics::counter!(names::CONNECTION_LIMITS, "limit" => limit).increment(1);
+    }
+
+    /// The gauge of open client connections
+    /// (`idemgate_connections_open`), resolved once by the listener.
+    pub fn connections_open(&self) -> metrics::Gauge {
+        metrics::gauge!(names::CONNECTIONS_OPEN)
+    }
+
     fn count_request(&self, counters: &Counters, outcome: Outcome, key_id: Option<u64>) {
         counters.count(outcome);
         let totals = &self.inner.totals;
@@ -349,8 +362,9 @@ impl Telemetry {
         }
         let now = Instant::now();
         // The ratio is over requests idempotency protects: an unkeyed
-        // request on an optional route is neither a hit nor a miss.
-        if !outcome.is_unprotected() {
+        // request on an optional route is neither a hit nor a miss, nor is
+        // a read of an operation's result (not a retry).
+        if !outcome.is_unprotected() && outcome != Outcome::OperationRead {
             self.inner
                 .ratio
                 .lock()

@@ -67,6 +67,17 @@ pub const BUILD_INFO: &str = "idemgate_build_info";
 /// key released; the process went on.
 pub const PANICS: &str = "idemgate_panics_total";
 
+/// Client connections or requests stopped by a connection limit, by
+/// `limit`: `connections` (over the concurrent-connection limit: 503),
+/// `header_read_time` (no complete request head in time: 408 or closed),
+/// `header_size` (head too large or too many fields: 431),
+/// `body_idle_time` / `body_read_time` (request body stalled, or too slow
+/// in all: 408).
+pub const CONNECTION_LIMITS: &str = "idemgate_connection_limits_total";
+
+/// Client connections open on the proxy listener.
+pub const CONNECTIONS_OPEN: &str = "idemgate_connections_open";
+
 /// Always 1 per route, labelled with whether the route `charges`.
 pub const ROUTE_INFO: &str = "idemgate_route_info";
 
@@ -93,6 +104,8 @@ pub const ALL: &[&str] = &[
     BUILD_INFO,
     ROUTE_INFO,
     PANICS,
+    CONNECTION_LIMITS,
+    CONNECTIONS_OPEN,
     SEAL_FAILURES,
     REPLAY_CACHE_HITS,
 ];
@@ -166,6 +179,14 @@ pub const HELP: &[(&str, &str)] = &[
     (
         PANICS,
         "Requests whose handling panicked (answered 500, key released), by where it was caught.",
+    ),
+    (
+        CONNECTION_LIMITS,
+        "Client connections or requests stopped by a connection limit (503, 408, 431), by limit.",
+    ),
+    (
+        CONNECTIONS_OPEN,
+        "Client connections open on the proxy listener.",
     ),
     (
         ROUTE_INFO,

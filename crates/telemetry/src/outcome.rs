@@ -34,11 +34,14 @@ pub enum Outcome {
     UnprotectedStoreError,
     /// `Prefer: respond-async` on a key already running: pointed at it (202).
     Accepted,
+    /// A `GET` of a `Prefer: respond-async` operation that found it done:
+    /// the asker collecting its own result, not a retry (never a hit).
+    OperationRead,
 }
 
 impl Outcome {
     /// Every outcome, in label order.
-    pub const ALL: [Outcome; 12] = [
+    pub const ALL: [Outcome; 13] = [
         Self::Executed,
         Self::Replayed,
         Self::Attached,
@@ -51,6 +54,7 @@ impl Outcome {
         Self::UnprotectedNoKey,
         Self::UnprotectedStoreError,
         Self::Accepted,
+        Self::OperationRead,
     ];
 
     /// The label value.
@@ -68,6 +72,7 @@ impl Outcome {
             Self::UnprotectedNoKey => "unprotected_no_key",
             Self::UnprotectedStoreError => "unprotected_store_error",
             Self::Accepted => "accepted",
+            Self::OperationRead => "operation_read",
         }
     }
 

@@ -17,10 +17,11 @@ use idemgate_check::RetryPolicy;
 
 use super::client_retry::client_retry;
 use super::error::ConfigError;
-use super::parse::{StoreUrl, addr, duration, duration_or_zero, size_or_zero, upstream_url};
-use super::raw::{Overrides, RawConfig, RawRoute, figment};
+use super::parse::{StoreUrl, addr, duration, duration_or_zero, size, size_or_zero, upstream_url};
+use super::raw::{Overrides, RawConfig, RawConnections, RawRoute, figment};
 use super::route::{RouteConfig, RouteDefaults, route};
 use super::secret::Secret;
+use crate::listener::ConnectionLimits;
 
 /// Default listen address of the proxy.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -64,6 +65,8 @@ pub struct GatewayConfig {
     /// Worker threads of the async runtime; `None`: tokio's default (one
     /// per core, or `TOKIO_WORKER_THREADS`).
     pub workers: Option<NonZeroUsize>,
+    /// What one client connection may hold.
+    pub connections: ConnectionLimits,
     /// Routes, longest prefix first.
     pub routes: Vec<RouteConfig>,
 }
@@ -141,6 +144,7 @@ impl GatewayConfig {
             .transpose()?
             .unwrap_or(idemgate_engine::cache::DEFAULT_BYTES);
         let workers = raw.workers.map(workers).transpose()?;
+        let connections = connections(&raw.connections.unwrap_or_default())?;
         let encryption_key_file = match raw.encryption_key_file {
             Some(p) if p.original().as_os_str().is_empty() => {
                 return Err(ConfigError::invalid(
@@ -210,6 +214,7 @@ impl GatewayConfig {
             encryption_key_file,
             replay_cache,
             workers,
+            connections,
             routes,
         })
     }
@@ -235,6 +240,49 @@ fn workers(n: u64) -> Result<NonZeroUsize, ConfigError> {
         .ok()
         .and_then(NonZeroUsize::new)
         .ok_or_else(|| ConfigError::invalid("workers", "must be at least 1"))
+}
+
+/// `[connections]`: every field optional, each checked on its own.
+fn connections(raw: &RawConnections) -> Result<ConnectionLimits, ConfigError> {
+    let d = ConnectionLimits::default();
+    let count = |field: &str, v: Option<u64>, default: usize| match v {
+        None => Ok(default),
+        Some(0) => Err(ConfigError::invalid(field, "must be at least 1")),
+        Some(n) => {
+            usize::try_from(n).map_err(|_| ConfigError::invalid(field, format!("{n} is too large")))
+        }
+    };
+    let max_header_bytes = match &raw.max_header_bytes {
+        Some(s) => size("connections.max_header_bytes", s)?,
+        None => d.max_header_bytes,
+    };
+    Ok(ConnectionLimits {
+        max_connections: count("connections.max", raw.max, d.max_connections)?,
+        header_read_timeout: duration(
+            "connections.header_read_timeout",
+            raw.header_read_timeout.as_deref(),
+            d.header_read_timeout,
+        )?,
+        body: idemgate_layer::BodyTimeouts {
+            idle: duration(
+                "connections.body_idle_timeout",
+                raw.body_idle_timeout.as_deref(),
+                d.body.idle,
+            )?,
+            total: duration(
+                "connections.body_read_timeout",
+                raw.body_read_timeout.as_deref(),
+                d.body.total,
+            )?,
+        },
+        send_timeout: duration(
+            "connections.send_timeout",
+            raw.send_timeout.as_deref(),
+            d.send_timeout,
+        )?,
+        max_header_bytes,
+        max_headers: count("connections.max_headers", raw.max_headers, d.max_headers)?,
+    })
 }
 
 fn secs(n: u64) -> Duration {

@@ -43,7 +43,8 @@ pub use idemgate_layer::{
 };
 pub use parse::StoreUrl;
 pub use raw::{
-    ENV_PREFIX, Overrides, RawClientRetry, RawConfig, RawRoute, RawSize, RawTimeouts, figment,
+    ENV_PREFIX, Overrides, RawClientRetry, RawConfig, RawConnections, RawRoute, RawSize,
+    RawTimeouts, figment,
 };
 pub(crate) use route::prefix_matches;
 pub use route::{DEFAULT_BODY_LIMIT, RouteConfig, Timeouts};

@@ -65,9 +65,37 @@ pub struct RawConfig {
     /// Worker threads of the async runtime; unset: tokio's default (one
     /// per core, or `TOKIO_WORKER_THREADS`).
     pub workers: Option<u64>,
+    /// What one client connection may hold (`[connections]`).
+    pub connections: Option<RawConnections>,
     /// The routes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub routes: Vec<RawRoute>,
+}
+
+/// `[connections]` as written: the limits of each client connection on
+/// the proxy listener.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RawConnections {
+    /// Client connections open at once (default 10000); past it a new one
+    /// gets 503.
+    pub max: Option<u64>,
+    /// Longest time to receive a request head, from the connection's
+    /// start or its previous answer (default `10s`); also how long an idle
+    /// kept-alive connection stays open.
+    pub header_read_timeout: Option<String>,
+    /// Longest gap between two parts of a request body (default `30s`).
+    pub body_idle_timeout: Option<String>,
+    /// Longest time to receive a whole request body (default `120s`).
+    pub body_read_timeout: Option<String>,
+    /// Longest time a write to the client may make no progress (the
+    /// client stopped reading) before the connection is closed (default
+    /// `60s`).
+    pub send_timeout: Option<String>,
+    /// Largest request head: bytes, or text like `64KiB` (default).
+    pub max_header_bytes: Option<RawSize>,
+    /// Most header fields in one request (default 100).
+    pub max_headers: Option<u64>,
 }
 
 /// `[client_retry]` (top level or per route) as written: the retry policy
@@ -244,6 +272,7 @@ impl fmt::Debug for RawConfig {
             encryption_key_file,
             replay_cache,
             workers,
+            connections,
             routes,
         } = self;
         f.debug_struct("RawConfig")
@@ -261,6 +290,7 @@ impl fmt::Debug for RawConfig {
             .field("encryption_key_file", encryption_key_file)
             .field("replay_cache", replay_cache)
             .field("workers", workers)
+            .field("connections", connections)
             .field("routes", routes)
             .finish()
     }

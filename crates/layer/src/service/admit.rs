@@ -277,7 +277,10 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
     match http_body_util::Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(Problem::body_too_large(limit)),
-        Err(_) => Err(Problem::request_body_unreadable()),
+        Err(e) => Err(match crate::BodyTimeout::find(&*e) {
+            Some(crate::BodyTimeout(deadline)) => Problem::request_body_timeout(deadline),
+            None => Problem::request_body_unreadable(),
+        }),
     }
 }
 

@@ -92,7 +92,7 @@ pub(super) async fn own<S: Inner>(
     if keyed.prefer_async {
         work.detach();
         // Counted when the execution ends, like any owner's.
-        return operations::accepted_for(cfg, &keyed.scoped.key);
+        return operations::accepted_for(cfg, &keyed.scoped.key, &keyed.fingerprint);
     }
     let mut replied = std::pin::pin!(replied);
     let reply = tokio::select! {
@@ -338,7 +338,8 @@ impl Detached {
         let cfg = &shared.config;
         let status = parts.status;
         let stored_headers = kept_headers(&parts.headers, cfg);
-        self.attachers.streaming(status, &parts.headers);
+        // Followers get the head a replay will: the stored headers only.
+        self.attachers.streaming(status, &stored_headers);
         self.client.send_head(parts);
         let max = cfg.max_stored_body;
         let mut recording = Recording::new(max);

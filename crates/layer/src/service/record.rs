@@ -20,14 +20,29 @@ const NEVER_STORED: [HeaderName; 5] = [
     header::UPGRADE,
 ];
 
-/// The headers of a response that are stored with it: its content type and
-/// encoding, and those the route names, never a framing one.
+/// `Operation-Location`: where an accepted job can be polled (Azure's
+/// long-running operations).
+static OPERATION_LOCATION: HeaderName = HeaderName::from_static("operation-location");
+
+/// The headers of a response that are stored with it, and the only ones a
+/// duplicate attached to the live stream gets, so a follower and a replay
+/// see the same head: its content type and encoding, where it points
+/// (`Location`, `Content-Location`, `Operation-Location`: a replayed 202 or
+/// 3xx must still say where the job or the resource is), and those the
+/// route names; never a framing one. Everything else (`Set-Cookie` above
+/// all) goes to the owner's client only.
 pub(super) fn kept_headers(headers: &HeaderMap, cfg: &LayerConfig) -> HeaderMap {
     let mut out = HeaderMap::new();
     // The body is stored as sent: its type and encoding go with it.
-    let wanted = [&header::CONTENT_TYPE, &header::CONTENT_ENCODING]
-        .into_iter()
-        .chain(cfg.stored_headers.iter());
+    let wanted = [
+        &header::CONTENT_TYPE,
+        &header::CONTENT_ENCODING,
+        &header::LOCATION,
+        &header::CONTENT_LOCATION,
+        &OPERATION_LOCATION,
+    ]
+    .into_iter()
+    .chain(cfg.stored_headers.iter());
     for name in wanted {
         if NEVER_STORED.contains(name) || out.contains_key(name) {
             continue;
@@ -124,9 +139,14 @@ mod tests {
         h.insert("x-request-id", HeaderValue::from_static("r1"));
         h.insert("set-cookie", HeaderValue::from_static("s=1"));
         h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        h.insert(header::LOCATION, HeaderValue::from_static("/jobs/1"));
+        h.insert("operation-location", HeaderValue::from_static("/ops/1"));
         let kept = kept_headers(&h, &cfg);
-        assert_eq!(kept.len(), 3);
+        assert_eq!(kept.len(), 5);
         assert_eq!(kept[header::CONTENT_ENCODING], "gzip");
+        assert_eq!(kept[header::LOCATION], "/jobs/1");
+        assert_eq!(kept["operation-location"], "/ops/1");
+        assert!(kept.get("set-cookie").is_none());
         assert_eq!(kept["x-request-id"], "r1");
         assert!(kept.get(header::CONTENT_LENGTH).is_none());
     }
