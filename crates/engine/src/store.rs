@@ -119,6 +119,11 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Otherwise returns the record ([`Claim::Existing`]) without changing
     /// it — whatever its fingerprint (mismatch is the caller's decision).
     /// An expired DONE record counts as absent.
+    ///
+    /// Safe to repeat: a store whose driver sends a call again after its
+    /// reply was lost (the Redis Cluster client does) must give the
+    /// repeated claim the answer the first one got, its own lease, never
+    /// its own PENDING record as [`Claim::Existing`].
     fn claim<'a>(
         &'a self,
         key: &'a ScopedKey,
@@ -182,7 +187,9 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// and returns whether there was a record. The next claim acquires the
     /// key with a new fence, so a PENDING owner that was forgotten is
     /// fenced ([`Fenced::Stale`]) when it completes. With no record, writes
-    /// nothing and returns `false`.
+    /// nothing and returns `false` — except for the same forget sent again
+    /// by the driver after its reply was lost, which returns `true` as the
+    /// first did.
     fn forget<'a>(
         &'a self,
         key: &'a ScopedKey,

@@ -160,9 +160,20 @@ end
 /// in µs)`: it grows across claims while the counter key is remembered,
 /// and keeps growing after it is forgotten as long as the server clock
 /// does not go back.
+///
+/// A claim sent again with the same token after its reply was lost (the
+/// cluster client re-sends a call that timed out) finds the PENDING record
+/// it wrote and gets the same answer as the first time: that lease, not
+/// someone else's record.
 const CLAIM: &str = r"
 local raw = load(KEYS[1])
-if raw then return {0, raw} end
+if raw then
+  if string.sub(raw, 1, 1) == 'P' and string.sub(raw, 34, 65) == ARGV[2]
+    and string.sub(raw, 2, 33) == ARGV[1] then
+    return {1, string.sub(raw, 66, 85), string.sub(raw, 86, 105)}
+  end
+  return {0, raw}
+end
 if #ARGV[1] ~= 32 or #ARGV[2] ~= 32 then
   error('idemgate: a claim needs a 32-byte fingerprint and token')
 end
@@ -260,9 +271,16 @@ return 1
 /// greater fence and the forgotten owner's complete cannot write the
 /// record again. The timeline outlives the record: the forget's entry is
 /// appended (adopting the record's attempt) before the record goes.
+///
+/// A forget sent again after its reply was lost finds no record, but its
+/// own entry (the same attempt, to the millisecond and the replica) last in
+/// the timeline: it returns 1, as the first time.
 const FORGET: &str = r"
 local raw = load(KEYS[1])
-if not raw then return 0 end
+if not raw then
+  if redis.call('LINDEX', KEYS[2], -1) == ARGV[1] then return 1 end
+  return 0
+end
 local fence = tonumber(string.sub(raw, 66, 85)) or 0
 push(KEYS[2], ARGV[1], ARGV[2], ARGV[3], KEYS[1])
 redis.call('DEL', KEYS[1])

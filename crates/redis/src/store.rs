@@ -301,6 +301,49 @@ fn record_value(v: Value) -> Result<Option<Record>, StoreError> {
     }
 }
 
+impl RedisStore {
+    /// The claim with the owner token `token`, which the script writes: a
+    /// call re-sent with the same token (its reply lost) gets the same
+    /// lease back.
+    async fn claim_as(
+        &self,
+        key: &ScopedKey,
+        fingerprint: &Fingerprint,
+        pending_ttl: Duration,
+        token: u128,
+    ) -> Result<Claim, StoreError> {
+        let k = self.keys(key);
+        let mut reply: Vec<Value> = self
+            .invoke(
+                "claim",
+                self.scripts
+                    .claim
+                    .key(&k.rec)
+                    .key(&k.fence)
+                    .arg(&fingerprint.0[..])
+                    .arg(token_hex(token))
+                    .arg(ttl_ms(pending_ttl))
+                    .arg(ttl_ms(self.opts.fence_memory)),
+            )
+            .await?;
+        match reply.as_mut_slice() {
+            [Value::Int(1), fence, exp] => Ok(Claim::Acquired(Lease {
+                key: key.clone(),
+                token,
+                fence: as_u64(fence).ok_or_else(|| corrupt("claim fence is not a number"))?,
+                expires_at_ms: as_u64(exp)
+                    .ok_or_else(|| corrupt("claim expiry is not a number"))?,
+                fingerprint: *fingerprint,
+            })),
+            [Value::Int(0), value] => match record_value(std::mem::replace(value, Value::Nil))? {
+                Some(record) => Ok(Claim::Existing(record)),
+                None => Err(corrupt("claim found a record without a value")),
+            },
+            _ => Err(corrupt("claim reply has the wrong shape")),
+        }
+    }
+}
+
 impl Store for RedisStore {
     fn backend(&self) -> &'static str {
         BACKEND
@@ -312,39 +355,8 @@ impl Store for RedisStore {
         fingerprint: &'a Fingerprint,
         pending_ttl: Duration,
     ) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        Box::pin(async move {
-            let k = self.keys(key);
-            let token = idemgate_engine::Lease::new_token();
-            let mut reply: Vec<Value> = self
-                .invoke(
-                    "claim",
-                    self.scripts
-                        .claim
-                        .key(&k.rec)
-                        .key(&k.fence)
-                        .arg(&fingerprint.0[..])
-                        .arg(token_hex(token))
-                        .arg(ttl_ms(pending_ttl))
-                        .arg(ttl_ms(self.opts.fence_memory)),
-                )
-                .await?;
-            match reply.as_mut_slice() {
-                [Value::Int(1), fence, exp] => Ok(Claim::Acquired(Lease {
-                    key: key.clone(),
-                    token,
-                    fence: as_u64(fence).ok_or_else(|| corrupt("claim fence is not a number"))?,
-                    expires_at_ms: as_u64(exp)
-                        .ok_or_else(|| corrupt("claim expiry is not a number"))?,
-                    fingerprint: *fingerprint,
-                })),
-                [Value::Int(0), value] => match record_value(std::mem::replace(value, Value::Nil))?
-                {
-                    Some(record) => Ok(Claim::Existing(record)),
-                    None => Err(corrupt("claim found a record without a value")),
-                },
-                _ => Err(corrupt("claim reply has the wrong shape")),
-            }
-        })
+        let token = idemgate_engine::Lease::new_token();
+        Box::pin(self.claim_as(key, fingerprint, pending_ttl, token))
     }
 
     fn renew<'a>(

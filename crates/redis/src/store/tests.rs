@@ -108,3 +108,98 @@ fn a_damaged_record_value_is_a_corrupt_error_not_a_panic() {
     assert!(record_value(Value::Int(3)).is_err());
     assert_eq!(record_value(Value::Nil).unwrap(), None);
 }
+
+/// A timeline entry of `outcome`, now.
+fn entry(outcome: idemgate_engine::AttemptOutcome) -> Attempt {
+    Attempt {
+        at_ms: idemgate_engine::record::now_ms(),
+        replica: "unit".into(),
+        outcome,
+        status: None,
+        latency_us: 1,
+        repeated: None,
+    }
+}
+
+/// The shared Redis of the test suites, under a prefix of this test's own.
+async fn shared_redis() -> RedisStore {
+    let opts = RedisOptions::default()
+        .prefix(format!("igunit{:08x}", rand::random::<u32>()))
+        .fence_memory(Duration::from_secs(60));
+    match RedisStore::connect_with("redis://127.0.0.1:6379", opts).await {
+        Ok(store) => store,
+        Err(e) => {
+            idemgate_testkit::require(&format!("Redis at 127.0.0.1:6379 ({e})"), false);
+            unreachable!()
+        }
+    }
+}
+
+/// A claim re-sent with its token after the reply was lost (as the cluster
+/// client re-sends a call that timed out) gets its own lease back, never
+/// its own record as someone else's.
+#[tokio::test]
+async fn a_claim_sent_again_with_its_token_gets_its_lease_back() {
+    let store = shared_redis().await;
+    let key = idemgate_testkit::fresh_key();
+    let fp = Fingerprint([3; 32]);
+    let ttl = Duration::from_secs(30);
+    let token = idemgate_engine::Lease::new_token();
+    let Claim::Acquired(first) = store.claim_as(&key, &fp, ttl, token).await.unwrap() else {
+        panic!("a fresh key is acquired");
+    };
+    let Claim::Acquired(again) = store.claim_as(&key, &fp, ttl, token).await.unwrap() else {
+        panic!("the same claim sent again was read as someone else's");
+    };
+    assert_eq!(again, first, "the same lease, fence and expiry");
+    // Another token (another request) still finds the key taken.
+    let other = store.claim_as(&key, &fp, ttl, token ^ 1).await.unwrap();
+    assert!(matches!(other, Claim::Existing(_)), "{other:?}");
+    // As does the same token with another fingerprint.
+    let other = store
+        .claim_as(&key, &Fingerprint([4; 32]), ttl, token)
+        .await
+        .unwrap();
+    assert!(matches!(other, Claim::Existing(_)), "{other:?}");
+    let attempt = entry(idemgate_engine::AttemptOutcome::Executed);
+    assert_eq!(
+        store
+            .complete(&first, Bytes::from_static(b"done"), ttl, &attempt)
+            .await
+            .unwrap(),
+        Fenced::Applied
+    );
+}
+
+/// A forget sent again after its reply was lost answers as the first one
+/// did: there was a record.
+#[tokio::test]
+async fn a_forget_sent_again_answers_as_the_first() {
+    let store = shared_redis().await;
+    let key = idemgate_testkit::fresh_key();
+    let ttl = Duration::from_secs(30);
+    let Claim::Acquired(lease) = store.claim(&key, &Fingerprint([5; 32]), ttl).await.unwrap()
+    else {
+        panic!("a fresh key is acquired");
+    };
+    let attempt = entry(idemgate_engine::AttemptOutcome::Executed);
+    let wrote = store
+        .complete(&lease, Bytes::from_static(b"x"), ttl, &attempt)
+        .await
+        .unwrap();
+    assert_eq!(wrote, Fenced::Applied);
+    let forget = entry(idemgate_engine::AttemptOutcome::Forgotten);
+    assert!(store.forget(&key, &forget, ttl).await.unwrap());
+    assert!(
+        store.forget(&key, &forget, ttl).await.unwrap(),
+        "the same forget sent again"
+    );
+    let later = idemgate_engine::Attempt {
+        at_ms: forget.at_ms + 1,
+        ..forget.clone()
+    };
+    assert!(
+        !store.forget(&key, &later, ttl).await.unwrap(),
+        "another forget finds nothing"
+    );
+}
