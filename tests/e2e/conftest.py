@@ -79,29 +79,65 @@ def sim():
         proc.wait(timeout=10)
 
 
-@pytest.fixture(scope="session")
-def gateway(sim, tmp_path_factory):
+def _serve(sim: Sim, workdir: Path, config: str | None = None):
+    """Starts `idemgate serve` in front of the simulator; yields its base URL."""
     port, admin = _free_port(), _free_port()
-    db = tmp_path_factory.mktemp("gw") / "idemgate.db"
-    proc = subprocess.Popen(
-        [
-            _bin("idemgate"),
-            "serve",
-            "--upstream",
-            sim.url,
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--admin-listen",
-            f"127.0.0.1:{admin}",
-            "--store",
-            f"sqlite:{db}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    args = [
+        _bin("idemgate"),
+        "serve",
+        "--upstream",
+        sim.url,
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--admin-listen",
+        f"127.0.0.1:{admin}",
+        "--store",
+        f"sqlite:{workdir / 'idemgate.db'}",
+    ]
+    if config is not None:
+        path = workdir / "idemgate.toml"
+        path.write_text(config)
+        args += ["--config", str(path)]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_http(f"http://127.0.0.1:{admin}/healthz")
         yield f"http://127.0.0.1:{port}"
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) == 0, "gateway did not shut down cleanly"
+
+
+@pytest.fixture(scope="session")
+def gateway(sim, tmp_path_factory):
+    """The defaults: every path one route, a duplicate of a running key waits."""
+    yield from _serve(sim, tmp_path_factory.mktemp("gw"))
+
+
+# Two routes in front of the same simulator, told apart by a path prefix
+# that is stripped before forwarding: `/reject` answers a duplicate of a
+# running key with 409 at once, `/charging` is a `charges = true` route
+# whose upstream gets 1 s for its first byte (then `outcome-unknown`).
+ROUTES = """
+[[routes]]
+id = "reject"
+prefix = "/reject"
+strip_prefix = true
+upstream = "{sim}"
+on_inflight = "reject"
+
+[[routes]]
+id = "charging"
+prefix = "/charging"
+strip_prefix = true
+upstream = "{sim}"
+charges = true
+
+[routes.timeouts]
+first_byte = "1s"
+"""
+
+
+@pytest.fixture(scope="session")
+def routes(sim, tmp_path_factory):
+    """Base URL of a gateway with the `/reject` and `/charging` routes."""
+    yield from _serve(sim, tmp_path_factory.mktemp("gw-routes"), ROUTES.format(sim=sim.url))

@@ -53,5 +53,8 @@ def test_anthropic_shows_a_reused_key_in_error_message(gateway, sim):
         send("a different request")
     err = caught.value
     assert err.status_code == 422
+    assert err.body["error"]["type"] == "invalid_request_error"
+    assert err.body["error"]["code"] == "key-mismatch"
     assert "different request" in err.body["error"]["message"]
+    assert "different request" in err.message
     assert sim.executions_for(key) == 1
