@@ -6,7 +6,8 @@
 # the PostgreSQL server binaries (initdb, postgres) for the suites that
 # start private servers, plain or TLS-only, and
 # a Python venv (.venv) with the official openai/anthropic clients for the
-# end-to-end tests.
+# end-to-end tests, and Node.js with npm for the TypeScript SDK end-to-end
+# tests (their packages are installed by scripts/test, `npm ci`).
 # Idempotent: does nothing when everything is present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,8 @@ command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || need_apt+=(faketime)
 { command -v redis-server && command -v redis-cli; } >/dev/null 2>&1 || need_apt+=(redis-server)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
+command -v node >/dev/null 2>&1 || need_apt+=(nodejs)
+command -v npm >/dev/null 2>&1 || need_apt+=(npm)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
