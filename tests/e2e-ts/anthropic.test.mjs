@@ -180,8 +180,17 @@ test('outcome-unknown on a charging route is an InternalServerError, never a sec
   assert.equal(err.error.error.type, 'api_error');
   assert.match(err.message, /may have run/);
   const [key] = wire.keys;
-  assert.deepEqual(wire.keys, [key, key, key], 'the SDK retried with the same key');
-  assert.deepEqual(wire.statuses(), [504, 504, 504]);
+  // A final answer (x-should-retry: false): the SDK does not retry it.
+  assert.deepEqual(wire.keys, [key], 'a final answer is not retried');
+  assert.equal(wire.answers[0].headers.get('x-should-retry'), 'false');
+  // A later call with the same key gets it replayed, never a second run.
+  const again = await ask(c, { 'x-sim-fail': 'hang', [HEADER]: key }).then(
+    () => assert.fail('the call must fail'),
+    (e) => e,
+  );
+  assert.ok(again instanceof Anthropic.InternalServerError, `got ${again}`);
+  assert.deepEqual(wire.statuses(), [504, 504]);
+  assert.equal(wire.answers[1].headers.get('idempotent-replayed'), 'true');
   assert.equal(await stack.executionsFor(key), 1);
 });
 

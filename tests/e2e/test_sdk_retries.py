@@ -210,7 +210,9 @@ def test_409_in_flight_is_retried_by_the_sdk(routes, sim, sdk):
 def test_openai_outcome_unknown_is_a_typed_error(routes, sim):
     # On a charging route the upstream took the request and never answered:
     # the work may have run. The gateway keeps a final 504 outcome-unknown
-    # answer; the SDK's retries (same key) get it again, never a second run.
+    # answer marked x-should-retry: false, so the SDK does not spend its
+    # retries on it; a later call with the same key gets it replayed, never
+    # a second run.
     wire = Wire()
     client = openai_client(f"{routes}/charging", wire, timeout=30, max_retries=2)
     with pytest.raises(openai.InternalServerError) as caught:
@@ -221,9 +223,14 @@ def test_openai_outcome_unknown_is_a_typed_error(routes, sim):
     assert err.type == "api_error"
     assert "may have run" in err.message
     key = wire.keys[0]
-    assert wire.keys == [key] * 3, "the SDK retried with its key"
-    assert wire.statuses() == [504, 504, 504]
-    assert [h["idempotent-replayed"] for _, h in wire.answers[1:]] == ["true", "true"]
+    assert wire.keys == [key], "a final answer is not retried"
+    assert wire.answers[0][1]["x-should-retry"] == "false"
+    with pytest.raises(openai.InternalServerError) as again:
+        ask_openai(client, {"x-sim-fail": "hang", HEADER: key})
+    assert again.value.code == "outcome-unknown"
+    assert wire.statuses() == [504, 504]
+    assert wire.answers[1][1]["idempotent-replayed"] == "true"
+    assert wire.answers[1][1]["x-should-retry"] == "false"
     assert sim.executions_for(key) == 1
 
 
@@ -238,7 +245,11 @@ def test_anthropic_outcome_unknown_is_a_typed_error(routes, sim):
     assert err.body["error"]["type"] == "api_error"
     assert "may have run" in err.message
     key = wire.keys[0]
-    assert wire.keys == [key] * 3
+    assert wire.keys == [key], "a final answer is not retried"
+    with pytest.raises(anthropic.InternalServerError):
+        ask_anthropic(client, {"x-sim-fail": "hang", HEADER: key})
+    assert wire.statuses() == [504, 504]
+    assert wire.answers[1][1]["idempotent-replayed"] == "true"
     assert sim.executions_for(key) == 1
 
 

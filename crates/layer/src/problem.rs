@@ -43,6 +43,9 @@ pub struct Problem {
     title: &'static str,
     detail: String,
     retry_after: Option<Duration>,
+    /// A final answer: `x-should-retry: false`, so SDKs do not retry into
+    /// the same stored answer.
+    final_answer: bool,
 }
 
 impl Problem {
@@ -62,6 +65,7 @@ impl Problem {
             title,
             detail,
             retry_after: None,
+            final_answer: false,
         }
     }
 
@@ -230,14 +234,18 @@ impl Problem {
     /// every retry gets it until an operator forgets the key. No
     /// `Retry-After`: retrying cannot help.
     pub fn outcome_unknown(status: StatusCode, phase: &str) -> Self {
-        Self::new(
+        let mut p = Self::new(
             status,
             "outcome-unknown",
             "Outcome unknown",
             format!(
                 "the request was sent upstream and then failed ({phase}); it may have run, so it is not run again until an operator forgets this idempotency key"
             ),
-        )
+        );
+        // Every retry gets this same stored answer: SDKs that retry 5xx
+        // by default would only spend their attempts on it.
+        p.final_answer = true;
+        p
     }
 
     /// 503 `shutting-down`: the server stopped before the work finished;
@@ -364,6 +372,9 @@ impl IntoResponse for Problem {
             h.insert(header::RETRY_AFTER, HeaderValue::from(whole_seconds(after)));
             h.insert(RETRY_AFTER_MS, HeaderValue::from(whole_millis(after)));
             h.insert(SHOULD_RETRY, HeaderValue::from_static("true"));
+        }
+        if self.final_answer {
+            h.insert(SHOULD_RETRY, HeaderValue::from_static("false"));
         }
         res
     }

@@ -24,12 +24,15 @@ const NEVER_STORED: [HeaderName; 5] = [
 /// long-running operations).
 static OPERATION_LOCATION: HeaderName = HeaderName::from_static("operation-location");
 
+/// `x-should-retry`, as a place to borrow it from.
+static SHOULD_RETRY: HeaderName = crate::problem::SHOULD_RETRY;
+
 /// The headers of a response that are stored with it, and the only ones a
 /// duplicate attached to the live stream gets, so a follower and a replay
 /// see the same head: its content type and encoding, where it points
 /// (`Location`, `Content-Location`, `Operation-Location`: a replayed 202 or
-/// 3xx must still say where the job or the resource is), and those the
-/// route names; never a framing one. Everything else (`Set-Cookie` above
+/// 3xx must still say where the job or the resource is), `x-should-retry`
+/// (a final answer says so on every replay), and those the route names; never a framing one. Everything else (`Set-Cookie` above
 /// all) goes to the owner's client only.
 pub(super) fn kept_headers(headers: &HeaderMap, cfg: &LayerConfig) -> HeaderMap {
     let mut out = HeaderMap::new();
@@ -40,6 +43,7 @@ pub(super) fn kept_headers(headers: &HeaderMap, cfg: &LayerConfig) -> HeaderMap 
         &header::LOCATION,
         &header::CONTENT_LOCATION,
         &OPERATION_LOCATION,
+        &SHOULD_RETRY,
     ]
     .into_iter()
     .chain(cfg.stored_headers.iter());
