@@ -121,7 +121,9 @@
 //!   [`associated_data`].
 //! - `error`: the errors of sealing, opening, parsing and generation.
 //! - [`store`]: [`SealedStore`], the `Store` wrapper
-//!   that seals every payload before the backend sees it.
+//!   that seals every payload before the backend sees it; its `retain`
+//!   submodule keeps the sealed bytes a retried `complete` needs, for
+//!   seconds ([`store::RETRY_WINDOW`]).
 
 mod error;
 mod format;

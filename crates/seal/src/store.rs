@@ -19,16 +19,22 @@
 //! wrapper, or forgotten after [`FORGET_AFTER`]) it reads the record's
 //! fingerprint from the store first.
 //!
+//! A retried `complete` must send the bytes of the first try, which a
+//! fresh nonce would change, so the wrapper also keeps the sealed bytes of
+//! each lease's last `complete` for a while: the `retain` module says why
+//! and for how long ([`RETRY_WINDOW`] once the write is acknowledged).
+//!
 //! A payload that cannot be opened (a key id no longer in the ring, modified
 //! bytes, a record not sealed at all) is returned as a
 //! [`StoreErrorKind::Corrupt`] error naming the reason, never as the bytes:
 //! callers apply their store-error policy to it, and the failure hook
 //! counts it.
 
-use std::collections::HashMap;
+mod retain;
+
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use idemgate_engine::{
@@ -45,14 +51,19 @@ pub const RESPONSE_AD_LABEL: &str = "idemgate/response/v1";
 /// `complete` reads the fingerprint from the store.
 pub const FORGET_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// Above this many remembered leases, those older than [`FORGET_AFTER`] are
-/// dropped.
-const PRUNE_ABOVE: usize = 10_000;
-
-/// Sealed bytes of completed leases kept for a retried `complete` (whose
-/// first reply was lost after the write), oldest dropped first, up to this
-/// many bytes in all.
-const COMPLETED_BYTES: usize = 16 * 1024 * 1024;
+/// How long the sealed bytes of an acknowledged `complete` are kept, for a
+/// retry of that `complete` to send the same bytes.
+///
+/// The caller that retries a `complete` is the engine's
+/// `LeaseGuard::complete_or_hold`: after a temporary error it tries again
+/// with a backoff of 50 ms doubling to at most 1 s, while the lease lasts.
+/// A write this wrapper saw acknowledged is retried only when a layer
+/// above it turned the acknowledgement into an error, and that retry comes
+/// within the 1 s backoff cap. Five seconds is that second with room for a
+/// loaded runtime; past it, an idle replica holds no answers. (Until the
+/// acknowledgement, the bytes are kept as long as the lease: the engine
+/// retries a failed write while the lease lasts.)
+pub const RETRY_WINDOW: Duration = Duration::from_secs(5);
 
 /// Why a seal or open failed, as a low-cardinality label.
 pub fn failure_reason(kind: &SealErrorKind) -> &'static str {
@@ -77,14 +88,6 @@ pub fn response_associated_data(key: &ScopedKey, fingerprint: &Fingerprint) -> V
     ])
 }
 
-/// What [`SealedStore`] remembers of an unfinished lease.
-struct LeaseEntry {
-    fingerprint: Fingerprint,
-    /// The plaintext last sealed for this lease, and its sealed form.
-    sealed: Option<(Bytes, Bytes)>,
-    at: Instant,
-}
-
 /// Called with each seal or open failure (for a metric).
 pub type FailureHook = Arc<dyn Fn(&SealErrorKind) + Send + Sync>;
 
@@ -92,16 +95,10 @@ pub type FailureHook = Arc<dyn Fn(&SealErrorKind) + Send + Sync>;
 pub struct SealedStore {
     inner: Arc<dyn Store>,
     ring: Arc<KeyRing>,
-    /// Each lease handed out by `claim`, by token: its fingerprint and,
-    /// once `complete` sealed a payload for it, that payload and its sealed
-    /// form. A `complete` retried after a temporary error (or a lost reply)
-    /// sends the very same sealed bytes, so the store can recognise its own
-    /// DONE record; sealing again would pick a new nonce and look like
-    /// another payload.
-    leases: Mutex<HashMap<u128, LeaseEntry>>,
-    /// Completed leases still remembered for a retry, oldest first, with
-    /// their sealed sizes (bounded by [`COMPLETED_BYTES`]).
-    completed: Mutex<(std::collections::VecDeque<(u128, usize)>, usize)>,
+    /// Each lease handed out by `claim`: its fingerprint, and the sealed
+    /// bytes of its last `complete` for a retry to send again (a new seal
+    /// would pick a new nonce and look like another payload to the store).
+    leases: retain::Retained,
     on_failure: Option<FailureHook>,
 }
 
@@ -116,12 +113,16 @@ impl fmt::Debug for SealedStore {
 
 impl SealedStore {
     /// Seals the payloads `inner` keeps with `ring`.
+    ///
+    /// Built inside a tokio runtime, it spawns the task that forgets
+    /// acknowledged completions after [`RETRY_WINDOW`] (it ends when the
+    /// store is dropped); built outside one, they are forgotten at the
+    /// next call instead.
     pub fn new(inner: Arc<dyn Store>, ring: Arc<KeyRing>) -> Self {
         Self {
             inner,
             ring,
-            leases: Mutex::new(HashMap::new()),
-            completed: Mutex::new((std::collections::VecDeque::new(), 0)),
+            leases: retain::Retained::new(),
             on_failure: None,
         }
     }
@@ -161,83 +162,11 @@ impl SealedStore {
         Ok(record)
     }
 
-    fn remember(&self, token: u128, fingerprint: Fingerprint) {
-        let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
-        if leases.len() >= PRUNE_ABOVE {
-            leases.retain(|_, e| e.at.elapsed() < FORGET_AFTER);
-        }
-        leases.insert(
-            token,
-            LeaseEntry {
-                fingerprint,
-                sealed: None,
-                at: Instant::now(),
-            },
-        );
-    }
-
-    fn lease_fingerprint(&self, token: u128) -> Option<Fingerprint> {
-        self.leases
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&token)
-            .map(|e| e.fingerprint)
-    }
-
-    /// A lease whose `complete` was acknowledged: its sealed bytes stay
-    /// for a retry until newer completions push them out.
-    fn completed(&self, token: u128) {
-        let size = self
-            .leases
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&token)
-            .and_then(|e| e.sealed.as_ref())
-            .map_or(0, |(_, sealed)| sealed.len());
-        let mut evict = Vec::new();
-        {
-            let mut done = self
-                .completed
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            let (queue, total) = &mut *done;
-            queue.push_back((token, size));
-            *total += size;
-            while *total > COMPLETED_BYTES || queue.len() > PRUNE_ABOVE {
-                let Some((old, n)) = queue.pop_front() else {
-                    break;
-                };
-                *total -= n;
-                evict.push(old);
-            }
-        }
-        let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
-        for old in evict {
-            leases.remove(&old);
-        }
-    }
-
-    fn drop_lease(&self, token: u128) {
-        self.leases
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&token);
-    }
-
-    /// `payload` sealed for the lease `token`: the bytes sealed before for
-    /// the same payload, or freshly sealed (and remembered).
-    fn sealed_for(&self, token: u128, ad: &[u8], payload: &Bytes) -> Result<Bytes, SealError> {
-        let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((plain, sealed)) = leases.get(&token).and_then(|e| e.sealed.as_ref())
-            && plain == payload
-        {
-            return Ok(sealed.clone());
-        }
-        let sealed = Bytes::from(self.ring.seal(ad, payload)?);
-        if let Some(entry) = leases.get_mut(&token) {
-            entry.sealed = Some((payload.clone(), sealed.clone()));
-        }
-        Ok(sealed)
+    /// Acknowledged completions whose sealed bytes are still held for a
+    /// retry, and their total size in bytes: both fall to 0 within
+    /// [`RETRY_WINDOW`] of the last completion.
+    pub fn retained_completions(&self) -> (usize, usize) {
+        self.leases.completions()
     }
 }
 
@@ -255,7 +184,7 @@ impl Store for SealedStore {
         Box::pin(async move {
             match self.inner.claim(key, fingerprint, pending_ttl).await? {
                 Claim::Acquired(lease) => {
-                    self.remember(lease.token, *fingerprint);
+                    self.leases.remember(lease.token, *fingerprint);
                     Ok(Claim::Acquired(lease))
                 }
                 Claim::Existing(record) => Ok(Claim::Existing(self.open_record(key, record)?)),
@@ -279,7 +208,7 @@ impl Store for SealedStore {
         attempt: &'a Attempt,
     ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
         Box::pin(async move {
-            let fingerprint = match self.lease_fingerprint(lease.token) {
+            let fingerprint = match self.leases.fingerprint(lease.token) {
                 Some(fp) => fp,
                 // Not claimed through this wrapper (or forgotten): the
                 // PENDING record names the fingerprint; no record, no lease.
@@ -290,13 +219,17 @@ impl Store for SealedStore {
             };
             let ad = response_associated_data(&lease.key, &fingerprint);
             let sealed = self
-                .sealed_for(lease.token, &ad, &payload)
+                .leases
+                .sealed_for(lease.token, &payload, || self.ring.seal(&ad, &payload))
                 .map_err(|e| self.failed(&e, "response could not be sealed"))?;
             let written = self.inner.complete(lease, sealed, done_ttl, attempt).await;
-            // Kept for a retry (after an error, or a reply lost after the
-            // write): it sends the same sealed bytes.
-            if written.is_ok() {
-                self.completed(lease.token);
+            match &written {
+                // Kept for a retry whose acknowledgement was lost above
+                // this wrapper, for the retry window.
+                Ok(_) => self.leases.completed(lease.token),
+                // Kept while the lease lasts: the engine tries again.
+                Err(e) if e.is_temporary() => {}
+                Err(_) => self.leases.forget_sealed(lease.token),
             }
             written
         })
@@ -308,7 +241,7 @@ impl Store for SealedStore {
         attempt: &'a Attempt,
         timeline_ttl: Duration,
     ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-        self.drop_lease(lease.token);
+        self.leases.drop_lease(lease.token);
         self.inner.release(lease, attempt, timeline_ttl)
     }
 

@@ -206,3 +206,144 @@ async fn an_unsealed_record_is_refused_not_replayed() {
     assert!(!err.to_string().contains("MARKER"), "{err}");
     assert_eq!(failures.load(Ordering::Relaxed), 1);
 }
+
+/// Writes every `complete`, then answers the first one with a temporary
+/// error: a reply lost after the write.
+#[derive(Debug)]
+struct LosesFirstReply {
+    inner: MemoryStore,
+    lost: std::sync::atomic::AtomicBool,
+}
+
+impl idemgate_engine::LayeredStore for LosesFirstReply {
+    fn inner(&self) -> &dyn Store {
+        &self.inner
+    }
+
+    fn complete<'a>(
+        &'a self,
+        lease: &'a Lease,
+        payload: Bytes,
+        done_ttl: Duration,
+        attempt: &'a Attempt,
+    ) -> idemgate_engine::BoxFuture<'a, Result<Fenced, idemgate_engine::StoreError>> {
+        Box::pin(async move {
+            let written = self
+                .inner
+                .complete(lease, payload, done_ttl, attempt)
+                .await?;
+            if self.lost.swap(true, Ordering::SeqCst) {
+                return Ok(written);
+            }
+            Err(idemgate_engine::StoreError::new(
+                StoreErrorKind::Unavailable,
+                "memory",
+                "reply lost after the write",
+            ))
+        })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_complete_retried_after_a_lost_reply_sends_the_same_sealed_bytes() {
+    let inner = Arc::new(LosesFirstReply {
+        inner: MemoryStore::new(),
+        lost: false.into(),
+    });
+    let sealed = SealedStore::new(inner.clone(), Arc::new(ring(&["a"], "a")));
+    let (k, fp) = (key("lost"), Fingerprint::of_value("req").unwrap());
+    let lease = acquire(&sealed, &k, &fp).await;
+    let err = sealed
+        .complete(&lease, Bytes::from_static(SECRET), TTL, &attempt())
+        .await
+        .unwrap_err();
+    assert!(err.is_temporary());
+    assert_eq!(
+        sealed.retained_completions(),
+        (0, 0),
+        "not acknowledged yet: kept with the lease, not in the window"
+    );
+    // The engine's next try comes after at most 1 s; the bytes are still
+    // there however long the lease lasts.
+    tokio::time::sleep(idemgate_seal::store::RETRY_WINDOW * 4).await;
+    let retried = sealed
+        .complete(&lease, Bytes::from_static(SECRET), TTL, &attempt())
+        .await
+        .unwrap();
+    assert_eq!(
+        retried,
+        Fenced::Applied,
+        "the store saw its own DONE record"
+    );
+    let (count, bytes) = sealed.retained_completions();
+    assert_eq!(count, 1);
+    assert!(bytes > SECRET.len(), "{bytes}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn acknowledged_completions_are_forgotten_after_the_retry_window_on_a_quiet_store() {
+    use idemgate_seal::store::RETRY_WINDOW;
+    let inner = Arc::new(MemoryStore::new());
+    let sealed = SealedStore::new(inner.clone(), Arc::new(ring(&["a"], "a")));
+    let fp = Fingerprint::of_value("req").unwrap();
+    let mut leases = Vec::new();
+    for name in ["w1", "w2", "w3"] {
+        let lease = acquire(&sealed, &key(name), &fp).await;
+        let done = sealed
+            .complete(&lease, Bytes::from_static(SECRET), TTL, &attempt())
+            .await
+            .unwrap();
+        assert_eq!(done, Fenced::Applied);
+        leases.push(lease);
+    }
+    assert_eq!(sealed.retained_completions().0, 3);
+
+    // Within the window (the engine's longest backoff is 1 s), a retry
+    // whose acknowledgement was lost above the wrapper is recognised.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let again = sealed
+        .complete(&leases[0], Bytes::from_static(SECRET), TTL, &attempt())
+        .await
+        .unwrap();
+    assert_eq!(again, Fenced::Applied);
+    assert_eq!(sealed.retained_completions().0, 3, "counted once");
+
+    // Past the window, with no further call on the store: all gone.
+    tokio::time::sleep(RETRY_WINDOW).await;
+    assert_eq!(sealed.retained_completions(), (0, 0));
+
+    // A retry that late is sealed anew and is not the stored payload:
+    // the store refuses it, and the stored answer is unchanged.
+    let late = sealed
+        .complete(&leases[1], Bytes::from_static(SECRET), TTL, &attempt())
+        .await
+        .unwrap();
+    assert_eq!(late, Fenced::Stale);
+    assert_eq!(
+        stored_payload(sealed.get(&key("w2")).await.unwrap()),
+        SECRET
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn acknowledged_completions_stay_within_16_mib() {
+    let inner = Arc::new(MemoryStore::new());
+    let sealed = SealedStore::new(inner.clone(), Arc::new(ring(&["a"], "a")));
+    let fp = Fingerprint::of_value("req").unwrap();
+    let big = Bytes::from(vec![b'x'; 4 * 1024 * 1024]);
+    for i in 0..5 {
+        let lease = acquire(&sealed, &key(&format!("big{i}")), &fp).await;
+        let done = sealed
+            .complete(&lease, big.clone(), TTL, &attempt())
+            .await
+            .unwrap();
+        assert_eq!(done, Fenced::Applied);
+        let (count, bytes) = sealed.retained_completions();
+        assert!(
+            bytes <= 16 * 1024 * 1024,
+            "{count} completions, {bytes} bytes"
+        );
+    }
+    // 4 MiB and the seal's overhead each: three fit, not four.
+    assert_eq!(sealed.retained_completions().0, 3);
+}
