@@ -43,7 +43,9 @@ pub(crate) enum KeysCommand {
     /// there was no record.
     Forget(ShowArgs),
     /// Print a new line for the encryption key file (`ID:BASE64KEY`, not
-    /// marked active: add `*` in front to seal new records under it).
+    /// marked active). As a file's only line it is the active key
+    /// (`… > keys`); added to a file with keys (`… >> keys`) it only opens
+    /// records until `*` is put in front of it.
     GenerateEncryptionKey(GenerateArgs),
 }
 

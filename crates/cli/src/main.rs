@@ -100,7 +100,7 @@ pub(crate) struct ConfigArgs {
     #[arg(long)]
     done_ttl: Option<String>,
     /// Key file that seals stored responses (`ID:BASE64` lines, `*` on the
-    /// active key); also `encryption_key_file` in the file and
+    /// active key, or a single unmarked key); also `encryption_key_file` in the file and
     /// IDEMGATE_ENCRYPTION_KEY_FILE.
     #[arg(long, value_name = "FILE")]
     encryption_key_file: Option<String>,

@@ -196,9 +196,17 @@ pub enum KeyFileError {
         /// The line marked active first.
         first_line: usize,
     },
-    /// No line is marked active.
-    #[error("key file has no active key: start exactly one key line with `*`")]
-    NoActiveKey,
+    /// Several keys and none marked active. (A file with one key and no
+    /// `*` has that key active.) A key added for a rotation never becomes
+    /// active by being added, so the file's keys say nothing of which one
+    /// is in use until one is marked.
+    #[error(
+        "key file has {keys} keys and none is marked active: start the line of the key new records are sealed under with `*` (a key added for a rotation is not active until marked)"
+    )]
+    NoActiveKey {
+        /// How many keys the file lists.
+        keys: usize,
+    },
     /// The file has no key lines at all.
     #[error("key file has no keys (only blank lines and comments)")]
     NoKeys,

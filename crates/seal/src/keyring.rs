@@ -73,8 +73,9 @@ impl KeyRing {
     ///
     /// # Errors
     /// A [`KeyFileError`] naming the first offending line and what is wrong
-    /// with it, or saying that the file has no keys or not exactly one
-    /// active key. Errors never contain key text.
+    /// with it, or saying that the file has no keys, two lines marked
+    /// active, or several keys and none marked. Errors never contain key
+    /// text.
     ///
     /// ```
     /// let ring = idemgate_seal::KeyRing::parse(
@@ -179,7 +180,14 @@ impl KeyRing {
                 others.push(line.entry);
             }
         }
-        let active = active.ok_or(KeyFileError::NoActiveKey)?;
+        let active = match active {
+            Some(active) => active,
+            // A single unmarked key: the file as `generate-encryption-key`
+            // prints it, a first key. Never with two or more: a key added
+            // beside the one in use must not become active unmarked.
+            None if others.len() == 1 => others.remove(0),
+            None => return Err(KeyFileError::NoActiveKey { keys: others.len() }),
+        };
         Ok(Self { active, others })
     }
 
@@ -276,8 +284,11 @@ fn bound_ad(header: &[u8], ad: &[u8]) -> Vec<u8> {
 /// A new key-file line `ID:BASE64KEY` with a fresh random 32-byte key from
 /// the operating system's random number generator.
 ///
-/// The line is not marked active: prefix it with `*` (and remove the `*`
-/// from the previous active line) to seal new records under it.
+/// The line is not marked active. As a file's only key it is active
+/// (`idemgate keys generate-encryption-key > keys` makes a working first
+/// key file); added to a file that has keys already, it only opens records
+/// until it is marked: prefix it with `*` (and remove the `*` from the
+/// previous active line) to seal new records under it.
 ///
 /// # Errors
 /// [`GenerateKeyError::InvalidKeyId`] when `id` is not a valid key id,

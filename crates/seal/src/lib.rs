@@ -79,9 +79,14 @@
 //! - One key per line: `ID:BASE64KEY`. The id is 1 to 32 characters of
 //!   `A-Z a-z 0-9 . _ -`; the key is 32 bytes in standard base64
 //!   (`A-Z a-z 0-9 + /`, with `=` padding: 44 characters).
-//! - Exactly one line starts with `*`: that key is active. Its position in
-//!   the file does not matter. A file with no `*` line or with two is
-//!   refused.
+//! - The line starting with `*` is active. Its position in the file does
+//!   not matter. A file with two such lines is refused.
+//! - A file with a single key and no `*` has that key active: the first
+//!   key file is the line [`generate_key_line`] (and
+//!   `idemgate keys generate-encryption-key`) prints, as it is. A file
+//!   with two or more keys and no `*` is refused: a key added beside the
+//!   one in use never becomes active by being added (rotation step 1
+//!   below), and which of several keys is in use is never guessed.
 //! - Lines whose first non-blank character is `#` are comments; blank lines
 //!   are ignored; whitespace around a line, around the `*`, and around the
 //!   `:` is ignored.
@@ -91,13 +96,15 @@
 //!   Keep the file readable by the gateway's user only (`chmod 600`).
 //!
 //! [`generate_key_line`] makes a new line with a random key (it is not
-//! marked active).
+//! marked active: it is active only as the file's one key).
 //!
 //! # Rotating keys
 //!
 //! 1. Generate a new line and add it to the file on every gateway, still
 //!    without `*`; reload. Every replica can now open payloads sealed under
-//!    the new key.
+//!    the new key. If the key in use was the file's only line and
+//!    unmarked, mark it `*` in the same edit: with two unmarked keys the
+//!    file is refused.
 //! 2. Move the `*` to the new line; reload. New records are sealed under
 //!    the new key; records sealed under the old one still open.
 //! 3. Wait until every record sealed under the old key has expired (the

@@ -165,13 +165,37 @@ fn the_same_key_under_two_ids() {
 }
 
 #[test]
-fn no_active_key() {
-    let err = parse_err(&format!("k1:{KEY_A}\nk2:{KEY_B}"));
-    assert!(matches!(err, KeyFileError::NoActiveKey));
+fn several_keys_and_none_marked_is_refused() {
+    let err = parse_err(&format!("k1:{KEY_A}\n# c\nk2:{KEY_B}"));
+    assert!(matches!(err, KeyFileError::NoActiveKey { keys: 2 }));
     assert_eq!(
         message(&err, &[KEY_A, KEY_B]),
-        "key file has no active key: start exactly one key line with `*`"
+        "key file has 2 keys and none is marked active: start the line of the key new records are sealed under with `*` (a key added for a rotation is not active until marked)"
     );
+}
+
+#[test]
+fn a_single_unmarked_key_is_active() {
+    let ring = KeyRing::parse(&format!("# first key\n  only:{KEY_A}\n")).expect("one key");
+    assert_eq!(ring.active_key_id(), "only");
+    assert_eq!(ring.key_ids().collect::<Vec<_>>(), ["only"]);
+    // Marked, the same.
+    let marked = KeyRing::parse(&format!("*only:{KEY_A}")).expect("one marked key");
+    let sealed = ring.seal(b"ad", b"x").expect("seal");
+    assert_eq!(marked.open(b"ad", &sealed).expect("open"), b"x");
+}
+
+#[test]
+fn a_key_added_beside_the_marked_one_only_opens() {
+    // Rotation step 1, whichever order the lines are in.
+    for text in [
+        format!("*old:{KEY_A}\nnew:{KEY_B}"),
+        format!("new:{KEY_B}\n*old:{KEY_A}"),
+    ] {
+        let ring = KeyRing::parse(&text).expect("valid");
+        assert_eq!(ring.active_key_id(), "old", "{text}");
+        assert_eq!(ring.key_ids().count(), 2);
+    }
 }
 
 #[test]
@@ -240,8 +264,17 @@ fn generated_lines() {
     let sealed = ring.seal(b"ad", b"x").expect("seal");
     assert_eq!(ring.open(b"ad", &sealed).expect("open"), b"x");
 
-    // Unmarked, so a file of generated lines alone has no active key.
-    assert!(matches!(parse_err(&line), KeyFileError::NoActiveKey));
+    // Unmarked: active as a file's only key, and in a file of two
+    // generated lines neither is.
+    assert_eq!(
+        KeyRing::parse(&line).expect("one key").active_key_id(),
+        "2025-06"
+    );
+    let second = generate_key_line("2025-07").expect("line");
+    assert!(matches!(
+        parse_err(&format!("{line}\n{second}\n")),
+        KeyFileError::NoActiveKey { keys: 2 }
+    ));
 
     assert_eq!(
         generate_key_line("bad id"),
