@@ -124,8 +124,8 @@ impl Retrier {
     }
 
     /// Logs a failed attempt and decides: the wait before the next attempt
-    /// (the server's `asked` delay if any, else the backoff), or why there
-    /// is none.
+    /// (the server's `asked` delay if any, cut to the policy's
+    /// `max_server_delay`, else the backoff), or why there is none.
     pub(crate) fn failed(
         &mut self,
         outcome: AttemptOutcome,
@@ -136,9 +136,10 @@ impl Retrier {
             self.push(outcome, None);
             return Err(GiveUpReason::Attempts(self.policy.attempts.max(1)));
         }
-        let delay = asked.unwrap_or_else(|| {
-            Delay::new(self.policy.backoff(self.failures - 1), DelaySource::Backoff)
-        });
+        let delay = match asked {
+            Some(asked) => asked.at_most(self.policy.max_server_delay),
+            None => Delay::new(self.policy.backoff(self.failures - 1), DelaySource::Backoff),
+        };
         if let Some(deadline) = self.policy.deadline
             && self.started.elapsed().saturating_add(delay.duration) >= deadline
         {
@@ -210,7 +211,7 @@ mod tests {
         assert_eq!(
             r.failed(AttemptOutcome::Status(StatusCode::CONFLICT), Some(asked)),
             Ok(Duration::from_secs(7)),
-            "a server's delay is honoured whole, beyond the backoff cap"
+            "a server's delay is honoured whole, beyond the backoff cap, up to max_server_delay"
         );
         assert_eq!(
             r.failed(AttemptOutcome::Connect, None),
@@ -239,6 +240,65 @@ mod tests {
         assert!(r.failed(AttemptOutcome::Timeout, None).is_ok());
         assert!(r.failed(AttemptOutcome::Timeout, None).is_err());
         assert_eq!(r.attempts(), 7);
+    }
+
+    #[test]
+    fn a_servers_delay_is_cut_to_max_server_delay_whatever_its_source() {
+        let policy = RetryPolicy::default();
+        assert_eq!(policy.max_server_delay, Duration::from_secs(60));
+        assert_eq!(policy.deadline, Some(Duration::from_secs(30 * 60)));
+        for source in [
+            DelaySource::RetryAfterMs,
+            DelaySource::RetryAfterSeconds,
+            DelaySource::RetryAfterDate,
+            DelaySource::StreamRetry,
+        ] {
+            let mut r = Retrier::new(RetryPolicy {
+                attempts: 5,
+                ..RetryPolicy::default()
+            });
+            let huge = Delay::new(Duration::from_secs(1_000_000_000), source);
+            assert_eq!(
+                r.failed(AttemptOutcome::Timeout, Some(huge)),
+                Ok(Duration::from_secs(60))
+            );
+            let max = Delay::new(Duration::MAX, source);
+            assert_eq!(
+                r.failed(AttemptOutcome::Timeout, Some(max)),
+                Ok(Duration::from_secs(60))
+            );
+            let within = Delay::new(Duration::from_secs(59), source);
+            assert_eq!(
+                r.failed(AttemptOutcome::Timeout, Some(within)),
+                Ok(Duration::from_secs(59))
+            );
+            let log = r.log();
+            assert_eq!(
+                log[0].delay,
+                Some(Delay::capped(Duration::from_secs(60), source))
+            );
+            assert!(log[0].delay.is_some_and(|d| d.capped));
+            assert_eq!(log[2].delay, Some(within), "not capped");
+        }
+    }
+
+    #[test]
+    fn the_default_deadline_bounds_a_cap_set_past_it() {
+        let mut r = Retrier::new(RetryPolicy {
+            max_server_delay: Duration::from_secs(24 * 3600),
+            ..RetryPolicy::default()
+        });
+        let huge = Delay::new(
+            Duration::from_secs(1_000_000_000),
+            DelaySource::RetryAfterDate,
+        );
+        assert_eq!(
+            r.failed(
+                AttemptOutcome::Status(StatusCode::SERVICE_UNAVAILABLE),
+                Some(huge)
+            ),
+            Err(GiveUpReason::Deadline(Duration::from_secs(30 * 60)))
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -24,11 +24,12 @@ pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 pub const LAST_EVENT_ID: &str = "last-event-id";
 
 /// Headers whose values are credentials: marked sensitive, never shown.
-const SENSITIVE: [&str; 6] = [
+const SENSITIVE: [&str; 7] = [
     "authorization",
     "proxy-authorization",
     "x-api-key",
     "api-key",
+    "x-goog-api-key",
     "cookie",
     "openai-organization",
 ];
@@ -172,9 +173,18 @@ impl ClientBuilder {
         self
     }
 
-    /// Longest time spent on one operation (`None`: bounded by attempts).
+    /// Longest time spent on one operation (default 30 minutes; `None`:
+    /// bounded by attempts).
     pub fn deadline(mut self, deadline: impl Into<Option<Duration>>) -> Self {
         self.policy.deadline = deadline.into();
+        self
+    }
+
+    /// Longest wait a server's delay (`retry-after-ms`, `Retry-After`, an
+    /// event stream's `retry`) gets; a longer one is cut to it (default
+    /// 60 s, [`RetryPolicy::max_server_delay`]).
+    pub fn max_server_delay(mut self, max: Duration) -> Self {
+        self.policy.max_server_delay = max;
         self
     }
 
@@ -200,7 +210,11 @@ impl ClientBuilder {
 
     /// Uses this `reqwest` client (its pool, TLS and proxy settings). Do
     /// not give it a request timeout of its own: a timeout that cuts a
-    /// stream's body looks like a broken stream.
+    /// stream's body looks like a broken stream. Build it with
+    /// `.redirect(reqwest::redirect::Policy::none())`, as the client's own
+    /// is: `reqwest` follows redirects by default, re-sending the body and
+    /// every header but `Authorization` and `Cookie` (so `x-api-key`,
+    /// `api-key`, `x-goog-api-key`) to whatever host `Location` names.
     pub fn http_client(mut self, client: reqwest::Client) -> Self {
         self.http = Some(client);
         self
@@ -222,7 +236,13 @@ impl ClientBuilder {
         })?;
         let http = match self.http {
             Some(c) => c,
-            None => reqwest::Client::builder().build().map_err(Error::Build)?,
+            // No redirects: a 3xx is the answer, returned as it is. Only
+            // the caller knows whether the place it names should get the
+            // body and the credentials.
+            None => reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .map_err(Error::Build)?,
         };
         Ok(Client {
             inner: Arc::new(Inner {

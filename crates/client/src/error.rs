@@ -10,6 +10,13 @@ use crate::attempt::{Attempt, GiveUpReason};
 use crate::key::{IdempotencyKey, KeyError};
 use crate::sse::MAX_EVENT_BYTES;
 
+/// Most bytes of a failed response's body the client reads: past them it
+/// stops reading and drops the connection, and the response is marked
+/// [`ErrorResponse::truncated`]. 64 KiB: a problem or an LLM API's error
+/// object is a few hundred bytes, and a server that sends megabytes with a
+/// 4xx or 5xx is not sending anything the caller needs in memory.
+pub const MAX_ERROR_BODY: usize = 64 * 1024;
+
 /// The `type` slug of the gateway's 422: the key was used for another
 /// request.
 pub const KEY_MISMATCH: &str = "key-mismatch";
@@ -230,7 +237,14 @@ impl std::error::Error for GaveUp {
 
 impl std::error::Error for Rejected {}
 
-/// A response that was not a success, read whole.
+/// A response that was not a success, its body read up to
+/// [`MAX_ERROR_BODY`] bytes.
+///
+/// A redirect (3xx) is one of these too: the client follows no redirects,
+/// since following one would send the body and the credential headers
+/// (`x-api-key`, `api-key`, … which `reqwest` keeps across hosts) to
+/// wherever the `Location` points. Its `Location` is in
+/// [`ErrorResponse::headers`].
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct ErrorResponse {
@@ -238,8 +252,11 @@ pub struct ErrorResponse {
     pub status: StatusCode,
     /// Its headers.
     pub headers: HeaderMap,
-    /// Its body.
+    /// Its body, at most [`MAX_ERROR_BODY`] bytes.
     pub body: Bytes,
+    /// The body went on past [`MAX_ERROR_BODY`]: `body` is its start, and
+    /// the rest was never read.
+    pub truncated: bool,
     /// The body as an RFC 9457 problem, if it is one.
     pub problem: Option<Problem>,
     /// What `x-should-retry` said, if anything.
@@ -250,7 +267,12 @@ pub struct ErrorResponse {
 }
 
 impl ErrorResponse {
-    pub(crate) fn new(status: StatusCode, headers: HeaderMap, body: Bytes) -> Self {
+    pub(crate) fn new(
+        status: StatusCode,
+        headers: HeaderMap,
+        body: Bytes,
+        truncated: bool,
+    ) -> Self {
         let problem = Problem::parse(&headers, &body);
         let should_retry = crate::policy::should_retry(&headers);
         let replayed = crate::response::replayed(&headers);
@@ -258,14 +280,26 @@ impl ErrorResponse {
             status,
             headers,
             body,
+            truncated,
             problem,
             should_retry,
             replayed,
         }
     }
 
-    /// `: detail` from the problem, or the start of the body.
+    /// `: detail` from the problem, or the start of the body; where a
+    /// redirect pointed.
     fn describe(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.status.is_redirection() {
+            f.write_str(": redirects are not followed")?;
+            if let Some(to) = self
+                .headers
+                .get(reqwest::header::LOCATION)
+                .and_then(|v| v.to_str().ok())
+            {
+                write!(f, " (Location: {to})")?;
+            }
+        }
         if let Some(p) = &self.problem {
             write!(f, ": {}", p.type_uri)?;
             if let Some(d) = p.detail.as_deref().or(p.title.as_deref()) {

@@ -11,12 +11,22 @@
 //!   retry loop.
 //! - **Retries that are safe to make.** Timeouts, connection errors, 408,
 //!   409 (key in flight), 429 and 5xx are retried with jittered
-//!   exponential backoff, within a bounded number of attempts and an
-//!   optional total deadline ([`RetryPolicy`]). A server's own delay wins:
+//!   exponential backoff, within a bounded number of attempts and a total
+//!   deadline (30 minutes by default; [`RetryPolicy`]). A server's own
+//!   delay wins, up to 60 s ([`RetryPolicy::max_server_delay`]):
 //!   `retry-after-ms` first, then `Retry-After` (seconds or an HTTP date),
 //!   and `x-should-retry: true/false` overrides the status. Any other 4xx
 //!   is final; a 422 `key-mismatch` (the key reused for a different body)
 //!   is [`Error::KeyReused`].
+//! - **Nothing a server sends costs more than the call.** A delay of
+//!   decades (`Retry-After: 1000000000`, a date in 9999, a stream's
+//!   `retry: 99999999999`) waits 60 s at most. Redirects are not followed:
+//!   a 3xx is returned as the answer it is ([`Error::Rejected`], `Location`
+//!   in its headers), since following it would re-send the body and the
+//!   credentials that `reqwest` keeps across hosts (`x-api-key`,
+//!   `api-key`, `x-goog-api-key`). An error body is read up to
+//!   [`MAX_ERROR_BODY`] (64 KiB), then the connection is dropped
+//!   ([`ErrorResponse::truncated`]).
 //! - **Streams that resume.** [`RequestBuilder::send_stream`] returns an
 //!   [`EventStream`] that tracks the last `id:` seen and, when the
 //!   connection breaks or goes silent, asks again with `Last-Event-ID`:
@@ -121,9 +131,14 @@ mod stream;
 
 pub use attempt::{Attempt, AttemptOutcome, GiveUpReason};
 pub use client::{Client, ClientBuilder, IDEMPOTENCY_KEY, LAST_EVENT_ID, RequestBuilder};
-pub use error::{Error, ErrorResponse, GaveUp, KEY_MISMATCH, Problem, Rejected, RestartReason};
+pub use error::{
+    Error, ErrorResponse, GaveUp, KEY_MISMATCH, MAX_ERROR_BODY, Problem, Rejected, RestartReason,
+};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
-pub use policy::{Delay, DelaySource, Jitter, RETRY_AFTER_MS, RetryPolicy, SHOULD_RETRY};
+pub use policy::{
+    DEFAULT_DEADLINE, DEFAULT_MAX_SERVER_DELAY, Delay, DelaySource, Jitter, RETRY_AFTER_MS,
+    RetryPolicy, SHOULD_RETRY,
+};
 pub use response::{IDEMPOTENT_REPLAYED, Response};
 pub use sse::Event;
 pub use stream::EventStream;

@@ -17,6 +17,12 @@ pub const RETRY_AFTER_MS: &str = "retry-after-ms";
 /// (OpenAI, Anthropic and idemgate send it).
 pub const SHOULD_RETRY: &str = "x-should-retry";
 
+/// The default [`RetryPolicy::max_server_delay`]: 60 s.
+pub const DEFAULT_MAX_SERVER_DELAY: Duration = Duration::from_secs(60);
+
+/// The default [`RetryPolicy::deadline`]: 30 minutes.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(30 * 60);
+
 /// How a backoff sleep is randomized (as `[client_retry] jitter`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -44,8 +50,11 @@ impl Jitter {
 ///
 /// The defaults are those of the official OpenAI and Anthropic clients, and
 /// of the gateway's `[client_retry]`: 3 attempts, a 600 s attempt timeout,
-/// backoff from 0.5 s doubling up to 8 s with full jitter. Start from
-/// [`RetryPolicy::default`] and set fields.
+/// backoff from 0.5 s doubling up to 8 s with full jitter. A server's delay
+/// is honoured up to 60 s ([`RetryPolicy::max_server_delay`]), and one
+/// operation takes at most 30 minutes ([`RetryPolicy::deadline`]), so no
+/// server can keep a caller waiting for longer, whatever it sends. Start
+/// from [`RetryPolicy::default`] and set fields.
 ///
 /// Whatever is retried, it is retried with the same idempotency key.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,16 +73,27 @@ pub struct RetryPolicy {
     pub attempt_timeout: Option<Duration>,
     /// Backoff before the first retry; doubles for each later retry.
     pub backoff_base: Duration,
-    /// Longest backoff sleep. A delay the server asks for is not capped.
+    /// Longest backoff sleep. A delay the server asks for is capped by
+    /// [`RetryPolicy::max_server_delay`] instead.
     pub backoff_cap: Duration,
     /// Randomization of each backoff sleep (never of a server's delay).
     pub jitter: Jitter,
+    /// Longest wait before a retry that a server's delay gets:
+    /// `retry-after-ms`, `Retry-After` (seconds or an HTTP date) and an
+    /// event stream's `retry` field. A longer delay (`Retry-After:
+    /// 1000000000`, a date in the year 9999) is cut to this, and the
+    /// attempt's [`Delay::capped`] says so. Default 60 s, the limit the
+    /// official OpenAI and Anthropic clients put on `Retry-After`; a
+    /// gateway's own delays (a 409's poll interval) are seconds.
+    pub max_server_delay: Duration,
     /// Longest time spent on one operation, retries and sleeps included:
     /// no retry is scheduled to start after it, a server's delay that would
     /// end after it ends the retries at once, and each attempt's timeout is
     /// shortened to the time left. For a stream it restarts whenever an
-    /// attempt delivers new events. `None` (default): the attempts bound
-    /// the operation.
+    /// attempt delivers new events. Default 30 minutes: the default
+    /// attempts' timeouts end to end (3 × 600 s), so it changes nothing for
+    /// a server that answers, and bounds one that never lets go. `None`:
+    /// the attempts bound the operation.
     pub deadline: Option<Duration>,
     /// Longest silence on an event stream before the client drops the
     /// connection and resumes with `Last-Event-ID`. Set it above the
@@ -90,7 +110,8 @@ impl Default for RetryPolicy {
             backoff_base: Duration::from_millis(500),
             backoff_cap: Duration::from_secs(8),
             jitter: Jitter::Full,
-            deadline: None,
+            max_server_delay: DEFAULT_MAX_SERVER_DELAY,
+            deadline: Some(DEFAULT_DEADLINE),
             stream_idle_timeout: Some(Duration::from_secs(90)),
         }
     }
@@ -161,19 +182,47 @@ pub struct Delay {
     pub duration: Duration,
     /// Where the duration came from.
     pub source: DelaySource,
+    /// The server asked for longer than
+    /// [`RetryPolicy::max_server_delay`]: `duration` is that maximum.
+    pub capped: bool,
 }
 
 impl Delay {
     /// A wait of `duration`, from `source` (to compare with
     /// [`Attempt::delay`](crate::Attempt::delay)).
     pub const fn new(duration: Duration, source: DelaySource) -> Self {
-        Self { duration, source }
+        Self {
+            duration,
+            source,
+            capped: false,
+        }
+    }
+
+    /// A server's delay cut to `max`, marked [`Delay::capped`] (to compare
+    /// with [`Attempt::delay`](crate::Attempt::delay)).
+    pub const fn capped(max: Duration, source: DelaySource) -> Self {
+        Self {
+            duration: max,
+            source,
+            capped: true,
+        }
+    }
+
+    /// This delay, cut to `max` if longer.
+    pub(crate) fn at_most(self, max: Duration) -> Self {
+        if self.duration > max {
+            Self::capped(max, self.source)
+        } else {
+            self
+        }
     }
 }
 
 /// The delay a response asks for: `retry-after-ms` first, then
 /// `Retry-After` (seconds, or an HTTP date measured from `now`). A value
-/// that cannot be read is ignored; a date in the past means no wait.
+/// that cannot be read is ignored; a date in the past means no wait; a
+/// number too large for a `Duration` is `Duration::MAX` (the policy's
+/// [`RetryPolicy::max_server_delay`] cuts it).
 pub(crate) fn server_delay(headers: &HeaderMap, now: SystemTime) -> Option<Delay> {
     let text = |name| {
         headers
@@ -182,18 +231,18 @@ pub(crate) fn server_delay(headers: &HeaderMap, now: SystemTime) -> Option<Delay
             .map(str::trim)
     };
     if let Some(ms) = text(RETRY_AFTER_MS).and_then(|v| v.parse::<f64>().ok())
-        && ms.is_finite()
         && ms >= 0.0
-        && let Ok(d) = Duration::try_from_secs_f64(ms / 1000.0)
     {
+        // NaN fails the comparison above; infinity and overflow saturate.
+        let d = Duration::try_from_secs_f64(ms / 1000.0).unwrap_or(Duration::MAX);
         return Some(Delay::new(d, DelaySource::RetryAfterMs));
     }
     let value = text(RETRY_AFTER.as_str())?;
-    if let Ok(secs) = value.parse::<u64>() {
-        return Some(Delay::new(
-            Duration::from_secs(secs),
-            DelaySource::RetryAfterSeconds,
-        ));
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        let d = value
+            .parse::<u64>()
+            .map_or(Duration::MAX, Duration::from_secs);
+        return Some(Delay::new(d, DelaySource::RetryAfterSeconds));
     }
     let when = httpdate::parse_http_date(value).ok()?;
     Some(Delay::new(
@@ -266,6 +315,26 @@ mod tests {
         );
         let h = headers(&[("retry-after-ms", "-5")]);
         assert_eq!(server_delay(&h, now), None);
+        // Too large for a Duration: the longest one (the policy cuts it),
+        // not ignored in favour of a shorter header or the backoff.
+        for (name, value) in [
+            ("retry-after-ms", "1e300"),
+            ("retry-after-ms", "inf"),
+            ("retry-after", "99999999999999999999999"),
+        ] {
+            let mut h = headers(&[("retry-after", "1")]);
+            h.insert(name, HeaderValue::from_static(value));
+            assert_eq!(
+                server_delay(&h, now).map(|d| d.duration),
+                Some(Duration::MAX),
+                "{name}: {value}"
+            );
+        }
+        let h = headers(&[("retry-after-ms", "NaN"), ("retry-after", "2")]);
+        assert_eq!(
+            server_delay(&h, now).map(|d| d.duration),
+            Some(Duration::from_secs(2))
+        );
     }
 
     #[test]

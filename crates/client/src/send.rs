@@ -7,13 +7,13 @@
 
 use std::time::{Duration, SystemTime};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, StatusCode, Url};
 
 use crate::attempt::{AttemptOutcome, GiveUpReason, Retrier};
 use crate::client::LAST_EVENT_ID;
-use crate::error::{Error, ErrorResponse, GaveUp, KEY_MISMATCH, Rejected};
+use crate::error::{Error, ErrorResponse, GaveUp, KEY_MISMATCH, MAX_ERROR_BODY, Rejected};
 use crate::key::IdempotencyKey;
 use crate::policy::{retryable_status, server_delay};
 
@@ -181,8 +181,10 @@ impl Prepared {
                 };
             }
             let headers = response.headers().clone();
-            match response.bytes().await {
-                Ok(body) => Attempted::Failed(ErrorResponse::new(status, headers, body)),
+            match read_at_most(response, MAX_ERROR_BODY).await {
+                Ok((body, truncated)) => {
+                    Attempted::Failed(ErrorResponse::new(status, headers, body, truncated))
+                }
                 Err(e) => Attempted::Transport(e),
             }
         };
@@ -193,6 +195,29 @@ impl Prepared {
             None => work.await,
         }
     }
+}
+
+/// The first `max` bytes of `response`'s body, and whether there was more.
+/// Reading stops there: the rest is never read (dropping the response
+/// closes its connection).
+async fn read_at_most(
+    mut response: reqwest::Response,
+    max: usize,
+) -> Result<(Bytes, bool), reqwest::Error> {
+    let hint = response
+        .content_length()
+        .and_then(|n| usize::try_from(n).ok())
+        .unwrap_or(0);
+    let mut body = BytesMut::with_capacity(hint.min(max));
+    while let Some(chunk) = response.chunk().await? {
+        let room = max - body.len();
+        if chunk.len() > room {
+            body.extend_from_slice(chunk.get(..room).unwrap_or_default());
+            return Ok((body.freeze(), true));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok((body.freeze(), false))
 }
 
 /// Whether an event id can be sent as `Last-Event-ID` (any text without

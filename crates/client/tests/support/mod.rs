@@ -1,7 +1,8 @@
 //! Real servers on 127.0.0.1:0, in this process: the simulated LLM, the
 //! gateway (started as `crates/gateway/tests/support` starts it), a
-//! scripted upstream for headers the simulator does not send, and a TCP
-//! relay that cuts a connection mid-stream.
+//! scripted upstream for headers the simulator does not send, a TCP relay
+//! that cuts a connection mid-stream, and a raw HTTP/1.1 server that writes
+//! whatever bytes a hostile test needs.
 
 #![allow(dead_code)]
 
@@ -337,5 +338,179 @@ async fn relay(client: TcpStream, target: SocketAddr, limit: Option<usize>) {
     tokio::select! {
         _ = up => {}
         () = down => {}
+    }
+}
+
+// --------------------------------------------------------------------------
+// A raw, hostile HTTP/1.1 server.
+
+/// What a [`RawServer`] writes for one request.
+pub(crate) enum Reply {
+    /// These bytes, then the connection is closed.
+    Bytes(Vec<u8>),
+    /// This head, then 64 KiB chunks of a chunked body for as long as the
+    /// client reads.
+    Endless(String),
+}
+
+impl Reply {
+    /// `status` with `headers`, the body `body` (with its length), and
+    /// `connection: close`.
+    pub(crate) fn answer(status: u16, headers: &[(&str, &str)], body: &[u8]) -> Self {
+        let mut out = format!("HTTP/1.1 {status} Status\r\n").into_bytes();
+        for (k, v) in headers {
+            out.extend_from_slice(format!("{k}: {v}\r\n").as_bytes());
+        }
+        out.extend_from_slice(
+            format!(
+                "content-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            )
+            .as_bytes(),
+        );
+        out.extend_from_slice(body);
+        Self::Bytes(out)
+    }
+
+    /// A 200 JSON chat completion.
+    pub(crate) fn ok() -> Self {
+        Self::answer(
+            200,
+            &[("content-type", "application/json")],
+            br#"{"id":"chatcmpl-raw","object":"chat.completion","choices":[]}"#,
+        )
+    }
+}
+
+/// A real HTTP/1.1 server on a free loopback port that answers request
+/// number `n` (0-based) with `reply(n, head)` and records every request
+/// head, as received.
+pub(crate) struct RawServer {
+    /// `http://127.0.0.1:PORT`.
+    pub(crate) url: String,
+    /// Its port.
+    pub(crate) port: u16,
+    heads: Arc<Mutex<Vec<String>>>,
+    /// Body bytes written by [`Reply::Endless`] answers.
+    written: Arc<AtomicUsize>,
+    task: JoinHandle<()>,
+}
+
+type ReplyFn = dyn Fn(usize, &str) -> Reply + Send + Sync;
+
+impl RawServer {
+    /// Starts it.
+    pub(crate) async fn start(
+        reply: impl Fn(usize, &str) -> Reply + Send + Sync + 'static,
+    ) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port");
+        let port = listener
+            .local_addr()
+            .expect("a bound listener has an address")
+            .port();
+        let heads = Arc::new(Mutex::new(Vec::new()));
+        let written = Arc::new(AtomicUsize::new(0));
+        let reply: Arc<ReplyFn> = Arc::new(reply);
+        let (h, w) = (Arc::clone(&heads), Arc::clone(&written));
+        let task = tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                tokio::spawn(raw_connection(
+                    conn,
+                    Arc::clone(&reply),
+                    Arc::clone(&h),
+                    Arc::clone(&w),
+                ));
+            }
+        });
+        Self {
+            url: format!("http://127.0.0.1:{port}"),
+            port,
+            heads,
+            written,
+            task,
+        }
+    }
+
+    /// Every request head received so far (request line and headers).
+    pub(crate) fn heads(&self) -> Vec<String> {
+        self.heads
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Body bytes written so far by endless answers.
+    pub(crate) fn written(&self) -> usize {
+        self.written.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for RawServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// One request per connection: read its head and body, record the head,
+/// write the reply, close.
+async fn raw_connection(
+    mut conn: TcpStream,
+    reply: Arc<ReplyFn>,
+    heads: Arc<Mutex<Vec<String>>>,
+    written: Arc<AtomicUsize>,
+) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        match conn.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let length = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim()
+                .eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse::<usize>().ok())?
+        })
+        .unwrap_or(0);
+    let mut body = buf.len() - head_end;
+    while body < length {
+        match conn.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => body += n,
+        }
+    }
+    let n = {
+        let mut heads = heads
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        heads.push(head.clone());
+        heads.len() - 1
+    };
+    match reply(n, &head) {
+        Reply::Bytes(bytes) => {
+            let _ = conn.write_all(&bytes).await;
+            let _ = conn.shutdown().await;
+        }
+        Reply::Endless(head) => {
+            if conn.write_all(head.as_bytes()).await.is_err() {
+                return;
+            }
+            let mut piece = b"10000\r\n".to_vec();
+            piece.extend(std::iter::repeat_n(b'x', 0x10000));
+            piece.extend_from_slice(b"\r\n");
+            while conn.write_all(&piece).await.is_ok() {
+                written.fetch_add(0x10000, Ordering::SeqCst);
+            }
+        }
     }
 }

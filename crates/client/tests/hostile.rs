@@ -1,0 +1,263 @@
+//! The client against a hostile server: real sockets on 127.0.0.1:0, a
+//! raw HTTP/1.1 server writing what a well-behaved one never would. No
+//! delay a server asks for is waited past the policy's cap, no redirect
+//! carries the request (or its credentials) elsewhere, and no error body
+//! is held in memory past its cap. Every claim is checked on the attempt
+//! log, the error or what the servers received, never on elapsed time.
+
+mod support;
+
+use std::time::Duration;
+
+use idemgate_client::{Client, Delay, DelaySource, Error, MAX_ERROR_BODY};
+use support::{RawServer, Reply, chat};
+
+/// The cap the tests use, so that a capped wait is short.
+const CAP: Duration = Duration::from_millis(50);
+
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim().eq_ignore_ascii_case(name).then_some(v.trim())
+    })
+}
+
+#[tokio::test]
+async fn a_delay_of_decades_in_any_header_form_is_cut_to_max_server_delay() {
+    let forms = [
+        ("retry-after", "1000000000", DelaySource::RetryAfterSeconds),
+        (
+            "retry-after",
+            "99999999999999999999999",
+            DelaySource::RetryAfterSeconds,
+        ),
+        (
+            "retry-after",
+            "Fri, 31 Dec 9999 23:59:59 GMT",
+            DelaySource::RetryAfterDate,
+        ),
+        ("retry-after-ms", "1000000000000", DelaySource::RetryAfterMs),
+        ("retry-after-ms", "1e300", DelaySource::RetryAfterMs),
+    ];
+    for (name, value, source) in forms {
+        let server = RawServer::start(move |n, _| match n {
+            0 => Reply::answer(503, &[(name, value)], b"{}"),
+            _ => Reply::ok(),
+        })
+        .await;
+        let client = Client::builder(&server.url)
+            .max_server_delay(CAP)
+            .build()
+            .expect("build the client");
+        let response = client
+            .post("/v1/chat/completions")
+            .json(&chat(false, "wait for it"))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {value}: {e}"));
+        let attempts = response.attempts();
+        assert_eq!(attempts.len(), 2, "{name}: {value}: {attempts:?}");
+        assert_eq!(
+            attempts[0].delay,
+            Some(Delay::capped(CAP, source)),
+            "{name}: {value}"
+        );
+        let heads = server.heads();
+        assert_eq!(heads.len(), 2, "{name}: {value}: retried once");
+        assert_eq!(
+            header(&heads[0], "idempotency-key"),
+            header(&heads[1], "idempotency-key"),
+            "the retry is the same operation"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_streams_retry_field_of_centuries_is_cut_to_max_server_delay() {
+    let server = RawServer::start(|n, _| {
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n";
+        match n {
+            // One event with a reconnection time of about 3,000 years,
+            // then the connection breaks inside its chunked body.
+            0 => {
+                let event = "retry: 99999999999999\nid: 1\ndata: one\n\n";
+                Reply::Bytes(
+                    format!(
+                        "{head}transfer-encoding: chunked\r\n\r\n{:x}\r\n{event}\r\n",
+                        event.len()
+                    )
+                    .into_bytes(),
+                )
+            }
+            _ => {
+                let event = "id: 2\ndata: [DONE]\n\n";
+                Reply::Bytes(
+                    format!(
+                        "{head}content-length: {}\r\nconnection: close\r\n\r\n{event}",
+                        event.len()
+                    )
+                    .into_bytes(),
+                )
+            }
+        }
+    })
+    .await;
+    let client = Client::builder(&server.url)
+        .max_server_delay(CAP)
+        .build()
+        .expect("build the client");
+    let mut stream = client
+        .post("/v1/chat/completions")
+        .json(&chat(true, "a stream that asks for patience"))
+        .send_stream()
+        .await
+        .expect("the stream starts");
+    let events = support::drain(&mut stream).await;
+    assert_eq!(support::ids(&events), [1, 2]);
+    let waits: Vec<Delay> = stream.attempts().iter().filter_map(|a| a.delay).collect();
+    assert_eq!(waits, [Delay::capped(CAP, DelaySource::StreamRetry)]);
+    let heads = server.heads();
+    assert_eq!(heads.len(), 2);
+    assert_eq!(header(&heads[1], "last-event-id"), Some("1"));
+}
+
+#[tokio::test]
+async fn redirects_are_returned_not_followed_and_the_other_host_receives_nothing() {
+    let elsewhere = RawServer::start(|_, _| Reply::ok()).await;
+    let to = format!("http://localhost:{}/v1/collect", elsewhere.port);
+    for status in [301u16, 302, 303, 307, 308] {
+        let location = to.clone();
+        let server = RawServer::start(move |_, _| {
+            Reply::answer(status, &[("location", location.as_str())], b"")
+        })
+        .await;
+        let client = Client::builder(&server.url)
+            .bearer_auth("sk-secret-bearer")
+            .header("x-api-key", "secret-x-api-key")
+            .header("api-key", "secret-api-key")
+            .header("x-goog-api-key", "secret-goog-key")
+            .build()
+            .expect("build the client");
+        let err = client
+            .post("/v1/chat/completions")
+            .json(&chat(false, "the prompt"))
+            .send()
+            .await
+            .expect_err("a redirect is not a success");
+        let Error::Rejected(rejected) = &err else {
+            panic!("{status}: {err}");
+        };
+        assert_eq!(rejected.response.status.as_u16(), status);
+        assert_eq!(
+            rejected
+                .response
+                .headers
+                .get("location")
+                .and_then(|v| v.to_str().ok()),
+            Some(to.as_str())
+        );
+        assert!(err.to_string().contains("not followed"), "{err}");
+        assert_eq!(server.heads().len(), 1, "{status}: sent once");
+    }
+    assert_eq!(
+        elsewhere.heads(),
+        Vec::<String>::new(),
+        "no request, body or key reached the other host"
+    );
+
+    // What the default prevents: a reqwest client that follows redirects
+    // takes the API keys to the other host.
+    let server =
+        RawServer::start(move |_, _| Reply::answer(307, &[("location", to.as_str())], b"")).await;
+    let client = Client::builder(&server.url)
+        .header("x-api-key", "secret-x-api-key")
+        .http_client(reqwest::Client::new())
+        .build()
+        .expect("build the client");
+    let followed = client
+        .post("/v1/chat/completions")
+        .json(&chat(false, "the prompt"))
+        .send()
+        .await
+        .expect("followed to a 200");
+    assert_eq!(followed.status().as_u16(), 200);
+    let leaked = elsewhere.heads();
+    assert_eq!(leaked.len(), 1);
+    assert_eq!(header(&leaked[0], "x-api-key"), Some("secret-x-api-key"));
+}
+
+#[tokio::test]
+async fn an_error_body_of_megabytes_is_read_up_to_the_cap() {
+    let big = vec![b'e'; 8 * 1024 * 1024];
+    let server = RawServer::start(move |_, _| {
+        Reply::answer(400, &[("content-type", "application/json")], &big)
+    })
+    .await;
+    let client = Client::new(&server.url).expect("build the client");
+    let err = client
+        .post("/v1/chat/completions")
+        .json(&chat(false, "x"))
+        .send()
+        .await
+        .expect_err("a 400 is final");
+    let response = err.response().expect("the 400 is carried");
+    assert_eq!(response.status.as_u16(), 400);
+    assert_eq!(response.body.len(), MAX_ERROR_BODY);
+    assert!(response.truncated);
+    assert_eq!(response.problem, None);
+
+    // A small one is read whole.
+    let server = RawServer::start(|_, _| {
+        Reply::answer(
+            400,
+            &[("content-type", "application/json")],
+            br#"{"error":{"message":"small"}}"#,
+        )
+    })
+    .await;
+    let err = Client::new(&server.url)
+        .expect("build the client")
+        .post("/v1/x")
+        .send()
+        .await
+        .expect_err("a 400 is final");
+    let response = err.response().expect("the 400 is carried");
+    assert_eq!(&response.body[..], br#"{"error":{"message":"small"}}"#);
+    assert!(!response.truncated);
+}
+
+#[tokio::test]
+async fn an_endless_error_body_is_cut_at_the_cap_not_read_to_the_timeout() {
+    let server = RawServer::start(|_, _| {
+        Reply::Endless(
+            "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\n\
+             transfer-encoding: chunked\r\n\r\n"
+                .to_owned(),
+        )
+    })
+    .await;
+    // Read whole, the body would run into this timeout: the attempt would
+    // end as a timeout and be retried instead of being a final 400.
+    let client = Client::builder(&server.url)
+        .attempt_timeout(Duration::from_secs(60))
+        .attempts(1)
+        .build()
+        .expect("build the client");
+    let err = client
+        .post("/v1/chat/completions")
+        .json(&chat(false, "x"))
+        .send()
+        .await
+        .expect_err("a 400 is final");
+    let Error::Rejected(rejected) = &err else {
+        panic!("{err}");
+    };
+    assert_eq!(rejected.response.status.as_u16(), 400);
+    assert_eq!(rejected.response.body.len(), MAX_ERROR_BODY);
+    assert!(rejected.response.truncated);
+    assert!(
+        rejected.response.body.iter().all(|b| *b == b'x'),
+        "the body's first bytes"
+    );
+    assert!(server.written() >= MAX_ERROR_BODY);
+}
