@@ -443,7 +443,7 @@ fn an_unusable_key_file_is_an_error_that_never_shows_the_key() {
     // Two lines, neither active: refused, and the key text stays unsaid.
     std::fs::write(
         dir.path().join("broken"),
-        "k1:c2VjcmV0LWtleS1ieXRlcy10aGF0LWFyZS0zMi1sb24=\n",
+        "k1:c2VjcmV0LWtleS1ieXRlcy10aGF0LWFyZS0zMi1sb24=\nk2:YW5vdGhlci1zZWNyZXQta2V5LWJ5dGVzLTMyLWxvbmc=\n",
     )
     .expect("write the file");
     let out = Command::new(BIN)
@@ -458,6 +458,7 @@ fn an_unusable_key_file_is_an_error_that_never_shows_the_key() {
         "{stdout}"
     );
     assert!(!stdout.contains("c2VjcmV0"), "{stdout}");
+    assert!(!stdout.contains("YW5vdGhl"), "{stdout}");
     let missing = config("", "").replace(KEYS_LINE, "encryption_key_file = \"absent\"");
     let r = check(&missing);
     assert_eq!(r.code, Some(1), "{}", r.stdout);
