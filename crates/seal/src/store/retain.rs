@@ -15,8 +15,9 @@
 //!
 //! | what | until |
 //! |---|---|
-//! | fingerprint of an unfinished lease | released or completed; pruned past [`FORGET_AFTER`] once more than 10,000 are held |
-//! | sealed bytes of a `complete` that failed | the lease is released or completed (the engine retries while the lease lasts) |
+//! | fingerprint of a lease | released, or dropped with its completion (below); pruned past [`FORGET_AFTER`] once more than 10,000 are held |
+//! | sealed bytes of a `complete` that failed with a temporary error | the lease is released or completed (the engine retries while the lease lasts) |
+//! | … that failed with a permanent error | dropped at once: nothing retries it |
 //! | sealed bytes of an acknowledged `complete` | [`RETRY_WINDOW`] after the acknowledgement, and at most 16 MiB or 10,000 completions in all, oldest dropped first |
 //!
 //! A background task (spawned when the wrapper is built inside a tokio
