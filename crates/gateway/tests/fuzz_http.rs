@@ -4,7 +4,9 @@
 //! A few hundred requests from a fixed seed mix garbled `Idempotency-Key`,
 //! `Last-Event-ID`, `Prefer` and `Content-Type` headers, repeated and huge
 //! keys, and bodies that are invalid JSON, JSON with duplicate keys,
-//! random bytes or over the body limit. Whatever arrives, the gateway must
+//! random bytes or over the body limit, and JSON of shapes far beyond the
+//! usual (thousands of levels deep, a thousand members wide, numbers of
+//! thousands of digits, hostile escapes). Whatever arrives, the gateway must
 //! answer without a 5xx of its own (the simulated upstream is never asked
 //! to fail, so any 5xx would be the gateway's), keep serving, and store
 //! nothing for a request it refused: every record in the store belongs to
@@ -100,7 +102,7 @@ fn body(rng: &mut StdRng) -> (Vec<u8>, Option<Vec<u8>>) {
         format!(r#"{{"model":"sim-1",{extra}"messages":[{{"role":"user","content":"fuzz"}}]}}"#)
             .into_bytes()
     };
-    match rng.random_range(0..9) {
+    match rng.random_range(0..13) {
         0 | 1 => (chat(""), Some(b"application/json".to_vec())),
         2 => (
             chat(r#""stream":true,"#),
@@ -128,10 +130,48 @@ fn body(rng: &mut StdRng) -> (Vec<u8>, Option<Vec<u8>>) {
             b"--b\r\nContent-Disposition: form-data; name=\"a\"\r\n\r\nx\r\n--b--\r\n".to_vec(),
             Some(b"multipart/form-data; boundary=b".to_vec()),
         ),
-        _ => (
+        8 => (
             br#"{"a":{"b":1,"b":2}}"#.to_vec(),
             Some(b"application/json".to_vec()),
         ),
+        // Shapes far beyond the usual: deep arrays, deep objects, wide
+        // objects, huge numbers and hostile strings, each within the body
+        // limit so it reaches the canonicaliser.
+        9 => {
+            let depth = rng.random_range(100..BODY_LIMIT / 2);
+            let mut b = vec![b'['; depth];
+            b.extend(std::iter::repeat_n(b']', depth));
+            (b, Some(b"application/json".to_vec()))
+        }
+        10 => {
+            let depth = rng.random_range(100..BODY_LIMIT / 6);
+            let mut b = br#"{"model":"sim-1","x":"#.to_vec();
+            for _ in 0..depth {
+                b.extend_from_slice(br#"{"a":"#);
+            }
+            b.push(b'1');
+            b.extend(std::iter::repeat_n(b'}', depth + 1));
+            (b, Some(b"application/json".to_vec()))
+        }
+        11 => {
+            let members = rng.random_range(100..1_200);
+            let wide: Vec<String> = (0..members).map(|i| format!("\"k{i}\":{i}")).collect();
+            (
+                format!(r#"{{"model":"sim-1","w":{{{}}}}}"#, wide.join(",")).into_bytes(),
+                Some(b"application/json".to_vec()),
+            )
+        }
+        _ => {
+            let digits = "9".repeat(rng.random_range(1..4_000));
+            (
+                format!(
+                    r#"{{"model":"sim-1","n":{digits}e99999,"m":-0.{digits},"s":"\u0000\ud800\udfff\\\"{}"}}"#,
+                    r"\u00e9".repeat(rng.random_range(0..500))
+                )
+                .into_bytes(),
+                Some(b"application/json".to_vec()),
+            )
+        }
     }
 }
 
