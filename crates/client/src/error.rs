@@ -149,6 +149,13 @@ pub enum RestartReason {
     /// The stream's events carry no ids (or none that can be sent back as
     /// a header), so there is nothing to resume after.
     NoEventIds,
+    /// The gateway answered the resumption with another execution's
+    /// stream, whole (`Idempotent-Stream-Restarted: true`): the one the
+    /// caller was reading broke, its key was released, and another request
+    /// ran it again. Its events are not the continuation of the events
+    /// delivered, so they are not stitched on; sending the request again
+    /// with the same key gets that execution's whole stream.
+    OtherExecution,
 }
 
 impl fmt::Display for RestartReason {
@@ -160,6 +167,11 @@ impl fmt::Display for RestartReason {
                  execution's stream from its first event",
             ),
             Self::NoEventIds => f.write_str("its events carry no ids to resume after"),
+            Self::OtherExecution => f.write_str(
+                "the stream resumed belongs to another execution (the one read broke and its key \
+                 was released); send the request again with the same key to receive that \
+                 execution's stream from its first event",
+            ),
         }
     }
 }

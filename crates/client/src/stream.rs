@@ -29,6 +29,54 @@ fn is_fresh(headers: &HeaderMap) -> bool {
     headers.contains_key(IDEMPOTENT_REPLAYED) && !replayed(headers)
 }
 
+/// Header the gateway sets on a stream sent whole to a resumption that
+/// named another execution's events.
+const STREAM_RESTARTED: &str = "idempotent-stream-restarted";
+
+/// Why a stream that continues the caller's events cannot be used: a new
+/// execution, or another execution's stream sent whole.
+fn restart_reason(headers: &HeaderMap) -> Option<RestartReason> {
+    if is_fresh(headers) {
+        return Some(RestartReason::NewExecution);
+    }
+    headers
+        .get(STREAM_RESTARTED)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"))
+        .then_some(RestartReason::OtherExecution)
+}
+
+/// An event id as a position: the gateway's `RUN-N` (event `N` of
+/// execution `RUN`), or a bare number from another server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Position {
+    run: Option<String>,
+    n: u64,
+}
+
+impl Position {
+    fn of(id: &str) -> Option<Self> {
+        match id.split_once('-') {
+            Some((run, n)) if !run.is_empty() && run.bytes().all(|b| b.is_ascii_digit()) => {
+                Some(Self {
+                    run: Some(run.to_owned()),
+                    n: n.parse().ok()?,
+                })
+            }
+            Some(_) => None,
+            None => Some(Self {
+                run: None,
+                n: id.parse().ok()?,
+            }),
+        }
+    }
+
+    /// Whether an event at `self` was delivered before a resumption from
+    /// `floor` (same run, not after it).
+    fn at_or_before(&self, floor: &Self) -> bool {
+        self.run == floor.run && self.n <= floor.n
+    }
+}
+
 fn is_event_stream(headers: &HeaderMap) -> bool {
     content_type(headers)
         .split(';')
@@ -66,9 +114,9 @@ pub struct EventStream {
     /// The caller already holds events (delivered here, or by an earlier
     /// process, for a stream started with a `Last-Event-ID`).
     holds_events: bool,
-    /// Numeric id at the last resumption: events at or below it are
-    /// duplicates.
-    floor: Option<u64>,
+    /// The id at the last resumption: events of its run at or below it
+    /// are duplicates.
+    floor: Option<Position>,
     status: StatusCode,
     headers: HeaderMap,
     resumes: u32,
@@ -89,17 +137,17 @@ impl EventStream {
             });
         }
         let holds_events = last_event_id.is_some();
-        if holds_events && is_fresh(head.headers()) {
+        if holds_events && let Some(reason) = restart_reason(head.headers()) {
             // The caller holds events of an execution that is gone (its
             // key expired or was released): these are not their sequel.
             return Err(Error::StreamRestarted {
                 key: prepared.key.clone(),
                 delivered: 0,
-                reason: RestartReason::NewExecution,
+                reason,
             });
         }
         let mut parser = Parser::new();
-        let floor = last_event_id.as_deref().and_then(|id| id.parse().ok());
+        let floor = last_event_id.as_deref().and_then(Position::of);
         parser.set_last_event_id(last_event_id.clone());
         Ok(Self {
             prepared,
@@ -248,9 +296,9 @@ impl EventStream {
         let parsed = self.parser.push(chunk, &mut events);
         let before = self.queue.len();
         for (event, id_after) in events {
-            let id = event.id.as_deref().and_then(|id| id.parse::<u64>().ok());
-            if let (Some(floor), Some(id)) = (self.floor, id)
-                && id <= floor
+            let at = event.id.as_deref().and_then(Position::of);
+            if let (Some(floor), Some(at)) = (&self.floor, at)
+                && at.at_or_before(floor)
             {
                 continue;
             }
@@ -313,11 +361,11 @@ impl EventStream {
             .prepared
             .until_success(&mut self.retrier, last.as_deref(), keep_head)
             .await?;
-        if holds && is_fresh(head.headers()) {
+        if holds && let Some(reason) = restart_reason(head.headers()) {
             return Err(Error::StreamRestarted {
                 key: self.prepared.key.clone(),
                 delivered: self.delivered,
-                reason: RestartReason::NewExecution,
+                reason,
             });
         }
         if !is_event_stream(head.headers()) {
@@ -326,7 +374,7 @@ impl EventStream {
                 content_type: content_type(head.headers()).to_owned(),
             });
         }
-        self.floor = last.as_deref().and_then(|id| id.parse().ok());
+        self.floor = last.as_deref().and_then(Position::of);
         self.parser = self.parser.resuming();
         self.response = Some(head);
         self.on_connection = 0;

@@ -291,11 +291,16 @@ fn events(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// The number of an event (its id is `RUN-N`).
 fn event_id(event: &str) -> Option<u64> {
-    event
-        .lines()
-        .find_map(|l| l.strip_prefix("id:"))
-        .and_then(|v| v.trim().parse().ok())
+    event_run_id(event).map(|(_, n)| n)
+}
+
+/// The run and number of an event.
+fn event_run_id(event: &str) -> Option<(String, u64)> {
+    let id = event.lines().find_map(|l| l.strip_prefix("id:"))?.trim();
+    let (run, n) = id.split_once('-')?;
+    Some((run.to_owned(), n.parse().ok()?))
 }
 
 #[tokio::test]
@@ -329,12 +334,16 @@ async fn a_dropped_stream_resumes_after_last_event_id() {
     let got = events(&seen);
     let last_id = got.iter().filter_map(|e| event_id(e)).max().unwrap_or(0);
     assert!(last_id >= k, "ids are sequential from 1: {got:?}");
+    let (run, _) = got
+        .iter()
+        .find_map(|e| event_run_id(e))
+        .expect("events name their run");
 
     // The retry resumes after the last event seen: live or replayed, it
     // never sends the first part again.
     let client = reqwest::Client::new();
     let rest = post(&client, &gw, Some("sse-resume"), body.clone())
-        .header("last-event-id", last_id.to_string())
+        .header("last-event-id", format!("{run}-{last_id}"))
         .send()
         .await
         .expect("send the request");

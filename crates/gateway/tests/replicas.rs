@@ -145,6 +145,11 @@ async fn duplicate_on_the_other_replica(
     assert_eq!(replayed(&first).as_deref(), Some("false"));
     let mut a_stream = first.bytes_stream();
     let mut a_body = a_stream.next().await.unwrap().unwrap().to_vec();
+    // The run a's events name (`id: RUN-1` opens the first one).
+    let run = String::from_utf8_lossy(&a_body)
+        .lines()
+        .find_map(|l| Some(l.strip_prefix("id: ")?.split_once('-')?.0.to_owned()))
+        .expect("the first event names its run");
     let a_done = Arc::new(AtomicBool::new(false));
     let a_reader = {
         let a_done = Arc::clone(&a_done);
@@ -177,7 +182,8 @@ async fn duplicate_on_the_other_replica(
         }
     };
     let whole = read_dup(stream_request(&client, b, key));
-    let resumed = read_dup(stream_request(&client, b, key).header("last-event-id", "3"));
+    let resumed =
+        read_dup(stream_request(&client, b, key).header("last-event-id", format!("{run}-3")));
     let ((b_body, b_live), (c_body, c_live)) = tokio::join!(whole, resumed);
     let a_body = a_reader.await.unwrap();
 

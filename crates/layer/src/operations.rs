@@ -23,7 +23,7 @@ use crate::key::tenant_of;
 use crate::problem::Problem;
 use crate::replay::replay_stored;
 use crate::shared::Shared;
-use crate::sse::events_to_skip;
+use crate::sse::resume_of;
 use crate::telemetry::Outcome;
 
 const ID_VERSION: u8 = 2;
@@ -135,7 +135,7 @@ pub(crate) async fn get(shared: &Shared, path: &str, headers: &HeaderMap) -> Opt
             shared,
             &r,
             &scoped,
-            events_to_skip(headers),
+            resume_of(headers),
             Outcome::OperationRead,
         ),
         Some(r) => accepted_for(cfg, &scoped.key, &r.fingerprint),

@@ -14,7 +14,8 @@ use idemgate_engine::{Record, ScopedKey};
 use crate::problem::Problem;
 use crate::refusal::{Log, refuse};
 use crate::shared::Shared;
-use crate::stored::{DecodeError, StoredResponse};
+use crate::sse::{Resume, STREAM_RESTARTED, run_of};
+use crate::stored::{DecodeError, StoredBody, StoredResponse};
 use crate::telemetry::Outcome;
 
 /// Response header saying whether the response was replayed.
@@ -29,15 +30,17 @@ pub(crate) fn mark(mut res: Response, replayed: bool) -> Response {
 }
 
 /// Answers `key` from a DONE record, counting a hit and the tokens saved;
-/// `skip` events of a stored stream are left out (the client has them).
+/// a stored stream starts where `resume` says, if it names this stream's
+/// run (the client has the events before), and is sent whole, marked
+/// restarted, if it names another.
 pub(crate) fn replay_stored(
     shared: &Shared,
     record: &Record,
     key: &ScopedKey,
-    skip: usize,
+    resume: Resume,
     outcome: Outcome,
 ) -> Response {
-    replay_payload(shared, record.payload(), key, skip, outcome)
+    replay_payload(shared, record.payload(), key, resume, outcome)
 }
 
 /// As [`replay_stored`], from an encoded result (a DONE record's payload,
@@ -46,7 +49,7 @@ pub(crate) fn replay_payload(
     shared: &Shared,
     payload: Option<&Bytes>,
     key: &ScopedKey,
-    skip: usize,
+    resume: Resume,
     outcome: Outcome,
 ) -> Response {
     let decoded = payload
@@ -60,7 +63,7 @@ pub(crate) fn replay_payload(
                 "answered from the stored result"
             );
             shared.metrics.replayed(outcome, key, stored.usage);
-            replay_response(&stored, skip)
+            replay_response(&stored, resume)
         }
         Err(e) => refuse(
             &shared.metrics,
@@ -72,9 +75,17 @@ pub(crate) fn replay_payload(
     }
 }
 
-fn replay_response(stored: &StoredResponse, skip: usize) -> Response {
+fn replay_response(stored: &StoredResponse, resume: Resume) -> Response {
+    let (skip, restarted) = match &stored.body {
+        StoredBody::Events(events) => resume.skip_for(run_of(events)),
+        StoredBody::Bytes(_) => (0, false),
+    };
     let mut res = Response::new(Body::from(stored.body_bytes(skip)));
     *res.status_mut() = stored.status;
     *res.headers_mut() = stored.headers.clone();
+    if restarted {
+        res.headers_mut()
+            .insert(STREAM_RESTARTED, HeaderValue::from_static("true"));
+    }
     mark(res, true)
 }

@@ -14,14 +14,87 @@
 //! otherwise be buffered without limit, so the scanner refuses to hold more
 //! than its limit and the owner treats that as a broken stream.
 //!
-//! Ids are rewritten to `1, 2, 3, …` so that a client reconnecting with
-//! `Last-Event-ID: n` can be given exactly the events after `n`, from the
-//! recording or from the live stream, whatever ids the upstream used.
+//! Ids are rewritten to `RUN-1, RUN-2, …`, where `RUN` names the execution
+//! that produced the stream (its lease's fence, unique among the key's
+//! executions), so that a client reconnecting with `Last-Event-ID: RUN-n`
+//! can be given exactly the events after `n` of that same run, from the
+//! recording or from the live stream, whatever ids the upstream used. A
+//! resumption that names another run (the one the client read broke, its
+//! key was released, and another execution ran), or no run of ours, gets
+//! the stream it finds whole, marked [`STREAM_RESTARTED`]: events of two
+//! runs are never spliced.
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 const LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
+
+/// Response header set (`true`) on a stream sent whole to a client that
+/// asked to resume another run (or sent a `Last-Event-ID` that names no run
+/// of ours): the events it holds are not the start of this stream.
+pub const STREAM_RESTARTED: HeaderName = HeaderName::from_static("idempotent-stream-restarted");
+
+/// The id the gateway gives event `n` (from 1) of the stream of run `run`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EventId {
+    /// The execution that produced the stream (its lease's fence).
+    pub run: u64,
+    /// The event's number in its stream, from 1.
+    pub n: u64,
+}
+
+impl std::fmt::Display for EventId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.run, self.n)
+    }
+}
+
+impl EventId {
+    /// Parses `RUN-N` (both decimal digits only, `N` at least 1).
+    pub fn parse(text: &[u8]) -> Option<Self> {
+        let text = std::str::from_utf8(text).ok()?.trim();
+        let (run, n) = text.split_once('-')?;
+        let digits =
+            |s: &str| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit());
+        if !digits(run) || !digits(n) {
+            return None;
+        }
+        let n: u64 = n.parse().ok()?;
+        (n >= 1).then_some(Self {
+            run: run.parse().ok()?,
+            n,
+        })
+    }
+}
+
+/// Where a client asks a stream to start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Resume {
+    /// No `Last-Event-ID`: the whole stream.
+    #[default]
+    Whole,
+    /// After event `n` of run `run`.
+    After(EventId),
+    /// A `Last-Event-ID` that names no event of ours (an upstream's id, a
+    /// bare number, garbage): the whole stream, marked restarted.
+    Unknown,
+}
+
+impl Resume {
+    /// How many events of the stream of `run` to leave out, and whether
+    /// the stream is sent whole to a client that asked for another run's
+    /// continuation (mark it [`STREAM_RESTARTED`]). `run` is `None` for a
+    /// stream whose run is not known (one without events).
+    pub fn skip_for(self, run: Option<u64>) -> (usize, bool) {
+        match self {
+            Self::Whole => (0, false),
+            Self::After(id) if Some(id.run) == run => {
+                (usize::try_from(id.n).unwrap_or(usize::MAX), false)
+            }
+            Self::After(_) | Self::Unknown => (0, true),
+        }
+    }
+}
 
 /// An event grew past the scanner's limit before its end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -224,7 +297,7 @@ fn content(line: &[u8]) -> &[u8] {
 /// `event` with its `id` field replaced by `id: {id}` (first line), leading
 /// blank lines dropped, everything else byte for byte. The id line uses the
 /// event's own line ending.
-pub fn rewrite_id(event: &[u8], id: u64) -> Bytes {
+pub fn rewrite_id(event: &[u8], id: EventId) -> Bytes {
     let eol = eol_of(event);
     let mut out = BytesMut::with_capacity(event.len() + 16);
     out.put_slice(format!("id: {id}").as_bytes());
@@ -293,23 +366,26 @@ fn field_of<'a>(event: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
         .last()
 }
 
-/// A `Last-Event-ID` header as an event number; `None` when it is not one of
-/// ours (then the whole stream is sent).
-pub fn parse_last_event_id(value: &HeaderValue) -> Option<u64> {
-    let s = value.to_str().ok()?.trim();
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    s.parse().ok()
+/// A `Last-Event-ID` header as the event it names: [`Resume::Unknown`]
+/// when it is not one of ours.
+pub fn parse_last_event_id(value: &HeaderValue) -> Resume {
+    EventId::parse(value.as_bytes()).map_or(Resume::Unknown, Resume::After)
 }
 
-/// How many events of a stream the client already has: the number in its
-/// `Last-Event-ID`, or 0 when it sent none of ours.
-pub(crate) fn events_to_skip(headers: &HeaderMap) -> usize {
+/// Where the client asks its stream to start (its `Last-Event-ID`).
+pub(crate) fn resume_of(headers: &HeaderMap) -> Resume {
     headers
         .get(LAST_EVENT_ID)
-        .and_then(parse_last_event_id)
-        .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX))
+        .map_or(Resume::Whole, parse_last_event_id)
+}
+
+/// The run that produced recorded `events` (from the first one's id).
+pub fn run_of(events: &[Bytes]) -> Option<u64> {
+    events
+        .first()
+        .and_then(|e| id_of(e))
+        .and_then(EventId::parse)
+        .map(|id| id.run)
 }
 
 /// Whether a `content-type` value is an event stream.

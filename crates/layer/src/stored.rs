@@ -48,7 +48,7 @@ pub enum StoredBody {
     /// A complete body.
     Bytes(Bytes),
     /// An SSE stream: each event as sent (with its rewritten `id:` line and
-    /// its terminating blank line). Event `i` (from 0) has id `i + 1`.
+    /// its terminating blank line). Event `i` (from 0) has id `RUN-{i + 1}`.
     Events(Vec<Bytes>),
 }
 

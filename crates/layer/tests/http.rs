@@ -363,11 +363,32 @@ fn count_events(b: &[u8]) -> usize {
     b.windows(2).filter(|w| w == b"\n\n").count()
 }
 
+/// The numbers of the events in `b` (ids are `RUN-N`).
 fn event_ids(b: &[u8]) -> Vec<u64> {
     String::from_utf8_lossy(b)
         .lines()
-        .filter_map(|l| l.strip_prefix("id: ")?.parse().ok())
+        .filter_map(|l| l.strip_prefix("id: ")?.split_once('-')?.1.parse().ok())
         .collect()
+}
+
+/// The run the events in `b` belong to (all of them, or the test fails).
+fn run_of(b: &[u8]) -> String {
+    let runs: Vec<String> = String::from_utf8_lossy(b)
+        .lines()
+        .filter_map(|l| Some(l.strip_prefix("id: ")?.split_once('-')?.0.to_owned()))
+        .collect();
+    let first = runs.first().cloned().expect("events with ids");
+    assert!(runs.iter().all(|r| *r == first), "one run: {runs:?}");
+    first
+}
+
+/// The id of the last event in `b`, as a client resumes with it.
+fn last_id(b: &[u8]) -> String {
+    String::from_utf8_lossy(b)
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("id: ").map(str::to_owned))
+        .expect("an event with an id")
 }
 
 // ------------------------------------------------ one outcome per test
@@ -471,10 +492,16 @@ async fn an_attached_duplicate_joins_the_live_stream() {
     let mut full = h.post("/sse", Some("s"), "{}").send().await.unwrap();
     let resumed = h
         .post("/sse", Some("s"), "{}")
-        .header("last-event-id", "2")
+        .header("last-event-id", format!("{}-2", run_of(&owner_bytes)))
         .send()
         .await
         .unwrap();
+    assert!(
+        resumed
+            .headers()
+            .get("idempotent-stream-restarted")
+            .is_none()
+    );
     assert_eq!(full.headers()["idempotent-replayed"], "true");
     assert_eq!(full.headers()["content-type"], "text/event-stream");
     let mut full_bytes = read_events(&mut full, 3).await;
@@ -764,9 +791,10 @@ async fn a_stream_client_that_drops_resumes_with_last_event_id() {
     let k = *ids.last().unwrap();
     let rest = send(
         h.post("/sse", Some("resume"), "{}")
-            .header("last-event-id", k.to_string()),
+            .header("last-event-id", last_id(&first_part)),
     )
     .await;
+    assert!(!rest.headers.contains_key("idempotent-stream-restarted"));
     assert_eq!(rest.replayed(), Some("true"));
     assert_eq!(
         event_ids(&rest.body),
@@ -821,9 +849,40 @@ async fn a_stream_broken_midway_is_not_stored() {
     assert_eq!(event_ids(&got), vec![1, 2]);
     h.until("the key is released", |h| h.layer.detached() == 0)
         .await;
-    let retry = send(h.post("/sse", Some("b"), "{}")).await;
+    // The client resumes after event 2 of the run that broke: a new run
+    // starts, and it gets that run whole, told it restarted, never the
+    // new run's events 3… after the old run's 1 and 2.
+    let retry = send(
+        h.post("/sse", Some("b"), "{}")
+            .header("last-event-id", last_id(&got)),
+    )
+    .await;
     assert_eq!(retry.replayed(), Some("false"));
+    assert_eq!(retry.headers["idempotent-stream-restarted"], "true");
     assert_eq!(event_ids(&retry.body), (1..=8).collect::<Vec<_>>());
+    assert_ne!(
+        run_of(&retry.body),
+        run_of(&got),
+        "event ids name their run"
+    );
+    assert_eq!(h.executions(), 2);
+    // The same resumption once the new run is stored: whole, restarted.
+    let late = send(
+        h.post("/sse", Some("b"), "{}")
+            .header("last-event-id", last_id(&got)),
+    )
+    .await;
+    assert_eq!(late.replayed(), Some("true"));
+    assert_eq!(late.headers["idempotent-stream-restarted"], "true");
+    assert_eq!(late.body, retry.body);
+    // Resuming the stored run itself gives its events after that one.
+    let within = send(
+        h.post("/sse", Some("b"), "{}")
+            .header("last-event-id", format!("{}-3", run_of(&retry.body))),
+    )
+    .await;
+    assert!(!within.headers.contains_key("idempotent-stream-restarted"));
+    assert_eq!(event_ids(&within.body), (4..=8).collect::<Vec<_>>());
     assert_eq!(h.executions(), 2);
 }
 

@@ -31,7 +31,7 @@ use crate::problem::Problem;
 use crate::refusal::{Log, refuse};
 use crate::replay::{replay_payload, replay_stored};
 use crate::shared::Shared;
-use crate::sse::events_to_skip;
+use crate::sse::{Resume, resume_of};
 use crate::telemetry::Outcome;
 
 const PREFER: HeaderName = HeaderName::from_static("prefer");
@@ -44,8 +44,8 @@ pub(super) struct Keyed {
     pub(super) scoped: ScopedKey,
     /// What the request is, to tell a retry from a reuse of its key.
     pub(super) fingerprint: Fingerprint,
-    /// Events to skip on a stream (`Last-Event-ID`).
-    pub(super) skip: usize,
+    /// Where a stream starts for this client (`Last-Event-ID`).
+    pub(super) resume: Resume,
     /// `Prefer: respond-async`: answer 202 and let the client poll.
     pub(super) prefer_async: bool,
     /// The W3C trace id, given or made.
@@ -138,7 +138,7 @@ impl Keyed {
             .path_and_query()
             .map_or_else(|| parts.uri.path(), |p| p.as_str());
         let fingerprint = Fingerprint::of_digest(parts.method.as_str(), path, &digest);
-        let skip = events_to_skip(&parts.headers);
+        let resume = resume_of(&parts.headers);
         let prefer_async = prefers_async(&parts.headers);
         let caller_traceparent = caller_traceparent(&parts.headers);
         let trace_id = ensure_traceparent(&mut parts.headers);
@@ -147,7 +147,7 @@ impl Keyed {
             body,
             scoped: ScopedKey::new(tenant, cfg.namespace.clone(), key),
             fingerprint,
-            skip,
+            resume,
             prefer_async,
             trace_id,
             caller_traceparent,
@@ -187,7 +187,7 @@ impl Keyed {
 
     /// Answers from a DONE record of this key.
     pub(super) fn replay(&self, shared: &Shared, record: &Record, outcome: Outcome) -> Response {
-        replay_stored(shared, record, &self.scoped, self.skip, outcome)
+        replay_stored(shared, record, &self.scoped, self.resume, outcome)
     }
 
     /// Answers from the result this process holds in memory for this key
@@ -202,7 +202,7 @@ impl Keyed {
             shared,
             Some(&held.payload),
             &self.scoped,
-            self.skip,
+            self.resume,
             outcome,
         ))
     }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
-use http::{HeaderMap, StatusCode};
+use http::{HeaderMap, HeaderValue, StatusCode};
 use idemgate_engine::{
     AttemptOutcome, Begin, BeginError, Fingerprint, InFlight, RecordState, ScopedKey, Settled,
 };
@@ -29,6 +29,7 @@ use crate::problem::Problem;
 use crate::refusal::Log;
 use crate::replay::mark;
 use crate::shared::Shared;
+use crate::sse::STREAM_RESTARTED;
 use crate::stored::{StoredBody, StoredResponse};
 use crate::telemetry::Outcome;
 
@@ -72,7 +73,12 @@ pub(super) async fn attach<S: Inner>(
                 shared
                     .metrics
                     .request(Outcome::Attached, Some(&keyed.scoped));
-                return attached_response(&shared, &keyed, status, headers, follow, max);
+                let head = Head {
+                    status,
+                    headers,
+                    run: fence,
+                };
+                return attached_response(&shared, &keyed, head, follow, max);
             }
             // The owner stores before answering: wait for DONE.
             Joined::NotStreaming => slice = max,
@@ -135,18 +141,28 @@ fn store_failed(shared: &Shared, keyed: &Keyed, error: &dyn Display) -> Response
     keyed.store_unavailable(shared, "store failed while attaching", error)
 }
 
+/// The head of the live stream a duplicate joins, and its run.
+struct Head {
+    status: StatusCode,
+    headers: HeaderMap,
+    /// The owner's fence: the run its event ids name.
+    run: u64,
+}
+
 fn attached_response(
     shared: &Arc<Shared>,
     keyed: &Keyed,
-    status: StatusCode,
-    headers: HeaderMap,
+    head: Head,
     follow: Box<dyn LiveFollower>,
     wait: Duration,
 ) -> Response {
+    // Resumes within this run only; a client that read another run gets
+    // this one whole, and is told so.
+    let (skip, restarted) = keyed.resume.skip_for(Some(head.run));
     let following = Following {
         follow,
-        cursor: keyed.skip,
-        first: keyed.skip,
+        cursor: skip,
+        first: skip,
         sent: Sha256::new(),
         shared: Arc::clone(shared),
         key: keyed.scoped.clone(),
@@ -166,8 +182,12 @@ fn attached_response(
         }
     });
     let mut res = Response::new(Body::from_stream(stream));
-    *res.status_mut() = status;
-    *res.headers_mut() = headers;
+    *res.status_mut() = head.status;
+    *res.headers_mut() = head.headers;
+    if restarted {
+        res.headers_mut()
+            .insert(STREAM_RESTARTED, HeaderValue::from_static("true"));
+    }
     mark(res, true)
 }
 

@@ -45,7 +45,7 @@ use crate::outcome::{StreamJudge, StreamVerdict};
 use crate::problem::Problem;
 use crate::replay::mark;
 use crate::shared::Shared;
-use crate::sse::{EventScanner, is_event_stream, rewrite_id};
+use crate::sse::{EventId, EventScanner, Resume, STREAM_RESTARTED, is_event_stream, rewrite_id};
 use crate::stored::{StoredBody, StoredResponse, usage_of_json};
 use crate::telemetry::{Outcome, ReleaseReason};
 
@@ -74,6 +74,7 @@ pub(super) async fn own<S: Inner>(
         fingerprint: keyed.fingerprint,
         client: Client::new(reply),
         attachers: Attachers::new(publisher),
+        run: guard.lease().fence,
         events: 0,
     };
     // A panic ends the work as a spawned task's would: its state (the
@@ -107,10 +108,19 @@ pub(super) async fn own<S: Inner>(
         }
         () = &mut work => replied.await,
     };
-    match reply {
+    let mut res = match reply {
         Ok(res) => res,
         Err(_) => Problem::internal().into_response(),
+    };
+    // A client resuming a run that broke gets this new run whole: say so,
+    // so it does not take these events for the rest of the old ones.
+    if keyed.resume != Resume::Whole
+        && is_event_stream(res.headers().get(http::header::CONTENT_TYPE))
+    {
+        res.headers_mut()
+            .insert(STREAM_RESTARTED, http::HeaderValue::from_static("true"));
     }
+    res
 }
 
 /// How a detached execution ends for the store.
@@ -137,6 +147,9 @@ struct Detached {
     client: Client,
     /// Duplicates following the execution live.
     attachers: Attachers,
+    /// The run this execution is: its lease's fence, named by its events'
+    /// ids.
+    run: u64,
     /// Events relayed so far (0 unless the response is a stream).
     events: usize,
 }
@@ -382,7 +395,11 @@ impl Detached {
             for block in blocks.drain(..) {
                 judge.observe(&block);
                 self.events += 1;
-                let event = rewrite_id(&block, u64::try_from(self.events).unwrap_or(u64::MAX));
+                let id = EventId {
+                    run: self.run,
+                    n: u64::try_from(self.events).unwrap_or(u64::MAX),
+                };
+                let event = rewrite_id(&block, id);
                 match recording.push(&event) {
                     Recorded::Kept => self.attachers.event(event.clone()),
                     Recorded::Overflowed => {

@@ -56,7 +56,10 @@ fn a_lone_cr_ends_lines_and_events() {
     assert_eq!(rest, Some(Bytes::from_static(b"data: 3\n\r")));
     assert_eq!(data_of(b"event: a\rdata: 1\rdata: 2\r\r"), b"1\n2");
     assert_eq!(event_of(b"event: a\rdata: 1\r\r"), Some(&b"a"[..]));
-    assert_eq!(rewrite_id(b"id: 9\rdata: 1\r\r", 2), "id: 2\rdata: 1\r\r");
+    assert_eq!(
+        rewrite_id(b"id: 9\rdata: 1\r\r", id(2)),
+        "id: 7-2\rdata: 1\r\r"
+    );
     assert_eq!(
         scan_all(&[b"data: x\r"]).1,
         Some(Bytes::from_static(b"data: x\r\r"))
@@ -147,15 +150,23 @@ fn blank_blocks_are_dropped() {
 
 #[test]
 fn rewriting_replaces_ids_and_keeps_the_rest() {
-    assert_eq!(rewrite_id(b"data: a\n\n", 1), "id: 1\ndata: a\n\n");
+    assert_eq!(rewrite_id(b"data: a\n\n", id(1)), "id: 7-1\ndata: a\n\n");
     assert_eq!(
-        rewrite_id(b"id: upstream-7\r\nevent: delta\r\ndata: x\r\n\r\n", 12),
-        "id: 12\r\nevent: delta\r\ndata: x\r\n\r\n"
+        rewrite_id(b"id: upstream-7\r\nevent: delta\r\ndata: x\r\n\r\n", id(12)),
+        "id: 7-12\r\nevent: delta\r\ndata: x\r\n\r\n"
     );
-    assert_eq!(rewrite_id(b"\ndata: a\nid\n\n", 3), "id: 3\ndata: a\n\n");
-    assert_eq!(rewrite_id(b": ping\n\n", 4), "id: 4\n: ping\n\n");
+    assert_eq!(
+        rewrite_id(b"\ndata: a\nid\n\n", id(3)),
+        "id: 7-3\ndata: a\n\n"
+    );
+    assert_eq!(rewrite_id(b": ping\n\n", id(4)), "id: 7-4\n: ping\n\n");
     // `idle:` is not an id field.
-    assert_eq!(rewrite_id(b"idle: 1\n\n", 5), "id: 5\nidle: 1\n\n");
+    assert_eq!(rewrite_id(b"idle: 1\n\n", id(5)), "id: 7-5\nidle: 1\n\n");
+}
+
+/// Event `n` of run 7.
+fn id(n: u64) -> EventId {
+    EventId { run: 7, n }
 }
 
 #[test]
@@ -168,20 +179,37 @@ fn data_and_ids_are_read_like_an_event_source() {
 
 #[test]
 fn last_event_id_and_content_type() {
+    let parse = |s: &'static str| parse_last_event_id(&HeaderValue::from_static(s));
+    assert_eq!(parse("12-3"), Resume::After(EventId { run: 12, n: 3 }));
+    assert_eq!(parse(" 12-3 "), Resume::After(EventId { run: 12, n: 3 }));
+    // Not one of ours: a bare number, a zeroth event, signs, garbage,
+    // numbers past 64 bits.
+    for other in [
+        "12",
+        "12-0",
+        "-1",
+        "1--2",
+        "a-1",
+        "1-2-3",
+        "abc",
+        "",
+        "99999999999999999999999-1",
+    ] {
+        assert_eq!(parse(other), Resume::Unknown, "{other:?}");
+    }
+    // A stream resumes only within its own run.
+    let after = Resume::After(EventId { run: 12, n: 3 });
+    assert_eq!(after.skip_for(Some(12)), (3, false));
+    assert_eq!(after.skip_for(Some(13)), (0, true));
+    assert_eq!(after.skip_for(None), (0, true));
+    assert_eq!(Resume::Unknown.skip_for(Some(12)), (0, true));
+    assert_eq!(Resume::Whole.skip_for(Some(12)), (0, false));
     assert_eq!(
-        parse_last_event_id(&HeaderValue::from_static("12")),
+        run_of(&[Bytes::from_static(b"id: 12-1\ndata: a\n\n")]),
         Some(12)
     );
-    assert_eq!(
-        parse_last_event_id(&HeaderValue::from_static(" 3 ")),
-        Some(3)
-    );
-    assert_eq!(parse_last_event_id(&HeaderValue::from_static("-1")), None);
-    assert_eq!(parse_last_event_id(&HeaderValue::from_static("abc")), None);
-    assert_eq!(
-        parse_last_event_id(&HeaderValue::from_static("99999999999999999999999")),
-        None
-    );
+    assert_eq!(run_of(&[Bytes::from_static(b"data: a\n\n")]), None);
+    assert_eq!(run_of(&[]), None);
     assert!(is_event_stream(Some(&HeaderValue::from_static(
         "text/event-stream; charset=utf-8"
     ))));
@@ -280,7 +308,7 @@ proptest! {
         let rewritten: Vec<Bytes> = events
             .iter()
             .enumerate()
-            .map(|(i, e)| rewrite_id(e, i as u64 + 1))
+            .map(|(i, e)| rewrite_id(e, EventId { run: 5, n: i as u64 + 1 }))
             .collect();
         let stream: Vec<u8> = rewritten.concat();
         let mut s = EventScanner::new();
@@ -291,29 +319,34 @@ proptest! {
         got.extend(s.finish());
         prop_assert_eq!(&got, &rewritten);
         for (i, (e, orig)) in got.iter().zip(&events).enumerate() {
-            let expected_id = (i + 1).to_string();
+            let expected_id = format!("5-{}", i + 1);
             prop_assert_eq!(id_of(e), Some(expected_id.as_bytes()));
             prop_assert_eq!(data_of(e), data_of(orig));
         }
     }
 
 
-    /// A `Last-Event-ID` of any bytes never panics; a number is read
-    /// only from digits, and every `u64` (padded with spaces) is read back.
+    /// A `Last-Event-ID` of any bytes never panics; an event is read only
+    /// from `digits-digits`, and every id we write (padded with spaces) is
+    /// read back.
     #[test]
-    fn last_event_id_of_any_bytes(raw in proptest::collection::vec(any::<u8>(), 0..40), n in any::<u64>(), pad in "[ \t]{0,3}") {
+    fn last_event_id_of_any_bytes(raw in proptest::collection::vec(any::<u8>(), 0..40), run in any::<u64>(), n in 1..u64::MAX, pad in "[ \t]{0,3}") {
         if let Ok(value) = HeaderValue::from_bytes(&raw) {
-            if let Some(got) = parse_last_event_id(&value) {
+            if let Resume::After(got) = parse_last_event_id(&value) {
                 let text = std::str::from_utf8(&raw).unwrap().trim();
-                prop_assert!(text.bytes().all(|b| b.is_ascii_digit()));
-                prop_assert_eq!(text.parse::<u64>().ok(), Some(got));
+                prop_assert!(text.bytes().all(|b| b.is_ascii_digit() || b == b'-'));
+                prop_assert_eq!(text.matches('-').count(), 1);
+                prop_assert!(got.n >= 1);
+                let again = HeaderValue::from_str(&got.to_string()).unwrap();
+                prop_assert_eq!(parse_last_event_id(&again), Resume::After(got));
             }
             let mut h = HeaderMap::new();
             h.insert(LAST_EVENT_ID, value);
-            let _ = events_to_skip(&h);
+            let _ = resume_of(&h).skip_for(Some(run));
         }
-        let padded = HeaderValue::from_str(&format!("{pad}{n}{pad}")).unwrap();
-        prop_assert_eq!(parse_last_event_id(&padded), Some(n));
+        let id = EventId { run, n };
+        let padded = HeaderValue::from_str(&format!("{pad}{id}{pad}")).unwrap();
+        prop_assert_eq!(parse_last_event_id(&padded), Resume::After(id));
     }
 
     #[test]
@@ -328,7 +361,7 @@ proptest! {
         }
         let rest = s.finish();
         for e in &got {
-            let _ = rewrite_id(e, 1);
+            let _ = rewrite_id(e, EventId { run: 1, n: 1 });
             let _ = data_of(e);
         }
         // Every non-blank byte of the input is in some event, in order.
