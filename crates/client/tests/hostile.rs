@@ -121,6 +121,72 @@ async fn a_streams_retry_field_of_centuries_is_cut_to_max_server_delay() {
     assert_eq!(header(&heads[1], "last-event-id"), Some("1"));
 }
 
+/// A resumption answered with another execution's stream, whole (the one
+/// read broke and another request ran the key again), is reported, never
+/// stitched onto the events already delivered.
+#[tokio::test]
+async fn another_executions_stream_is_not_stitched_on() {
+    let server = RawServer::start(|n, _| {
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nidempotent-replayed: ";
+        match n {
+            0 => {
+                let event = "id: 5-1\ndata: first run\n\n";
+                Reply::Bytes(
+                    format!(
+                        "{head}false\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{event}\r\n",
+                        event.len()
+                    )
+                    .into_bytes(),
+                )
+            }
+            _ => {
+                let events = "id: 6-1\ndata: second run\n\nid: 6-2\ndata: [DONE]\n\n";
+                Reply::Bytes(
+                    format!(
+                        "{head}true\r\nidempotent-stream-restarted: true\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{events}",
+                        events.len()
+                    )
+                    .into_bytes(),
+                )
+            }
+        }
+    })
+    .await;
+    let client = Client::builder(&server.url)
+        .backoff(Duration::from_millis(1), Duration::from_millis(1))
+        .build()
+        .expect("build the client");
+    let mut stream = client
+        .post("/v1/chat/completions")
+        .json(&chat(true, "a stream whose run breaks"))
+        .send_stream()
+        .await
+        .expect("the stream starts");
+    let first = stream
+        .next()
+        .await
+        .expect("an event")
+        .expect("the first event");
+    assert_eq!(first.data, "first run");
+    let err = stream
+        .next()
+        .await
+        .expect("an error, not an end")
+        .expect_err("the second run is not the first's sequel");
+    assert!(
+        matches!(
+            err,
+            Error::StreamRestarted {
+                reason: idemgate_client::RestartReason::OtherExecution,
+                delivered: 1,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(header(&server.heads()[1], "last-event-id"), Some("5-1"));
+}
+
 #[tokio::test]
 async fn redirects_are_returned_not_followed_and_the_other_host_receives_nothing() {
     let elsewhere = RawServer::start(|_, _| Reply::ok()).await;

@@ -123,13 +123,15 @@ pub(crate) fn chat(stream: bool, text: &str) -> serde_json::Value {
     })
 }
 
-/// The numeric ids of `events`, in order (panics on an event without one).
+/// The numbers of `events`' ids, in order: the gateway's `RUN-N` or a bare
+/// number (panics on an event without one).
 pub(crate) fn ids(events: &[Event]) -> Vec<u64> {
     events
         .iter()
         .map(|e| {
             e.id.as_deref()
-                .and_then(|id| id.parse().ok())
+                .map(|id| id.rsplit('-').next().unwrap_or(id))
+                .and_then(|n| n.parse().ok())
                 .unwrap_or_else(|| panic!("event without a numeric id: {e:?}"))
         })
         .collect()
