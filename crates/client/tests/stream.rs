@@ -110,7 +110,7 @@ async fn a_stream_dropped_by_the_caller_resumes_from_the_saved_id() {
         (stream.key().clone(), saved, first)
         // Dropped here, mid-stream.
     };
-    assert_eq!(saved, "3");
+    assert!(saved.ends_with("-3"), "the third event of its run: {saved}");
 
     let client = Client::new(&gw.base).unwrap();
     let mut stream = client
@@ -151,7 +151,7 @@ async fn a_stream_dropped_by_the_caller_resumes_from_the_saved_id() {
         }
         (stream.last_event_id().unwrap().to_owned(), first)
     };
-    assert_eq!(saved, "5");
+    assert!(saved.ends_with("-5"), "the fifth event of its run: {saved}");
     let client = Client::new(&gw.base).unwrap();
     let mut stream = client
         .post("/v1/chat/completions")
