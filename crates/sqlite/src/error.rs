@@ -67,7 +67,8 @@ pub enum SqliteError {
 /// meaning of SQLite's result codes is decided:
 ///
 /// - busy, locked, I/O, out of memory, cannot open → `Unavailable` (may pass);
-/// - corrupt, not a database, undecodable column → `Corrupt`;
+/// - corrupt, not a database, undecodable column (text that is not
+///   UTF-8 included) → `Corrupt`;
 /// - full disk, read-only file, permission, constraint, anything else → `Rejected`.
 pub(crate) fn store_error(e: rusqlite::Error) -> StoreError {
     use rusqlite::Error as E;
@@ -86,7 +87,8 @@ pub(crate) fn store_error(e: rusqlite::Error) -> StoreError {
         },
         E::FromSqlConversionFailure(..)
         | E::IntegralValueOutOfRange(..)
-        | E::InvalidColumnType(..) => StoreErrorKind::Corrupt,
+        | E::InvalidColumnType(..)
+        | E::Utf8Error(..) => StoreErrorKind::Corrupt,
         _ => StoreErrorKind::Rejected,
     };
     StoreError::new(kind, BACKEND, e.to_string()).with_source(e)
@@ -135,5 +137,20 @@ mod tests {
         }
         let e = store_error(rusqlite::Error::IntegralValueOutOfRange(0, -1));
         assert_eq!(e.kind(), StoreErrorKind::Corrupt);
+    }
+
+    #[test]
+    fn text_that_is_not_utf8_is_a_corrupt_column() {
+        // A file whose TEXT column holds bytes that are not UTF-8 (a
+        // damaged or hand-edited store) must read as corrupt, not as a
+        // refusal of the request.
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        let err = conn
+            .query_row("SELECT CAST(x'ff' AS TEXT)", [], |row| {
+                row.get::<_, String>(0)
+            })
+            .unwrap_err();
+        assert!(matches!(err, rusqlite::Error::Utf8Error(..)), "{err:?}");
+        assert_eq!(store_error(err).kind(), StoreErrorKind::Corrupt);
     }
 }
