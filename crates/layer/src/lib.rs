@@ -50,6 +50,8 @@
 //! - `service`: [`IdempotencyLayer`], the [`Idempotency`] service, shutdown,
 //!   and the request path in its children (admission, the detached owner,
 //!   duplicates that attach).
+//! - `fuzzing` (feature `fuzzing` only): entry points to private parsers
+//!   for the fuzz targets; not part of the API.
 //!
 //! Dependencies point one way: state, types and errors sit in leaves
 //! (`config`, `problem`, `sse`, `stored`, `shared`, …), `replay` and
@@ -71,6 +73,9 @@
 
 pub mod body_timeout;
 pub mod config;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod held;
 pub mod key;
 mod latency;

@@ -78,6 +78,12 @@ impl StreamJudge {
         }
     }
 
+    /// JSON parses of event data so far (at most one per event).
+    #[cfg(feature = "fuzzing")]
+    pub(crate) fn parses(&self) -> u64 {
+        self.parsed
+    }
+
     /// The verdict once the stream has ended.
     pub(crate) fn verdict(&self) -> StreamVerdict {
         if self.dialect == StreamDialect::None {

@@ -51,6 +51,8 @@ mod listeners;
 mod record;
 mod traceparent;
 
+#[cfg(feature = "fuzzing")]
+pub(crate) use admit::prefers_async;
 use admit::{Keyed, NotKeyed};
 use inner::Inner;
 pub use inner::{IdempotencyContext, OutcomeUnknown, RetryableFailure, SendSignal};

@@ -20,6 +20,8 @@
 //! - `timeline`: the background writer of timeline entries that change no
 //!   record (replays, conflicts), one statement per batch.
 //! - `error`: the one mapping from sqlx errors to `StoreError` kinds.
+//! - `fuzzing` (feature `fuzzing` only): row decoding for the fuzz
+//!   targets; not part of the API.
 //! - `replication`: whether the server keeps a committed DONE across a
 //!   failover (a synchronous standby), for `idemgate check`.
 //!
@@ -58,6 +60,9 @@
 //! It is rustls (aws-lc-rs), the same TLS stack as the Redis store's.
 
 mod error;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod ops;
 mod options;
 mod replication;

@@ -11,7 +11,7 @@ use idemgate_engine::{
 };
 use sqlx::{AssertSqlSafe, PgConnection, Row};
 
-use crate::error::{BACKEND, corrupt, map_error};
+use crate::error::{BACKEND, map_error};
 use crate::timeline::Entry;
 
 use crate::store::PostgresStore;
@@ -235,8 +235,7 @@ impl Store for PostgresStore {
             rows.iter()
                 .map(|row| {
                     let entry: String = row.try_get("entry").map_err(map_error)?;
-                    serde_json::from_str(&entry)
-                        .map_err(|e| corrupt("timeline entry is not an attempt").with_source(e))
+                    attempt_from_entry(&entry)
                 })
                 .collect()
         })

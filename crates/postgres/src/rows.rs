@@ -44,25 +44,49 @@ pub(crate) fn to_u64(v: i64, what: &str) -> Result<u64, StoreError> {
 
 /// Decodes `fingerprint, state, fence, exp_ms, payload` into a record.
 pub(crate) fn decode_record(row: &PgRow) -> Result<Record, StoreError> {
-    let fp: Vec<u8> = row.try_get("fingerprint").map_err(map_error)?;
-    let fingerprint = <[u8; 32]>::try_from(fp.as_slice())
+    let fingerprint: Vec<u8> = row.try_get("fingerprint").map_err(map_error)?;
+    let state: String = row.try_get("state").map_err(map_error)?;
+    let exp_ms: i64 = row.try_get("exp_ms").map_err(map_error)?;
+    let (fence, payload) = match state.as_str() {
+        "P" => (Some(row.try_get("fence").map_err(map_error)?), None),
+        "D" => (None, row.try_get("payload").map_err(map_error)?),
+        _ => (None, None),
+    };
+    record_from_columns(&fingerprint, &state, fence, exp_ms, payload)
+}
+
+/// A record from its column values, as read by [`decode_record`]: `fence`
+/// is read for a PENDING row only, `payload` for a DONE row only.
+pub(crate) fn record_from_columns(
+    fingerprint: &[u8],
+    state: &str,
+    fence: Option<i64>,
+    exp_ms: i64,
+    payload: Option<Vec<u8>>,
+) -> Result<Record, StoreError> {
+    let fingerprint = <[u8; 32]>::try_from(fingerprint)
         .map(Fingerprint)
         .map_err(|_| corrupt("record fingerprint is not 32 bytes"))?;
-    let state: String = row.try_get("state").map_err(map_error)?;
-    let exp = to_u64(row.try_get("exp_ms").map_err(map_error)?, "expiry")?;
-    let state = match state.as_str() {
+    let exp = to_u64(exp_ms, "expiry")?;
+    let state = match state {
         "P" => RecordState::Pending {
-            fence: to_u64(row.try_get("fence").map_err(map_error)?, "fence")?,
+            fence: to_u64(
+                fence.ok_or_else(|| corrupt("PENDING record has no fence"))?,
+                "fence",
+            )?,
             lease_expires_at_ms: exp,
         },
-        "D" => {
-            let payload: Option<Vec<u8>> = row.try_get("payload").map_err(map_error)?;
-            RecordState::Done {
-                payload: Bytes::from(payload.ok_or_else(|| corrupt("DONE record has no payload"))?),
-                expires_at_ms: exp,
-            }
-        }
+        "D" => RecordState::Done {
+            payload: Bytes::from(payload.ok_or_else(|| corrupt("DONE record has no payload"))?),
+            expires_at_ms: exp,
+        },
         _ => return Err(corrupt("record state is neither P nor D")),
     };
     Ok(Record { fingerprint, state })
+}
+
+/// Decodes one timeline entry (JSON, as [`attempt_json`] writes it).
+pub(crate) fn attempt_from_entry(entry: &str) -> Result<Attempt, StoreError> {
+    serde_json::from_str(entry)
+        .map_err(|e| corrupt("timeline entry is not an attempt").with_source(e))
 }

@@ -21,6 +21,8 @@
 //!   TLS, the certificate authority to trust) and the driver clients for it.
 //! - `error`: [`map_error`], the one mapping from driver errors to
 //!   `StoreError` kinds.
+//! - `fuzzing` (feature `fuzzing` only): record decoding for the fuzz
+//!   targets; not part of the API.
 //! - `replication`: `WAIT` for replicas before a DONE record counts as
 //!   written ([`WaitReplicas`]).
 //!
@@ -60,6 +62,9 @@
 mod conn;
 mod endpoint;
 mod error;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod replication;
 mod scripts;
 pub mod store;

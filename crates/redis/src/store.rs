@@ -250,11 +250,11 @@ fn digits(b: &[u8]) -> Option<u64> {
 
 /// Where the header of a record's value ends (see `scripts`): state,
 /// fingerprint, token, fence and expiry.
-const HEADER: usize = 105;
+pub(crate) const HEADER: usize = 105;
 
 /// Decodes a record's value (the layout is in `scripts`). A DONE record's
 /// payload is a slice of the value, not a copy.
-fn decode_record(raw: Vec<u8>) -> Result<Record, StoreError> {
+pub(crate) fn decode_record(raw: Vec<u8>) -> Result<Record, StoreError> {
     let field = |range: std::ops::Range<usize>| {
         raw.get(range)
             .ok_or_else(|| corrupt("record value is shorter than its header"))
@@ -290,6 +290,12 @@ fn decode_record(raw: Vec<u8>) -> Result<Record, StoreError> {
         _ => return Err(corrupt("record state is neither P nor D")),
     };
     Ok(Record { fingerprint, state })
+}
+
+/// Decodes one timeline entry (JSON, as `attempt_json` writes it).
+pub(crate) fn decode_attempt(entry: &[u8]) -> Result<Attempt, StoreError> {
+    serde_json::from_slice(entry)
+        .map_err(|err| corrupt("timeline entry is not an attempt").with_source(err))
 }
 
 /// A record's value from a reply: `Ok(None)` for nil.
@@ -564,10 +570,7 @@ impl Store for RedisStore {
             let mut attempts = held
                 .iter()
                 .chain(&listed)
-                .map(|e| {
-                    serde_json::from_slice(e)
-                        .map_err(|err| corrupt("timeline entry is not an attempt").with_source(err))
-                })
+                .map(|e| decode_attempt(e))
                 .collect::<Result<Vec<Attempt>, StoreError>>()?;
             // Entries written in the background may land after a later
             // completion's: order by time (stable, so ties keep list order).

@@ -15,6 +15,8 @@
 //! - `rows`: conversions between engine values and SQLite columns.
 //! - [`error`]: [`SqliteError`] for opening, and the one mapping from
 //!   driver errors to [`idemgate_engine::StoreError`].
+//! - `fuzzing` (feature `fuzzing` only): row decoding for the fuzz
+//!   targets; not part of the API.
 //!
 //! # The key decision
 //! **Group commit on one writer thread.** A durable commit costs one fsync,
@@ -42,6 +44,9 @@
 //!   writes, then joins the writer thread: it may block for one commit.
 
 pub mod error;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod rows;
 mod schema;
 pub mod store;

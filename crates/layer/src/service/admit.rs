@@ -295,7 +295,7 @@ fn exceeds(n: u64, limit: usize) -> bool {
     n > u64::try_from(limit).unwrap_or(u64::MAX)
 }
 
-fn prefers_async(headers: &HeaderMap) -> bool {
+pub(crate) fn prefers_async(headers: &HeaderMap) -> bool {
     headers.get_all(PREFER).iter().any(|v| {
         v.to_str().is_ok_and(|s| {
             s.split(',').any(|pref| {
