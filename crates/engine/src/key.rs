@@ -404,6 +404,27 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(8))]
+
+        /// A header of up to a megabyte, printable or not, quoted or not,
+        /// is refused with a reason in one pass.
+        #[test]
+        fn megabyte_headers_are_refused_with_a_reason(
+            n in 512usize..=1 << 20,
+            fill in proptest::sample::select(vec![b'x', b'\\', b'"', 0x7f, 0xe9]),
+            quote in proptest::bool::ANY,
+        ) {
+            let mut raw = vec![fill; n];
+            if quote {
+                raw.insert(0, b'"');
+                raw.push(b'"');
+            }
+            let refused = ClientKey::parse_bytes(&raw);
+            proptest::prop_assert!(refused.is_err(), "{} bytes of {fill:#x}", raw.len());
+        }
+    }
+
     #[test]
     fn minted_keys_are_distinct_and_valid() {
         let a = ClientKey::mint();

@@ -2,6 +2,7 @@
 
 use super::*;
 
+mod hostile;
 mod reference;
 
 #[test]

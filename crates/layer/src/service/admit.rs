@@ -379,4 +379,25 @@ mod tests {
             proptest::prop_assert!(prefers_async(&h), "{with}");
         }
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(8))]
+
+        /// Among up to 100,000 other preferences (a header of about a
+        /// megabyte), `respond-async` is found wherever it stands, and
+        /// its absence is seen.
+        #[test]
+        fn respond_async_is_found_among_a_hundred_thousand_preferences(
+            n in 0usize..=100_000,
+            at in proptest::num::usize::ANY,
+        ) {
+            let mut list = vec!["wait=10; x=\"y\""; n];
+            let mut h = HeaderMap::new();
+            h.insert(PREFER, HeaderValue::from_str(&list.join(", ")).unwrap());
+            proptest::prop_assert!(!prefers_async(&h));
+            list.insert(at % (n + 1), " Respond-Async ;wait=1");
+            h.insert(PREFER, HeaderValue::from_str(&list.join(",")).unwrap());
+            proptest::prop_assert!(prefers_async(&h));
+        }
+    }
 }

@@ -370,3 +370,57 @@ proptest! {
         prop_assert_eq!(kept, input);
     }
 }
+
+/// Streams far beyond the usual, with how many events each holds: one
+/// event of up to 1 MiB, up to 100,000 small events, runs of blank lines
+/// only, events whose data nests 10,000 levels deep; any line ending.
+fn hostile_stream() -> impl Strategy<Value = (Vec<u8>, usize)> {
+    let eol = prop_oneof![Just("\n"), Just("\r\n"), Just("\r")];
+    prop_oneof![
+        (0usize..=1 << 20, eol.clone()).prop_map(|(n, eol)| {
+            (format!("data: {}{eol}{eol}", "a".repeat(n)).into_bytes(), 1)
+        }),
+        (0usize..=100_000, eol.clone()).prop_map(|(n, eol)| {
+            (
+                format!("event: e{eol}data: x{eol}{eol}")
+                    .repeat(n)
+                    .into_bytes(),
+                n,
+            )
+        }),
+        (0usize..=100_000, eol.clone()).prop_map(|(n, eol)| (eol.repeat(n).into_bytes(), 0)),
+        (1usize..=10_000, eol).prop_map(|(n, eol)| {
+            let data = format!("{{\"error\":{}{}}}", "[".repeat(n), "]".repeat(n));
+            (format!("data: {data}{eol}{eol}").into_bytes(), 1)
+        }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+
+    /// However large the events, however many and however cut, the
+    /// scanner finds each one once, the same as when fed whole, and the
+    /// same with a limit every event fits.
+    #[test]
+    fn hostile_streams_scan_the_same_however_chunked(
+        (stream, count) in hostile_stream(),
+        cuts in proptest::collection::vec(any::<usize>(), 0..64),
+    ) {
+        let whole = scan_all(&[&stream]);
+        let chunks = chunked(&stream, &cuts);
+        let pieces: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
+        let cut = scan_all(&pieces);
+        prop_assert_eq!(&cut, &whole);
+        let (events, rest) = whole;
+        prop_assert_eq!(events.len() + usize::from(rest.is_some()), count);
+        // A `\r` at the end of a piece is held until the next byte.
+        let largest = events.iter().chain(&rest).map(Bytes::len).max().unwrap_or(0).max(2);
+        let mut limited = EventScanner::with_limit(largest);
+        let mut out = Vec::new();
+        for piece in &pieces {
+            prop_assert!(limited.push(piece, &mut out).is_ok());
+        }
+        prop_assert_eq!(out, events);
+    }
+}
