@@ -50,8 +50,11 @@ pub use request::{digest, headers, key, multipart};
 pub use sealed::sealed;
 pub use stream::sse;
 
+/// A fuzz target: runs a parser on the input, panics on a broken contract.
+pub type Target = fn(&[u8]);
+
 /// Every target, by the name of its binary and corpus directory.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Target)] = &[
     ("key", key),
     ("digest", digest),
     ("multipart", multipart),
@@ -67,6 +70,6 @@ pub const TARGETS: &[(&str, fn(&[u8]))] = &[
 ];
 
 /// The target named `name`.
-pub fn target(name: &str) -> Option<fn(&[u8])> {
+pub fn target(name: &str) -> Option<Target> {
     TARGETS.iter().find(|(n, _)| *n == name).map(|(_, f)| *f)
 }

@@ -41,7 +41,7 @@ fn int(c: &Column) -> Option<i64> {
 /// and a value.
 pub fn sqlite_row(data: &[u8]) {
     let mut input = Input::new(data);
-    if input.byte() % 2 == 0 {
+    if input.byte().is_multiple_of(2) {
         let cols: [Column; 5] = std::array::from_fn(|_| column(&mut input));
         match idemgate_sqlite::fuzzing::read_record(&cols) {
             Err(e) => assert_corrupt(&e, "sqlite record"),

@@ -25,7 +25,7 @@ fn root() -> PathBuf {
 /// stack of a runtime worker (2 MiB: recursion per nesting level of the
 /// corpus's 10,000-level inputs would overflow it); returns how many
 /// files ran.
-fn replay(dir: &str, name: &str, target: fn(&[u8])) -> usize {
+fn replay(dir: &str, name: &str, target: idemgate_fuzz::Target) -> usize {
     let files = inputs(&root().join(dir).join(name));
     let count = files.len();
     for file in files {
