@@ -186,7 +186,14 @@ impl EventScanner {
         if !ends_line {
             rest.put_slice(eol);
         }
-        rest.put_slice(eol);
+        // A `\r` that ends the rest is a line ending of its own: a `\n`
+        // put after it would join it into one `\r\n`, and the event would
+        // end without its blank line.
+        if eol == b"\n" && rest.ends_with(b"\r") {
+            rest.put_slice(b"\r\n");
+        } else {
+            rest.put_slice(eol);
+        }
         Some(rest.freeze())
     }
 

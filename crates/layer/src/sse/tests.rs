@@ -222,6 +222,32 @@ fn last_event_id_and_content_type() {
     assert!(!is_event_stream(None));
 }
 
+#[test]
+fn a_stream_that_stops_after_a_lone_cr_still_ends_its_event_with_a_blank_line() {
+    // The event's first line ends with `\n`, its last with a lone `\r`
+    // at the very end of the stream: a `\n` added as the blank line
+    // would make that `\r\n` one line ending, and a client would never
+    // see the event.
+    for tail in [
+        &b"%\ndata: b\r\na\r"[..],
+        b"data: a\ndata: b\r",
+        b"data: a\n:\r",
+    ] {
+        let (events, rest) = scan_all(&[tail]);
+        assert!(events.is_empty());
+        let rest = rest.expect("the event is kept");
+        assert!(rest.starts_with(tail));
+        let (again, none) = scan_all(&[&rest]);
+        assert_eq!(
+            again,
+            vec![rest.clone()],
+            "{rest:?} ends with its blank line"
+        );
+        assert_eq!(none, None);
+        assert_eq!(data_of(&rest), data_of(tail));
+    }
+}
+
 /// One event: field lines of printable text, one line ending throughout.
 fn event_strategy() -> impl Strategy<Value = Vec<u8>> {
     (
