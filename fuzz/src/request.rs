@@ -98,6 +98,16 @@ fn nesting(body: &[u8]) -> usize {
     deepest
 }
 
+/// Whether `body` holds a `\\uD800`–`\\uDFFF` escape (a surrogate).
+fn has_surrogate_escape(body: &[u8]) -> bool {
+    body.windows(4).any(|w| {
+        w[0] == b'\\'
+            && w[1] == b'u'
+            && w[2].eq_ignore_ascii_case(&b'd')
+            && matches!(w[3], b'8'..=b'9' | b'a'..=b'f' | b'A'..=b'F')
+    })
+}
+
 /// The digest of a body the earlier canonicaliser made canonical.
 fn json_digest(canonical: &[u8]) -> [u8; 32] {
     let mut h = Sha256::new();
@@ -157,6 +167,12 @@ pub fn digest(data: &[u8]) {
         && let Some(e) = reference::canonical(body, &ignore)
     {
         match &with_pointers {
+            // The earlier one never read an ignored member's strings; this
+            // one reads them all, and a lone surrogate escape anywhere
+            // leaves the body without a canonical text (hashed raw).
+            Ok(d) if canonical.is_none() && has_surrogate_escape(body) => {
+                assert_eq!(Ok(*d), plain.clone(), "pointers {ignore:?}");
+            }
             Ok(d) => assert_eq!(d.as_bytes(), &json_digest(&e), "pointers {ignore:?}"),
             // The earlier one did not look inside ignored members for
             // repeated keys; this one refuses them anywhere.
