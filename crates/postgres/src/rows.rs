@@ -90,3 +90,61 @@ pub(crate) fn attempt_from_entry(entry: &str) -> Result<Attempt, StoreError> {
     serde_json::from_str(entry)
         .map_err(|e| corrupt("timeline entry is not an attempt").with_source(e))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_decode_to_the_record_they_say_and_anything_else_is_corrupt() {
+        let fp = [7u8; 32];
+        let pending = record_from_columns(&fp, "P", Some(9), 42, None).unwrap();
+        assert_eq!(pending.fingerprint, Fingerprint(fp));
+        assert_eq!(
+            pending.state,
+            RecordState::Pending {
+                fence: 9,
+                lease_expires_at_ms: 42
+            }
+        );
+        let done = record_from_columns(&fp, "D", None, 5, Some(b"body".to_vec())).unwrap();
+        assert_eq!(
+            done.state,
+            RecordState::Done {
+                payload: Bytes::from_static(b"body"),
+                expires_at_ms: 5
+            }
+        );
+        for (what, decoded) in [
+            (
+                "short fingerprint",
+                record_from_columns(&fp[..31], "P", Some(1), 1, None),
+            ),
+            (
+                "negative expiry",
+                record_from_columns(&fp, "P", Some(1), -1, None),
+            ),
+            (
+                "negative fence",
+                record_from_columns(&fp, "P", Some(-1), 1, None),
+            ),
+            (
+                "PENDING without fence",
+                record_from_columns(&fp, "P", None, 1, None),
+            ),
+            (
+                "DONE without payload",
+                record_from_columns(&fp, "D", None, 1, None),
+            ),
+            (
+                "unknown state",
+                record_from_columns(&fp, "X", Some(1), 1, Some(Vec::new())),
+            ),
+        ] {
+            let e = decoded.expect_err(what);
+            assert_eq!(e.kind(), StoreErrorKind::Corrupt, "{what}: {e}");
+        }
+        let e = attempt_from_entry("{\"at_ms\":-1}").unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Corrupt);
+    }
+}
