@@ -72,7 +72,9 @@ pub fn parse_operation_id(id: &str) -> Option<OperationId> {
     let ns = rest.get(2..2 + len)?;
     let key = rest.get(2 + len..)?;
     let namespace = String::from_utf8(ns.to_vec()).ok()?;
-    let key = ClientKey::parse_bytes(key).ok()?;
+    // The key's own text, as `operation_id` wrote it: not a header value
+    // to trim and unquote, which would read `" ab"` as the key `ab`.
+    let key = ClientKey::try_from(String::from_utf8(key.to_vec()).ok()?).ok()?;
     Some(OperationId {
         namespace,
         key,
@@ -166,6 +168,37 @@ mod tests {
         );
         assert_eq!(parse_operation_id("not*base64"), None);
         assert_eq!(parse_operation_id(""), None);
+    }
+
+    #[test]
+    fn keys_with_spaces_or_quotes_round_trip_as_themselves() {
+        // Sent quoted, these keys keep their spaces and quotes; their
+        // operation must be theirs, not the trimmed or unquoted key's.
+        for header in [
+            r#"" ab""#,
+            r#""ab ""#,
+            r#""    ""#,
+            r#""\"u}""#,
+            r#""a\"b\\ ""#,
+        ] {
+            let key = ClientKey::parse(header).unwrap();
+            let fp = Fingerprint([1; 32]);
+            let id = operation_id("ns", &key, &fp);
+            assert_eq!(
+                parse_operation_id(&id),
+                Some(OperationId {
+                    namespace: "ns".to_owned(),
+                    key,
+                    fingerprint: [1; 16],
+                }),
+                "{header}"
+            );
+        }
+        let fp = Fingerprint([1; 32]);
+        assert_ne!(
+            operation_id("ns", &ClientKey::parse(r#"" ab""#).unwrap(), &fp),
+            operation_id("ns", &ClientKey::parse("ab").unwrap(), &fp)
+        );
     }
 
     proptest! {
