@@ -9,7 +9,7 @@ use idemgate_engine::key::MAX_KEY_LEN;
 use idemgate_engine::{ClientKey, DerivedKey, Fingerprint, ScopedKey, natural_key};
 use idemgate_layer::key::{IDEMPOTENCY_KEY, KeyRefusal, client_key};
 use idemgate_layer::operations::{operation_id, parse_operation_id};
-use idemgate_layer::sse::{is_event_stream, parse_last_event_id};
+use idemgate_layer::sse::{Resume, is_event_stream, parse_last_event_id};
 use sha2::{Digest, Sha256};
 
 use crate::input::Input;
@@ -33,8 +33,11 @@ pub fn key(data: &[u8]) {
         assert!(s.bytes().all(|b| (0x20..=0x7e).contains(&b)), "{s:?}");
         assert_eq!(ClientKey::parse(&quoted(s)).as_ref(), Ok(k), "quoted {s:?}");
         for ns in ["chat/completions", "", "ns|1:x"] {
-            let id = operation_id(ns, k);
-            assert_eq!(parse_operation_id(&id), Some((ns.to_owned(), k.clone())));
+            let fp = Fingerprint([data.len() as u8; 32]);
+            let id = operation_id(ns, k, &fp);
+            let op = parse_operation_id(&id).expect("an id we wrote reads back");
+            assert_eq!((op.namespace.as_str(), &op.key), (ns, k));
+            assert_eq!(op.fingerprint[..], fp.as_bytes()[..16]);
         }
         let scoped = ScopedKey::new("tenant", "ns", k.clone());
         assert!(scoped.storage_id().ends_with(s));
@@ -51,8 +54,11 @@ pub fn key(data: &[u8]) {
         assert_eq!(client_key(&headers), Err(KeyRefusal::Repeated));
     }
     if let Ok(text) = std::str::from_utf8(data) {
-        if let Some((ns, k)) = parse_operation_id(text) {
-            assert_eq!(parse_operation_id(&operation_id(&ns, &k)), Some((ns, k)));
+        if let Some(op) = parse_operation_id(text) {
+            let mut fp = [0u8; 32];
+            fp[..16].copy_from_slice(&op.fingerprint);
+            let again = operation_id(&op.namespace, &op.key, &Fingerprint(fp));
+            assert_eq!(parse_operation_id(&again), Some(op));
         }
         let _ = natural_key(text.split('\0'));
     }
@@ -303,24 +309,29 @@ pub fn headers(data: &[u8]) {
     }
     for v in &values {
         let _ = is_event_stream(Some(v));
-        let n = parse_last_event_id(v);
+        let resume = parse_last_event_id(v);
         let text = v.to_str().map(str::trim);
-        match (n, text) {
-            (Some(n), Ok(t)) => {
-                assert!(t.bytes().all(|b| b.is_ascii_digit()), "{t:?}");
-                assert_eq!(t.parse::<u64>(), Ok(n));
+        match (resume, text) {
+            (Resume::After(id), Ok(t)) => {
+                // Only `digits-digits`, and it reads back as written.
+                assert!(t.bytes().all(|b| b.is_ascii_digit() || b == b'-'), "{t:?}");
+                assert_eq!(t.matches('-').count(), 1, "{t:?}");
+                assert!(id.n >= 1, "{t:?}");
+                let again = HeaderValue::from_str(&id.to_string()).expect("an id is text");
+                assert_eq!(parse_last_event_id(&again), resume);
             }
-            (Some(n), Err(_)) => panic!("{n} from a value that is not text"),
-            (None, Ok(t)) => assert!(
-                t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) || t.parse::<u64>().is_err(),
-                "{t:?} refused"
-            ),
-            (None, Err(_)) => {}
+            (Resume::After(id), Err(_)) => panic!("{id} from a value that is not text"),
+            (Resume::Whole, _) => panic!("a Last-Event-ID is never read as none"),
+            (Resume::Unknown, _) => {}
         }
         let mut h = HeaderMap::new();
         h.insert(LAST_EVENT_ID, v.clone());
-        let skip = idemgate_layer::fuzzing::events_to_skip(&h);
-        let want = n.map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX));
-        assert_eq!(skip, want);
+        let got = idemgate_layer::fuzzing::resume_of(&h);
+        assert_eq!(got, resume);
+        // Resuming skips events only within the run named.
+        if let Resume::After(id) = got {
+            assert!(!got.skip_for(Some(id.run)).1);
+            assert_eq!(got.skip_for(Some(id.run.wrapping_add(1))), (0, true));
+        }
     }
 }

@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 use idemgate_layer::StreamDialect;
-use idemgate_layer::sse::{EventScanner, data_of, event_of, id_of, rewrite_id};
+use idemgate_layer::sse::{EventId, EventScanner, data_of, event_of, id_of, rewrite_id};
 use idemgate_layer::stored::{StreamUsage, usage_of_json};
 
 use crate::input::Input;
@@ -88,7 +88,10 @@ pub fn sse(data: &[u8]) {
             ends_with_blank_line(event),
             "event {event:?} has no blank line"
         );
-        let id = i as u64 + 1;
+        let id = EventId {
+            run: data.len() as u64,
+            n: i as u64 + 1,
+        };
         let rewritten = rewrite_id(event, id);
         assert_eq!(
             id_of(&rewritten),

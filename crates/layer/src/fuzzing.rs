@@ -12,10 +12,9 @@ pub fn prefers_async(headers: &HeaderMap) -> bool {
     crate::service::prefers_async(headers)
 }
 
-/// How many events of a replayed stream the client already has, from its
-/// `Last-Event-ID`.
-pub fn events_to_skip(headers: &HeaderMap) -> usize {
-    crate::sse::events_to_skip(headers)
+/// Where a replayed stream starts for a client, from its `Last-Event-ID`.
+pub fn resume_of(headers: &HeaderMap) -> crate::sse::Resume {
+    crate::sse::resume_of(headers)
 }
 
 /// What the dialect judge made of a stream's events.
