@@ -70,7 +70,7 @@ pub enum SqliteError {
 /// - corrupt, not a database, undecodable column (text that is not
 ///   UTF-8 included) → `Corrupt`;
 /// - full disk, read-only file, permission, constraint, anything else → `Rejected`.
-pub(crate) fn store_error(e: rusqlite::Error) -> StoreError {
+pub(crate) fn map_error(e: rusqlite::Error) -> StoreError {
     use rusqlite::Error as E;
     let kind = match &e {
         E::SqliteFailure(f, _) => match f.code {
@@ -130,12 +130,12 @@ mod tests {
             (ffi::SQLITE_CONSTRAINT, StoreErrorKind::Rejected),
         ];
         for (code, kind) in cases {
-            let e = store_error(failure(code));
+            let e = map_error(failure(code));
             assert_eq!(e.kind(), kind, "code {code}");
             assert_eq!(e.backend(), "sqlite");
             assert_eq!(e.is_temporary(), kind == StoreErrorKind::Unavailable);
         }
-        let e = store_error(rusqlite::Error::IntegralValueOutOfRange(0, -1));
+        let e = map_error(rusqlite::Error::IntegralValueOutOfRange(0, -1));
         assert_eq!(e.kind(), StoreErrorKind::Corrupt);
     }
 

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, ErrorCode, OpenFlags, TransactionBehavior};
 
-use crate::error::{SqliteError, store_error};
+use crate::error::{SqliteError, map_error};
 
 /// The schema version this build writes, kept in `PRAGMA user_version`.
 /// A file with a higher version is refused rather than misread.
@@ -209,7 +209,7 @@ fn setup_error(path: &Path, e: rusqlite::Error) -> SqliteError {
         },
         _ => SqliteError::Setup {
             path: path.to_owned(),
-            source: store_error(e),
+            source: map_error(e),
         },
     }
 }

@@ -21,7 +21,7 @@ use idemgate_engine::{
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::oneshot;
 
-use crate::error::{BACKEND, SqliteError, closed, store_error};
+use crate::error::{BACKEND, SqliteError, closed, map_error};
 use crate::rows::{ATTEMPT_COLUMNS, RECORD_COLUMNS, int, raw_attempt, raw_record};
 use crate::schema;
 use crate::writer::{self, Claimed, Commits, Msg, Op, Owner, WriterConfig};
@@ -98,7 +98,7 @@ impl SqliteOptions {
         // Past every fence issued before a power loss (see `writer`).
         writer::skip_to_ceiling(&mut conn).map_err(|e| SqliteError::Setup {
             path: path.clone(),
-            source: store_error(e),
+            source: map_error(e),
         })?;
         let readers = (0..self.readers)
             .map(|_| schema::connect_reader(&path, self.busy_timeout).map(Mutex::new))
@@ -332,7 +332,7 @@ impl Inner {
                     "SELECT {RECORD_COLUMNS} FROM records WHERE id = ?1 AND expires_at > ?2"
                 ))
                 .and_then(|mut stmt| stmt.query_row(params![id, now], raw_record).optional())
-                .map_err(store_error)?;
+                .map_err(map_error)?;
             raw.map(|r| r.decode()).transpose()
         })
     }
@@ -559,7 +559,7 @@ impl Store for SqliteStore {
                         stmt.query_map(params![id, now], raw_attempt)?
                             .collect::<Result<Vec<_>, _>>()
                     })
-                    .map_err(store_error)?;
+                    .map_err(map_error)?;
                 raws.into_iter().map(|r| r.decode()).collect()
             })
         })

@@ -42,7 +42,7 @@ use idemgate_engine::{Attempt, Record, StoreError};
 use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::oneshot;
 
-use crate::error::{BACKEND, closed, corrupt, store_error};
+use crate::error::{BACKEND, closed, corrupt, map_error};
 
 /// Where a caller waits for its answer.
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
@@ -407,7 +407,7 @@ fn commit_batch(
     let mut synced = durability.wanted(batch);
     loop {
         if let Err(e) = durability.set(conn, synced) {
-            let e = store_error(e);
+            let e = map_error(e);
             let message = e.to_string();
             for op in batch.drain(..) {
                 op.fail(StoreError::new(e.kind(), BACKEND, message.clone()));
@@ -439,14 +439,14 @@ fn commit_batch(
             }
             Err(BatchError::Op(index, e)) => {
                 let op = batch.remove(index);
-                op.fail(store_error(e));
+                op.fail(map_error(e));
                 if batch.is_empty() {
                     return Duration::ZERO;
                 }
             }
             Err(BatchError::Transaction(e)) => {
                 // BEGIN or COMMIT failed: nothing of the batch is written.
-                let e = store_error(e);
+                let e = map_error(e);
                 let message = e.to_string();
                 for op in batch.drain(..) {
                     op.fail(StoreError::new(e.kind(), BACKEND, message.clone()));

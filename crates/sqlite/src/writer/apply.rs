@@ -355,7 +355,7 @@ pub(super) fn purge_in(
 }
 
 /// Carries a decoding failure through a driver-typed result; the kind is
-/// restored by [`store_error`] (a conversion failure reads as corrupt).
+/// restored by [`map_error`] (a conversion failure reads as corrupt).
 pub(super) fn to_driver(e: StoreError) -> rusqlite::Error {
     rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Blob, Box::new(e))
 }
