@@ -11,6 +11,9 @@
 //! # Layout
 //! - [`Plan`] / [`RoutePlan`]: the facts the rules need; [`AlertRules`]
 //!   judges a deployed Prometheus rules file.
+//! - [`backoff`]: capped exponential backoff with jitter ([`Backoff`],
+//!   [`Jitter`]), the one implementation the TTL rule, the Rust client and
+//!   the demo share.
 //! - [`retry`]: how long a client's retries can go on, and so how long a
 //!   DONE record must live ([`RetryPolicy`], [`check_done_ttl`]). It lives
 //!   here, not in the engine, because only configuration checks need it:
@@ -21,6 +24,7 @@
 //! The rules are plain functions over the plan, one per checklist item, so a
 //! test can show each one firing and staying quiet.
 
+pub mod backoff;
 pub mod retry;
 mod rules;
 
@@ -29,7 +33,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-pub use retry::{Jitter, RetryPolicy, TtlTooShort, check_done_ttl};
+pub use backoff::{Backoff, Jitter};
+pub use retry::{RetryPolicy, TtlTooShort, check_done_ttl};
 use rules::*;
 
 /// How bad a finding is. `Error` makes `idemgate check` exit non-zero.

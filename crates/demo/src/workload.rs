@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use idemgate_check::{Backoff, Jitter};
 use idemgate_engine::ClientKey;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -32,19 +33,18 @@ fn uniform(rng: &mut StdRng, min: Duration, max: Duration) -> Duration {
 
 pub(crate) fn workload(n: usize, seed: u64, t: &Timing) -> Vec<Operation> {
     let mut rng = StdRng::seed_from_u64(seed);
+    let backoff = Backoff {
+        base: t.backoff_base,
+        cap: t.backoff_cap,
+        jitter: Jitter::Full,
+    };
     (0..n)
         .map(|i| {
             let latencies = (0..t.attempts)
                 .map(|_| uniform(&mut rng, t.latency_min, t.latency_max))
                 .collect();
             let backoffs = (0..t.attempts.saturating_sub(1))
-                .map(|retry| {
-                    let bound = t
-                        .backoff_base
-                        .saturating_mul(2u32.saturating_pow(retry))
-                        .min(t.backoff_cap);
-                    uniform(&mut rng, Duration::ZERO, bound)
-                })
+                .map(|retry| backoff.sleep_with(retry, &mut rng))
                 .collect();
             Operation {
                 id: format!("report-{:02}", i + 1),
