@@ -144,7 +144,7 @@ fn deployment(args: &ShowArgs) -> anyhow::Result<(StoreUrl, Vec<RouteConfig>, Op
     };
     let figment = config::figment(args.config.as_deref(), &overrides)?;
     let raw: RawConfig = figment.extract().map_err(Box::new).map_err(|e| {
-        anyhow::Error::new(idemgate_gateway::ConfigError::Load(e)).context("invalid configuration")
+        anyhow::Error::new(idemgate_gateway::ConfigError::from(e)).context("invalid configuration")
     })?;
     if raw.routes.is_empty() && raw.upstream.is_none() {
         let store = StoreUrl::parse(raw.store.as_deref().unwrap_or(config::DEFAULT_STORE))

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use idemgate_client::{Attempt, Client, Delay, DelaySource};
 use idemgate_gateway::GatewayConfig;
-use idemgate_gateway::config::{RawConfig, RawRoute};
+use idemgate_gateway::config::{RawConfig, RawInflightMode, RawRoute};
 use idemgate_llm_sim::{SimConfig, SimHandle};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -157,7 +157,7 @@ async fn gateway(upstream: &str) -> Result<(String, oneshot::Sender<()>, Serving
         routes: vec![RawRoute {
             prefix: Some("/v1".into()),
             upstream: Some(upstream.into()),
-            on_inflight: Some("wait".into()),
+            on_inflight: Some(RawInflightMode::Wait),
             ..RawRoute::default()
         }],
         ..RawConfig::default()

@@ -5,6 +5,7 @@
 
 mod support;
 
+use idemgate_gateway::config::RawInflightMode;
 use std::time::Duration;
 
 use idemgate_client::{
@@ -20,7 +21,7 @@ use support::{Canned, Gateway, Scripted, chat, config, sim};
 #[tokio::test]
 async fn a_timeout_shorter_than_the_generation_is_retried_with_the_same_key_and_runs_once() {
     let sim = sim().await;
-    let gw = Gateway::start(config(&sim.url(), "wait", |_| {})).await;
+    let gw = Gateway::start(config(&sim.url(), RawInflightMode::Wait, |_| {})).await;
     let client = Client::builder(&gw.base)
         .bearer_auth("sk-test")
         .attempt_timeout(Duration::from_millis(300))
@@ -70,7 +71,7 @@ async fn a_409_for_a_key_in_flight_is_retried_after_the_servers_delay() {
     // A 2 s lease, renewed while the call runs: the 409 advises a poll in
     // 1 s (`retry-after-ms: 1000`, which wins over `Retry-After`), the floor
     // of the route's latency-based interval and never past the lease.
-    let gw = Gateway::start(config(&sim.url(), "reject", |r| {
+    let gw = Gateway::start(config(&sim.url(), RawInflightMode::Reject, |r| {
         r.pending_ttl = Some("2s".into());
     }))
     .await;
@@ -147,7 +148,7 @@ async fn a_409_for_a_key_in_flight_is_retried_after_the_servers_delay() {
 #[tokio::test]
 async fn a_key_reused_for_a_different_body_is_final_and_says_so() {
     let sim = sim().await;
-    let gw = Gateway::start(config(&sim.url(), "wait", |_| {})).await;
+    let gw = Gateway::start(config(&sim.url(), RawInflightMode::Wait, |_| {})).await;
     let client = Client::builder(&gw.base).attempts(5).build().unwrap();
     let key = IdempotencyKey::new("order-81:summary").unwrap();
 
@@ -212,7 +213,7 @@ async fn backoff_honours_retry_after_ms_through_the_gateway() {
         Canned::ok(),
     ])
     .await;
-    let gw = Gateway::start(config(&upstream.url, "reject", |_| {})).await;
+    let gw = Gateway::start(config(&upstream.url, RawInflightMode::Reject, |_| {})).await;
     let client = Client::builder(&gw.base)
         .attempts(5)
         .backoff(Duration::from_secs(10), Duration::from_secs(10))
@@ -284,7 +285,7 @@ async fn x_should_retry_overrides_the_status() {
     .await;
     // The gateway stores a final 400 by default; here 400 is released like
     // a retryable status so that the retry reaches the upstream again.
-    let gw = Gateway::start(config(&upstream.url, "reject", |r| {
+    let gw = Gateway::start(config(&upstream.url, RawInflightMode::Reject, |r| {
         r.retryable_statuses = Some(vec![400, 503]);
     }))
     .await;

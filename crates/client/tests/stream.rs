@@ -4,6 +4,7 @@
 
 mod support;
 
+use idemgate_gateway::config::RawInflightMode;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -45,7 +46,7 @@ fn assert_whole(events: &[Event]) {
 #[tokio::test]
 async fn a_stream_cut_mid_way_resumes_after_the_last_whole_event() {
     let sim = sim().await;
-    let gw = Gateway::start(config(&sim.url(), "attach", |_| {})).await;
+    let gw = Gateway::start(config(&sim.url(), RawInflightMode::Attach, |_| {})).await;
     // The head plus a few events, then the cut.
     let (relay, connections) = cutting_relay(addr(&gw.base), 1500).await;
     let client = Client::builder(&relay)
@@ -90,7 +91,7 @@ async fn a_stream_cut_mid_way_resumes_after_the_last_whole_event() {
 #[tokio::test]
 async fn a_stream_dropped_by_the_caller_resumes_from_the_saved_id() {
     let sim = sim().await;
-    let gw = Gateway::start(config(&sim.url(), "attach", |_| {})).await;
+    let gw = Gateway::start(config(&sim.url(), RawInflightMode::Attach, |_| {})).await;
     let text = "a stream its reader abandons";
     let (key, saved, first) = {
         let client = Client::new(&gw.base).unwrap();
@@ -175,7 +176,7 @@ async fn a_stream_dropped_by_the_caller_resumes_from_the_saved_id() {
 #[tokio::test]
 async fn a_silent_stream_is_dropped_and_resumed_until_its_end() {
     let sim = sim().await;
-    let gw = Gateway::start(config(&sim.url(), "attach", |_| {})).await;
+    let gw = Gateway::start(config(&sim.url(), RawInflightMode::Attach, |_| {})).await;
     let client = Client::builder(&gw.base)
         .stream_idle_timeout(Duration::from_millis(60))
         .attempts(8)
@@ -216,7 +217,7 @@ async fn a_silent_stream_is_dropped_and_resumed_until_its_end() {
 #[tokio::test]
 async fn a_stream_broken_upstream_is_reported_not_stitched() {
     let sim = sim().await;
-    let gw = Gateway::start(config(&sim.url(), "attach", |_| {})).await;
+    let gw = Gateway::start(config(&sim.url(), RawInflightMode::Attach, |_| {})).await;
     let client = Client::builder(&gw.base)
         .attempts(5)
         .backoff(Duration::from_millis(10), Duration::from_millis(50))

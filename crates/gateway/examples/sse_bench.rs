@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use idemgate_gateway::GatewayConfig;
-use idemgate_gateway::config::{RawConfig, RawRoute};
+use idemgate_gateway::config::{RawConfig, RawInflightMode, RawKeyMode, RawRoute};
 use idemgate_llm_sim::SimConfig;
 
 const RUNS: usize = 60;
@@ -87,8 +87,8 @@ async fn main() -> Result<(), Error> {
         routes: vec![RawRoute {
             prefix: Some("/".into()),
             upstream: Some(sim.url()),
-            key: Some("optional".into()),
-            on_inflight: Some("attach".into()),
+            key: Some(RawKeyMode::Optional),
+            on_inflight: Some(RawInflightMode::Attach),
             ..RawRoute::default()
         }],
         ..RawConfig::default()

@@ -10,13 +10,12 @@
 
 use std::path::Path;
 
+use crate::config::{GatewayConfig, RouteConfig, StoreUrl};
 use idemgate_check::{
     AlertRules, Encryption, Finding, KeyPart, KeyPlan, Plan, RoutePlan, Severity, StoreKind,
 };
 
 use idemgate_layer::{DerivePart, KeyMode, StoreErrorMode};
-
-use crate::config::{GatewayConfig, RouteConfig, StoreUrl};
 
 /// Rules whose error findings make [`serve()`](crate::serve()) refuse to
 /// start.
@@ -201,7 +200,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::config::{RawConfig, RawRoute};
+    use crate::config::{RawConfig, RawKeyMode, RawRoute};
 
     fn config(route: RawRoute) -> GatewayConfig {
         GatewayConfig::from_raw(RawConfig {
@@ -219,7 +218,7 @@ mod tests {
     #[test]
     fn the_plan_states_what_the_gateway_does() {
         let c = config(RawRoute {
-            key: Some("derive".into()),
+            key: Some(RawKeyMode::Derive),
             key_template: Some(vec![
                 "tenant".into(),
                 "header:x-user-id".into(),
@@ -227,7 +226,7 @@ mod tests {
             ]),
             key_window: Some("10m".into()),
             pending_ttl: Some("9s".into()),
-            on_store_error: Some("fail_open".into()),
+            on_store_error: Some(idemgate_layer::StoreErrorMode::FailOpen),
             ..RawRoute::default()
         });
         let p = plan(&c);
@@ -287,7 +286,7 @@ mod tests {
     #[test]
     fn only_merging_keys_refuse_a_start() {
         let c = config(RawRoute {
-            key: Some("derive".into()),
+            key: Some(RawKeyMode::Derive),
             key_template: Some(vec!["body".into()]),
             done_ttl: Some("1s".into()),
             ..RawRoute::default()

@@ -10,15 +10,15 @@ use support::TestGateway;
 use std::time::Duration;
 
 use idemgate_gateway::GatewayConfig;
-use idemgate_gateway::config::{RawConfig, RawRoute};
+use idemgate_gateway::config::{RawConfig, RawInflightMode, RawKeyMode, RawRoute};
 use idemgate_llm_sim::{SimConfig, SimHandle};
 
 fn config(upstream: &str, tweak: impl FnOnce(&mut RawRoute)) -> GatewayConfig {
     let mut r = RawRoute {
         prefix: Some("/v1".into()),
         upstream: Some(upstream.into()),
-        key: Some("require".into()),
-        on_inflight: Some("wait".into()),
+        key: Some(RawKeyMode::Require),
+        on_inflight: Some(RawInflightMode::Wait),
         ..RawRoute::default()
     };
     tweak(&mut r);

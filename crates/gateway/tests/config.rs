@@ -10,7 +10,7 @@ use std::time::Duration;
 use figment::Jail;
 use idemgate_check::{Jitter, RetryPolicy};
 use idemgate_gateway::config::{
-    DerivePart, InflightMode, KeyMode, StoreErrorMode, StreamDialect, Timeouts,
+    DerivePart, InflightMode, KeyMode, RawKeyMode, StoreErrorMode, StreamDialect, Timeouts,
 };
 use idemgate_gateway::{ConfigError, GatewayConfig, Overrides, StoreUrl};
 
@@ -434,6 +434,52 @@ fn bad_configurations_name_their_field() {
     }
 }
 
+/// A mode is read by its serde enum whichever source gives it: a name that
+/// is not one of it is refused with the field's path and the accepted
+/// names, from the file as from an `IDEMGATE_*` variable, and a valid
+/// name from the environment overrides the file's.
+#[test]
+fn mode_names_are_read_the_same_from_the_file_and_the_environment() {
+    Jail::expect_with(|jail| {
+        jail.create_file(
+            "modes.toml",
+            "upstream = \"http://127.0.0.1:9\"\n[client_retry]\njitter = \"none\"\n[[routes]]\nprefix = \"/\"\non_inflight = \"queue\"\n",
+        )?;
+        let err = load(Some("modes.toml"), &Overrides::default()).unwrap_err();
+        assert_eq!(err.field(), Some("routes[0].on_inflight"), "{err}");
+        assert_eq!(
+            err.to_string(),
+            "configuration field `routes[0].on_inflight`: `queue`: expected `reject`, `wait` or `attach`"
+        );
+        jail.create_file(
+            "modes.toml",
+            "upstream = \"http://127.0.0.1:9\"\n[client_retry]\njitter = \"none\"\n[[routes]]\nprefix = \"/\"\non_store_error = \"ignore\"\n",
+        )?;
+        let err = load(Some("modes.toml"), &Overrides::default()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "configuration field `routes[0].on_store_error`: `ignore`: expected `fail_closed` or `fail_open`"
+        );
+        jail.create_file(
+            "modes.toml",
+            "upstream = \"http://127.0.0.1:9\"\n[client_retry]\njitter = \"none\"\n",
+        )?;
+        let c = load(Some("modes.toml"), &Overrides::default()).map_err(jail_err)?;
+        assert_eq!(c.client_retry.jitter, Jitter::None);
+        jail.set_env("IDEMGATE_CLIENT_RETRY__JITTER", "equal");
+        let c = load(Some("modes.toml"), &Overrides::default()).map_err(jail_err)?;
+        assert_eq!(c.client_retry.jitter, Jitter::Equal);
+        jail.set_env("IDEMGATE_CLIENT_RETRY__JITTER", "some");
+        let err = load(Some("modes.toml"), &Overrides::default()).unwrap_err();
+        assert_eq!(err.field(), Some("client_retry.jitter"), "{err}");
+        assert_eq!(
+            err.to_string(),
+            "configuration field `client_retry.jitter`: `some`: expected `none`, `full` or `equal`"
+        );
+        Ok(())
+    });
+}
+
 #[test]
 fn syntax_errors_and_missing_files_are_errors() {
     Jail::expect_with(|jail| {
@@ -611,7 +657,7 @@ async fn serve_refuses_a_merging_key_template_before_opening_anything() {
         store: Some("redis://127.0.0.1:1".into()),
         routes: vec![RawRoute {
             prefix: Some("/v1".into()),
-            key: Some("derive".into()),
+            key: Some(RawKeyMode::Derive),
             key_template: Some(vec!["body".into()]),
             key_window: Some("10m".into()),
             ..RawRoute::default()
@@ -699,54 +745,56 @@ proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(400))]
 
     /// Any text in any field: the configuration loads, or is refused with
-    /// an error that names the field it is about; it never panics.
+    /// an error that names the field it is about; it never panics. The text
+    /// is read as a source gives it (the mode fields are serde enums, so
+    /// their text is judged while reading).
     #[test]
     fn any_text_in_any_field_loads_or_names_its_field(
         top in proptest::collection::vec(proptest::option::of(field_text()), 7),
         route in proptest::collection::vec(proptest::option::of(field_text()), 16),
         lists in proptest::collection::vec(proptest::option::of(proptest::collection::vec(field_text(), 0..3)), 4),
     ) {
-        use idemgate_gateway::config::{RawClientRetry, RawConfig, RawRoute, RawSize, RawTimeouts};
-        let raw = RawConfig {
-            listen: top[0].clone(),
-            admin_listen: top[1].clone(),
-            store: top[2].clone(),
-            upstream: top[3].clone(),
-            pending_ttl: top[4].clone(),
-            done_ttl: top[5].clone(),
-            shutdown_grace: top[6].clone(),
-            routes: vec![RawRoute {
-                prefix: route[0].clone().or(Some("/".into())),
-                id: route[1].clone(),
-                upstream: route[2].clone(),
-                key: route[3].clone(),
-                key_window: route[4].clone(),
-                on_inflight: route[5].clone(),
-                inflight_wait: route[6].clone(),
-                pending_ttl: route[7].clone(),
-                done_ttl: route[8].clone(),
-                body_limit: route[9].clone().map(RawSize::Text),
-                upstream_key_header: route[10].clone(),
-                on_store_error: route[11].clone(),
-                longest_generation: route[12].clone(),
-                timeouts: Some(RawTimeouts {
-                    connect: route[13].clone(),
-                    idle: route[14].clone(),
-                    ..RawTimeouts::default()
-                }),
-                client_retry: Some(RawClientRetry {
-                    jitter: route[15].clone(),
-                    ..RawClientRetry::default()
-                }),
-                methods: lists[0].clone(),
-                key_template: lists[1].clone(),
-                tenant_headers: lists[2].clone(),
-                fingerprint_ignore: lists[3].clone(),
-                ..RawRoute::default()
-            }],
-            ..RawConfig::default()
-        };
-        if let Err(e) = GatewayConfig::from_raw(raw) {
+        use figment::providers::Serialized;
+        use serde_json::{Map, Value};
+        fn put<T: Into<Value> + Clone>(m: &mut Map<String, Value>, name: &str, v: &Option<T>) {
+            if let Some(v) = v {
+                m.insert(name.to_owned(), v.clone().into());
+            }
+        }
+        let mut config = Map::new();
+        for (name, v) in ["listen", "admin_listen", "store", "upstream", "pending_ttl", "done_ttl", "shutdown_grace"]
+            .into_iter()
+            .zip(&top)
+        {
+            put(&mut config, name, v);
+        }
+        let mut r = Map::new();
+        r.insert("prefix".into(), route[0].clone().unwrap_or_else(|| "/".into()).into());
+        for (name, v) in [
+            "id", "upstream", "key", "key_window", "on_inflight", "inflight_wait", "pending_ttl",
+            "done_ttl", "body_limit", "upstream_key_header", "on_store_error", "longest_generation",
+        ]
+        .into_iter()
+        .zip(&route[1..13])
+        {
+            put(&mut r, name, v);
+        }
+        let mut timeouts = Map::new();
+        put(&mut timeouts, "connect", &route[13]);
+        put(&mut timeouts, "idle", &route[14]);
+        r.insert("timeouts".into(), timeouts.into());
+        let mut retry = Map::new();
+        put(&mut retry, "jitter", &route[15]);
+        r.insert("client_retry".into(), retry.into());
+        for (name, v) in ["methods", "key_template", "tenant_headers", "fingerprint_ignore"]
+            .into_iter()
+            .zip(&lists)
+        {
+            put(&mut r, name, v);
+        }
+        config.insert("routes".into(), Value::Array(vec![r.into()]));
+        let figment = figment::Figment::from(Serialized::defaults(Value::Object(config)));
+        if let Err(e) = GatewayConfig::from_figment(&figment) {
             let field = e.field().map(str::to_owned);
             proptest::prop_assert!(field.is_some(), "{e}");
             let shown = e.to_string();

@@ -21,7 +21,7 @@ use chromiumoxide::browser::{Browser, BrowserConfig};
 use chromiumoxide::page::{Page, ScreenshotParams};
 use futures_util::StreamExt;
 use idemgate_gateway::GatewayConfig;
-use idemgate_gateway::config::{RawConfig, RawRoute};
+use idemgate_gateway::config::{RawConfig, RawInflightMode, RawKeyMode, RawRoute};
 use idemgate_llm_sim::SimConfig;
 
 const CREDENTIAL: &str = "Bearer sk-dashboard-credential-41aa";
@@ -153,8 +153,8 @@ async fn the_dashboard_shows_recent_keys_the_alert_threshold_and_timelines() {
             id: Some("chat".into()),
             prefix: Some("/v1".into()),
             upstream: Some(sim.url()),
-            key: Some("optional".into()),
-            on_inflight: Some("reject".into()),
+            key: Some(RawKeyMode::Optional),
+            on_inflight: Some(RawInflightMode::Reject),
             ..RawRoute::default()
         }],
         ..RawConfig::default()

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use axum::response::IntoResponse;
 use http::HeaderMap;
 use idemgate_gateway::GatewayConfig;
-use idemgate_gateway::config::{RawConfig, RawRoute};
+use idemgate_gateway::config::{RawConfig, RawKeyMode, RawRoute};
 use tokio::net::TcpListener;
 
 const USER: &str = "alice.private@example.com";
@@ -38,7 +38,7 @@ async fn the_forwarded_key_header_holds_no_user_or_session_id() {
         routes: vec![RawRoute {
             prefix: Some("/v1".into()),
             upstream: Some(upstream),
-            key: Some("derive".into()),
+            key: Some(RawKeyMode::Derive),
             key_template: Some(vec![
                 "tenant".into(),
                 "header:x-user-id".into(),

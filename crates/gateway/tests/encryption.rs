@@ -18,7 +18,7 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
 use idemgate_gateway::GatewayConfig;
-use idemgate_gateway::config::{RawConfig, RawRoute};
+use idemgate_gateway::config::{RawConfig, RawInflightMode, RawKeyMode, RawRoute};
 use tokio::net::TcpListener;
 
 const REDIS: &str = "redis://127.0.0.1:6379";
@@ -72,9 +72,9 @@ fn config(store: &str, upstream: &str, key_file: Option<&Path>) -> GatewayConfig
         routes: vec![RawRoute {
             prefix: Some("/v1".into()),
             upstream: Some(upstream.into()),
-            key: Some("require".into()),
+            key: Some(RawKeyMode::Require),
             // Streams are published live (to Redis, with that store).
-            on_inflight: Some("attach".into()),
+            on_inflight: Some(RawInflightMode::Attach),
             ..RawRoute::default()
         }],
         ..RawConfig::default()

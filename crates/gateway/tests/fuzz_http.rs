@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use idemgate_engine::{ClientKey, ScopedKey};
 use idemgate_gateway::GatewayConfig;
-use idemgate_gateway::config::{RawConfig, RawRoute, RawSize};
+use idemgate_gateway::config::{RawConfig, RawInflightMode, RawKeyMode, RawRoute, RawSize};
 use idemgate_llm_sim::SimConfig;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -245,8 +245,8 @@ fn config(upstream: &str, db: &Path) -> GatewayConfig {
         routes: vec![RawRoute {
             prefix: Some("/v1".into()),
             upstream: Some(upstream.into()),
-            key: Some("require".into()),
-            on_inflight: Some("reject".into()),
+            key: Some(RawKeyMode::Require),
+            on_inflight: Some(RawInflightMode::Reject),
             body_limit: Some(RawSize::Bytes(BODY_LIMIT as u64)),
             ..RawRoute::default()
         }],

@@ -11,7 +11,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use idemgate_engine::{Claim, ClientKey, Fingerprint, ScopedKey, Store};
 use idemgate_gateway::GatewayConfig;
-use idemgate_gateway::config::{RawRoute, RawTimeouts};
+use idemgate_gateway::config::{RawInflightMode, RawKeyMode, RawRoute, RawTimeouts};
 use idemgate_llm_sim::{SimConfig, SimHandle};
 
 fn config(store: &str, upstream: &str, tweak: impl FnOnce(&mut RawRoute)) -> GatewayConfig {
@@ -197,15 +197,15 @@ async fn an_answer_lost_to_the_client_is_replayed_on_retry() {
 // --------------------------------------------------------------------------
 // Concurrent duplicates.
 
-async fn duplicates(mode: &str, stream: bool, n: usize, iterations: usize) {
+async fn duplicates(mode: RawInflightMode, stream: bool, n: usize, iterations: usize) {
     let sim = sim().await;
     let gw = TestGateway::start(config("memory:", &sim.url(), |r| {
-        r.on_inflight = Some(mode.into());
+        r.on_inflight = Some(mode);
     }))
     .await;
     let client = reqwest::Client::new();
     for it in 0..iterations {
-        let key = format!("dup-{mode}-{stream}-{it}");
+        let key = format!("dup-{mode:?}-{stream}-{it}");
         let body = chat_body(stream, &format!("duplicate question {it}"));
         let mut tasks = Vec::new();
         for _ in 0..n {
@@ -232,32 +232,36 @@ async fn duplicates(mode: &str, stream: bool, n: usize, iterations: usize) {
                     }
                     ok_bodies.push(text);
                 }
-                409 if mode == "reject" => {
+                409 if mode == RawInflightMode::Reject => {
                     assert!(text.contains("in-flight"), "{text}");
                 }
-                other => panic!("{mode}: unexpected status {other}: {text}"),
+                other => panic!("{mode:?}: unexpected status {other}: {text}"),
             }
         }
-        assert_eq!(fresh, 1, "{mode}: exactly one fresh response");
-        if mode != "reject" {
-            assert_eq!(ok_bodies.len(), n, "{mode}: every duplicate got the result");
+        assert_eq!(fresh, 1, "{mode:?}: exactly one fresh response");
+        if mode != RawInflightMode::Reject {
+            assert_eq!(
+                ok_bodies.len(),
+                n,
+                "{mode:?}: every duplicate got the result"
+            );
         }
         let first = &ok_bodies[0];
         if stream {
             // Each got the whole stream, ids included.
             for b in &ok_bodies {
-                assert!(b.contains("data: [DONE]"), "{mode}: {b}");
-                assert_eq!(b, first, "{mode}: identical streams");
+                assert!(b.contains("data: [DONE]"), "{mode:?}: {b}");
+                assert_eq!(b, first, "{mode:?}: identical streams");
             }
         } else {
             for b in &ok_bodies {
-                assert_eq!(b, first, "{mode}: identical answers");
+                assert_eq!(b, first, "{mode:?}: identical answers");
             }
         }
         assert_eq!(
             sim.executions_for(&key),
             1,
-            "{mode}: one upstream execution"
+            "{mode:?}: one upstream execution"
         );
     }
     gw.stop().await.expect("stop cleanly");
@@ -265,18 +269,18 @@ async fn duplicates(mode: &str, stream: bool, n: usize, iterations: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_duplicates_under_reject_execute_once() {
-    duplicates("reject", false, 32, 3).await;
+    duplicates(RawInflightMode::Reject, false, 32, 3).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_duplicates_under_wait_execute_once() {
-    duplicates("wait", false, 32, 3).await;
+    duplicates(RawInflightMode::Wait, false, 32, 3).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_duplicates_under_attach_execute_once() {
-    duplicates("attach", false, 32, 2).await;
-    duplicates("attach", true, 32, 2).await;
+    duplicates(RawInflightMode::Attach, false, 32, 2).await;
+    duplicates(RawInflightMode::Attach, true, 32, 2).await;
 }
 
 // --------------------------------------------------------------------------
@@ -307,7 +311,7 @@ fn event_run_id(event: &str) -> Option<(String, u64)> {
 async fn a_dropped_stream_resumes_after_last_event_id() {
     let sim = sim().await;
     let gw = TestGateway::start(config("memory:", &sim.url(), |r| {
-        r.on_inflight = Some("attach".into());
+        r.on_inflight = Some(RawInflightMode::Attach);
     }))
     .await;
     let body = chat_body(true, "a stream that breaks on the client side");
@@ -427,7 +431,7 @@ async fn upstream_unreachable_and_first_byte_timeout_release_the_key() {
     );
     drop(closed);
     let gw = TestGateway::start(config("memory:", &dead, |r| {
-        r.on_inflight = Some("reject".into());
+        r.on_inflight = Some(RawInflightMode::Reject);
     }))
     .await;
     let client = reqwest::Client::new();
@@ -447,7 +451,7 @@ async fn upstream_unreachable_and_first_byte_timeout_release_the_key() {
 
     let sim = sim().await;
     let gw = TestGateway::start(config("memory:", &sim.url(), |r| {
-        r.on_inflight = Some("reject".into());
+        r.on_inflight = Some(RawInflightMode::Reject);
         r.retryable_statuses = Some(vec![]);
         r.timeouts = Some(RawTimeouts {
             first_byte: Some("300ms".into()),
@@ -506,7 +510,7 @@ async fn tenants_never_share_records() {
 async fn malformed_and_missing_keys_are_refused_before_the_upstream() {
     let sim = sim().await;
     let gw = TestGateway::start(config("memory:", &sim.url(), |r| {
-        r.key = Some("require".into());
+        r.key = Some(RawKeyMode::Require);
     }))
     .await;
     let client = reqwest::Client::new();
@@ -730,7 +734,7 @@ async fn graceful_shutdown_leaves_no_pending_record() {
 async fn derived_keys_merge_retries_of_one_user_and_session_only() {
     let sim = sim().await;
     let gw = TestGateway::start(config("memory:", &sim.url(), |r| {
-        r.key = Some("derive".into());
+        r.key = Some(RawKeyMode::Derive);
         r.key_template = Some(vec![
             "tenant".into(),
             "header:x-user-id".into(),

@@ -13,7 +13,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use idemgate_gateway::GatewayConfig;
-use idemgate_gateway::config::{RawConfig, RawRoute};
+use idemgate_gateway::config::{RawConfig, RawKeyMode, RawRoute};
 use support::TestGateway;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -100,7 +100,7 @@ fn config(upstream: &str) -> GatewayConfig {
     let route = |prefix: &str, charges: bool| RawRoute {
         prefix: Some(prefix.into()),
         upstream: Some(upstream.into()),
-        key: Some("require".into()),
+        key: Some(RawKeyMode::Require),
         charges: Some(charges),
         ..RawRoute::default()
     };

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use idemgate_gateway::config::{RawRoute, RawTimeouts};
+use idemgate_gateway::config::{RawInflightMode, RawRoute, RawTimeouts};
 use idemgate_llm_sim::{FAIL_HEADER, LATENCY_HEADER, SimConfig, SimHandle};
 
 /// Starts the gateway on an SQLite store in a fresh directory.
@@ -33,7 +33,7 @@ async fn start_with(
     TestGateway::builder(upstream)
         .route(|route| {
             route.id = Some("obs".into());
-            route.on_inflight = Some("reject".into());
+            route.on_inflight = Some(RawInflightMode::Reject);
             route.timeouts = Some(RawTimeouts {
                 connect: Some("2s".into()),
                 first_byte: Some("20s".into()),
@@ -264,7 +264,7 @@ async fn ten_keys_three_sends_give_exact_figures() {
 async fn concurrent_duplicates_in_reject_mode_count_four_conflicts() {
     let sim = sim().await;
     let gw = start(&sim.url(), |r| {
-        r.on_inflight = Some("reject".into());
+        r.on_inflight = Some(RawInflightMode::Reject);
         r.timeouts = Some(RawTimeouts {
             connect: Some("2s".into()),
             first_byte: Some("120s".into()),

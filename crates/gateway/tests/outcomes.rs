@@ -14,7 +14,7 @@ mod support;
 
 use support::{TestGateway, eventually, problem_type, replayed};
 
-use idemgate_gateway::config::{RawRoute, RawTimeouts};
+use idemgate_gateway::config::{RawInflightMode, RawKeyMode, RawRoute, RawTimeouts};
 use idemgate_llm_sim::{SimConfig, SimHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -26,8 +26,8 @@ async fn start(upstream: &str, tweak: impl FnOnce(&mut RawRoute)) -> TestGateway
     TestGateway::builder(upstream)
         .store("memory:")
         .route(|r| {
-            r.key = Some("require".into());
-            r.on_inflight = Some("reject".into());
+            r.key = Some(RawKeyMode::Require);
+            r.on_inflight = Some(RawInflightMode::Reject);
             tweak(r);
         })
         .config(|c| c.admin_token = Some(TOKEN.into()))

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use axum::Router;
 use idemgate_gateway::GatewayConfig;
-use idemgate_gateway::config::{RawConfig, RawRoute};
+use idemgate_gateway::config::{RawConfig, RawKeyMode, RawRoute};
 use support::TestGateway;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -39,16 +39,19 @@ async fn recording_upstream() -> (String, Arc<Mutex<Vec<String>>>) {
 /// A lenient route (`/v1`, no key needed) and a strict one (`/secret`,
 /// key required) in front of the same upstream.
 fn config(upstream: &str) -> GatewayConfig {
-    let route = |prefix: &str, key: &str| RawRoute {
+    let route = |prefix: &str, key: RawKeyMode| RawRoute {
         prefix: Some(prefix.into()),
         upstream: Some(upstream.into()),
-        key: Some(key.into()),
+        key: Some(key),
         ..RawRoute::default()
     };
     GatewayConfig::from_raw(RawConfig {
         store: Some("memory:".into()),
         shutdown_grace: Some("1s".into()),
-        routes: vec![route("/v1", "optional"), route("/secret", "require")],
+        routes: vec![
+            route("/v1", RawKeyMode::Optional),
+            route("/secret", RawKeyMode::Require),
+        ],
         ..RawConfig::default()
     })
     .unwrap_or_else(|e| panic!("config: {e}"))

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idemgate_gateway::GatewayConfig;
-use idemgate_gateway::config::{RawConfig, RawRoute, RawTimeouts};
+use idemgate_gateway::config::{RawConfig, RawInflightMode, RawKeyMode, RawRoute, RawTimeouts};
 use idemgate_llm_sim::SimConfig;
 use idemgate_testkit::redis_server::{Server, redis_cli, wait_until};
 use idemgate_testkit::require;
@@ -34,8 +34,8 @@ fn config(store: &str, upstream: &str) -> GatewayConfig {
         routes: vec![RawRoute {
             prefix: Some("/v1".into()),
             upstream: Some(upstream.into()),
-            key: Some("require".into()),
-            on_inflight: Some("wait".into()),
+            key: Some(RawKeyMode::Require),
+            on_inflight: Some(RawInflightMode::Wait),
             pending_ttl: Some("20s".into()),
             timeouts: Some(RawTimeouts {
                 connect: Some("1s".into()),

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use idemgate_gateway::GatewayConfig;
-use idemgate_gateway::config::{RawConfig, RawRoute, RawTimeouts};
+use idemgate_gateway::config::{RawConfig, RawInflightMode, RawKeyMode, RawRoute, RawTimeouts};
 use idemgate_llm_sim::{SimConfig, SimHandle};
 
 const REDIS: &str = "redis://127.0.0.1:6379";
@@ -62,8 +62,8 @@ fn config(store: &str, upstream: &str) -> GatewayConfig {
     let r = RawRoute {
         prefix: Some("/v1".into()),
         upstream: Some(upstream.into()),
-        key: Some("require".into()),
-        on_inflight: Some("attach".into()),
+        key: Some(RawKeyMode::Require),
+        on_inflight: Some(RawInflightMode::Attach),
         inflight_wait: Some("30s".into()),
         timeouts: Some(RawTimeouts {
             connect: Some("1s".into()),

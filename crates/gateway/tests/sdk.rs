@@ -9,14 +9,14 @@ mod support;
 use support::TestGateway;
 
 use idemgate_gateway::GatewayConfig;
-use idemgate_gateway::config::{RawConfig, RawRoute, RawTimeouts};
+use idemgate_gateway::config::{RawConfig, RawInflightMode, RawKeyMode, RawRoute, RawTimeouts};
 use idemgate_llm_sim::{SimConfig, SimHandle};
 
 fn config(upstream: &str, tweak: impl FnOnce(&mut RawRoute)) -> Result<GatewayConfig, String> {
     let mut r = RawRoute {
         prefix: Some("/v1".into()),
         upstream: Some(upstream.into()),
-        key: Some("require".into()),
+        key: Some(RawKeyMode::Require),
         timeouts: Some(RawTimeouts {
             connect: Some("1s".into()),
             first_byte: Some("20s".into()),
@@ -123,7 +123,7 @@ async fn a_reused_key_says_so_in_the_error_object() {
 async fn an_in_flight_409_advises_a_short_poll_not_the_lease() {
     let sim = sim().await;
     let cfg = config(&sim.url(), |r| {
-        r.on_inflight = Some("reject".into());
+        r.on_inflight = Some(RawInflightMode::Reject);
         r.pending_ttl = Some("30s".into());
     })
     .expect("config");

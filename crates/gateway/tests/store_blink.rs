@@ -15,7 +15,7 @@ mod support;
 use std::time::Duration;
 
 use idemgate_gateway::GatewayConfig;
-use idemgate_gateway::config::{RawConfig, RawRoute, RawTimeouts};
+use idemgate_gateway::config::{RawConfig, RawInflightMode, RawKeyMode, RawRoute, RawTimeouts};
 use idemgate_llm_sim::SimConfig;
 use idemgate_testkit::FaultProxy;
 use support::{TestGateway, replayed};
@@ -24,8 +24,8 @@ fn config(store: &str, upstream: &str) -> GatewayConfig {
     let r = RawRoute {
         prefix: Some("/v1".into()),
         upstream: Some(upstream.into()),
-        key: Some("require".into()),
-        on_inflight: Some("wait".into()),
+        key: Some(RawKeyMode::Require),
+        on_inflight: Some(RawInflightMode::Wait),
         inflight_wait: Some("30s".into()),
         timeouts: Some(RawTimeouts {
             connect: Some("1s".into()),

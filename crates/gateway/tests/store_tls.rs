@@ -20,6 +20,7 @@ use std::sync::{Arc, OnceLock};
 
 use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
+use idemgate_gateway::config::RawInflightMode;
 use support::{TestGateway, replayed};
 use tokio::net::TcpListener;
 
@@ -60,7 +61,7 @@ async fn executes_once_and_replays(store: String) {
     let calls = Arc::new(AtomicUsize::new(0));
     let gw = TestGateway::builder(&upstream(Arc::clone(&calls)).await)
         .store(store)
-        .route(|r| r.on_inflight = Some("attach".into()))
+        .route(|r| r.on_inflight = Some(RawInflightMode::Attach))
         .start()
         .await;
     let client = reqwest::Client::new();

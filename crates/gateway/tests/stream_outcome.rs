@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use idemgate_gateway::GatewayConfig;
-use idemgate_gateway::config::{RawConfig, RawRoute, RawTimeouts};
+use idemgate_gateway::config::{RawConfig, RawInflightMode, RawKeyMode, RawRoute, RawTimeouts};
 use idemgate_llm_sim::{SimConfig, SimHandle};
 
 const REDIS: &str = "redis://127.0.0.1:6379";
@@ -35,8 +35,8 @@ fn config(store: &str, route: &str, upstream: &str) -> GatewayConfig {
         id: Some(route.into()),
         prefix: Some("/v1".into()),
         upstream: Some(upstream.into()),
-        key: Some("optional".into()),
-        on_inflight: Some("wait".into()),
+        key: Some(RawKeyMode::Optional),
+        on_inflight: Some(RawInflightMode::Wait),
         done_ttl: Some("10m".into()),
         timeouts: Some(RawTimeouts {
             connect: Some("1s".into()),

@@ -17,7 +17,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use idemgate_client::Event;
-use idemgate_gateway::config::{RawConfig, RawRoute, RawTimeouts};
+use idemgate_gateway::config::{RawConfig, RawInflightMode, RawKeyMode, RawRoute, RawTimeouts};
 use idemgate_gateway::{GatewayConfig, GatewayError};
 use idemgate_llm_sim::{SimConfig, SimHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -88,14 +88,14 @@ impl Gateway {
 /// keys optional, `on_inflight` as given, generous upstream timeouts.
 pub(crate) fn config(
     upstream: &str,
-    on_inflight: &str,
+    on_inflight: RawInflightMode,
     tweak: impl FnOnce(&mut RawRoute),
 ) -> GatewayConfig {
     let mut r = RawRoute {
         prefix: Some("/v1".into()),
         upstream: Some(upstream.into()),
-        key: Some("optional".into()),
-        on_inflight: Some(on_inflight.into()),
+        key: Some(RawKeyMode::Optional),
+        on_inflight: Some(on_inflight),
         timeouts: Some(RawTimeouts {
             connect: Some("1s".into()),
             first_byte: Some("10s".into()),

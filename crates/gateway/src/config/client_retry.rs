@@ -6,7 +6,7 @@
 //! A route's `[routes.client_retry]` overrides the top level field by field,
 //! so both are read by one function over a base policy.
 
-use idemgate_check::{Jitter, RetryPolicy};
+use idemgate_check::RetryPolicy;
 
 use super::error::ConfigError;
 use super::parse::{duration, duration_or_zero};
@@ -43,18 +43,7 @@ pub(super) fn client_retry(
             raw.backoff_cap.as_deref(),
             base.backoff_cap,
         )?,
-        jitter: match raw.jitter.as_deref().map(str::trim) {
-            None => base.jitter,
-            Some("none") => Jitter::None,
-            Some("full") => Jitter::Full,
-            Some("equal") => Jitter::Equal,
-            Some(other) => {
-                return Err(ConfigError::invalid(
-                    f("jitter"),
-                    format!("`{other}`: expected `none`, `full` or `equal`"),
-                ));
-            }
-        },
+        jitter: raw.jitter.unwrap_or(base.jitter),
         compensation_delay: duration_or_zero(
             &f("compensation_delay"),
             raw.compensation_delay.as_deref(),

@@ -18,7 +18,9 @@ use idemgate_check::RetryPolicy;
 use super::client_retry::client_retry;
 use super::error::ConfigError;
 use super::parse::{StoreUrl, addr, duration, duration_or_zero, size, size_or_zero, upstream_url};
-use super::raw::{Overrides, RawConfig, RawConnections, RawRoute, figment};
+use super::raw::{
+    Overrides, RawConfig, RawConnections, RawInflightMode, RawKeyMode, RawRoute, figment,
+};
 use super::route::{RouteConfig, RouteDefaults, route};
 use super::secret::Secret;
 use crate::listener::ConnectionLimits;
@@ -166,8 +168,8 @@ impl GatewayConfig {
             }
             raw_routes.push(RawRoute {
                 prefix: Some("/".into()),
-                key: Some("optional".into()),
-                on_inflight: Some("attach".into()),
+                key: Some(RawKeyMode::Optional),
+                on_inflight: Some(RawInflightMode::Attach),
                 ..RawRoute::default()
             });
         }

@@ -22,7 +22,7 @@
 //! - `gateway` and `route`: phase two, the typed values and their
 //!   validation; `client_retry` for the callers' retry policy.
 //! - `parse`: the small parsers (duration, size, header, address, upstream
-//!   and store URL, layer mode names), with their unit tests.
+//!   and store URL), with their unit tests.
 //! - `secret`: values hidden from `Debug` and messages.
 //! - `error`: [`ConfigError`].
 //!
@@ -43,8 +43,8 @@ pub use idemgate_layer::{
 };
 pub use parse::StoreUrl;
 pub use raw::{
-    ENV_PREFIX, Overrides, RawClientRetry, RawConfig, RawConnections, RawRoute, RawSize,
-    RawTimeouts, figment,
+    ENV_PREFIX, Overrides, RawClientRetry, RawConfig, RawConnections, RawInflightMode, RawKeyMode,
+    RawRoute, RawSize, RawTimeouts, figment,
 };
 pub(crate) use route::prefix_matches;
 pub use route::{DEFAULT_BODY_LIMIT, RouteConfig, Timeouts};

@@ -1,5 +1,6 @@
 //! The small parsers: durations, sizes, header names, listen addresses,
-//! upstream URLs, store URLs, and the mode names of the layer.
+//! upstream URLs and store URLs. (Mode names are serde enums, read with
+//! the raw configuration: [`super::raw`].)
 //!
 //! Each one turns the text of one field into its typed value and, when it
 //! cannot, says what a valid value looks like; the field-taking ones name
@@ -147,17 +148,6 @@ pub(super) fn upstream_url(field: &str, s: &str) -> Result<Url, ConfigError> {
 pub(super) fn header(field: &str, s: &str) -> Result<HeaderName, ConfigError> {
     HeaderName::from_bytes(s.as_bytes())
         .map_err(|_| ConfigError::invalid(field, format!("`{s}` is not a header name")))
-}
-
-/// A value spelled as one of a layer mode's serde names (`fail_open`).
-pub(super) fn keyword<T: serde::de::DeserializeOwned>(
-    field: &str,
-    s: &str,
-) -> Result<T, ConfigError> {
-    use serde::de::IntoDeserializer;
-    let d: serde::de::value::StrDeserializer<'_, serde::de::value::Error> =
-        s.trim().into_deserializer();
-    T::deserialize(d).map_err(|e| ConfigError::invalid(field, e.to_string()))
 }
 
 /// A positive duration (`500ms`, `30s`, `24h`, `1h 30m`); `default` when
@@ -312,20 +302,6 @@ mod tests {
             upstream_url("u", "https://h").is_ok(),
             cfg!(feature = "tls")
         );
-    }
-
-    #[test]
-    fn layer_mode_names() {
-        use idemgate_layer::StoreErrorMode;
-        assert_eq!(
-            keyword::<StoreErrorMode>("m", "fail_open").ok(),
-            Some(StoreErrorMode::FailOpen)
-        );
-        assert_eq!(
-            keyword::<StoreErrorMode>("m", " fail_closed ").ok(),
-            Some(StoreErrorMode::FailClosed)
-        );
-        assert_eq!(field_of(keyword::<StoreErrorMode>("m", "ignore")), "m");
     }
 
     /// A rejection names `field` in its value and its message, and says

@@ -1,7 +1,13 @@
 //! Phase one: the configuration as a person writes it.
 //!
 //! Every field is optional, durations and sizes are text, and unknown
-//! fields are refused (a typo is an error, not a default). Three sources
+//! fields are refused (a typo is an error, not a default). A mode is its
+//! serde enum (the layer's [`StoreErrorMode`] and [`StreamDialect`], the
+//! checklist's [`Jitter`], and the names of a key mode and an in-flight
+//! mode whose data sit in sibling fields), so a name that is not one of
+//! them is refused while reading, with the field and the accepted names
+//! (`routes[0].on_inflight`: `` `queue`: expected `reject`, `wait` or
+//! `attach` ``), whichever source it came from. Three sources
 //! are merged, later ones winning: a TOML file, `IDEMGATE_*` environment
 //! variables (`__` separates nesting levels, e.g.
 //! `IDEMGATE_CLIENT_RETRY__ATTEMPTS`), and command-line flags
@@ -14,6 +20,8 @@ use std::path::Path;
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::value::magic::RelativePathBuf;
+use idemgate_check::Jitter;
+use idemgate_layer::{StoreErrorMode, StreamDialect};
 use serde::{Deserialize, Serialize};
 
 use super::error::ConfigError;
@@ -115,7 +123,7 @@ pub struct RawClientRetry {
     /// Longest backoff sleep (default `8s`).
     pub backoff_cap: Option<String>,
     /// `none`, `full` (default) or `equal`.
-    pub jitter: Option<String>,
+    pub jitter: Option<Jitter>,
     /// Delay of an asynchronous job that may replay the operation after the
     /// client gave up (default `0s`).
     pub compensation_delay: Option<String>,
@@ -135,15 +143,15 @@ pub struct RawRoute {
     pub strip_prefix: Option<bool>,
     /// Protected methods (default `["POST"]`).
     pub methods: Option<Vec<String>>,
-    /// `require`, `optional` or `derive`.
-    pub key: Option<String>,
+    /// `require`, `optional` (default) or `derive`.
+    pub key: Option<RawKeyMode>,
     /// For `key = "derive"`: the parts of the key, e.g.
     /// `["tenant", "header:x-user-id", "header:x-session-id", "body"]`.
     pub key_template: Option<Vec<String>>,
     /// For `key = "derive"`: the time window (e.g. `10m`).
     pub key_window: Option<String>,
-    /// `reject`, `wait` or `attach`.
-    pub on_inflight: Option<String>,
+    /// `reject` (default), `wait` or `attach`.
+    pub on_inflight: Option<RawInflightMode>,
     /// How long `wait`/`attach` hold a duplicate.
     pub inflight_wait: Option<String>,
     /// Lease length for this route.
@@ -172,7 +180,7 @@ pub struct RawRoute {
     /// request is answered 503 and its key released, since nothing was sent.
     pub queue_timeout: Option<String>,
     /// `fail_closed` (default) or `fail_open`.
-    pub on_store_error: Option<String>,
+    pub on_store_error: Option<StoreErrorMode>,
     /// Renew the lease while the upstream call runs (default true, every
     /// `pending_ttl / 3`). With `false`, `pending_ttl` must outlast the
     /// longest call.
@@ -191,13 +199,41 @@ pub struct RawRoute {
     /// How this route's event streams end and fail: `openai`, `anthropic`,
     /// `openai_responses` or `none` (default: recognised from each
     /// request's path).
-    pub stream_dialect: Option<String>,
+    pub stream_dialect: Option<StreamDialect>,
     /// Store the response body (default true); `false` keeps only status
     /// and headers, and a retry gets an empty body.
     pub store_body: Option<bool>,
     /// This route's clients retry differently: fields set here override the
     /// top-level `[client_retry]`.
     pub client_retry: Option<RawClientRetry>,
+}
+
+/// A route's `key` as written: the name of an [`idemgate_layer::KeyMode`],
+/// whose template is in the sibling fields `key_template` and
+/// `key_window`.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RawKeyMode {
+    /// [`idemgate_layer::KeyMode::Require`].
+    Require,
+    /// [`idemgate_layer::KeyMode::Optional`].
+    Optional,
+    /// [`idemgate_layer::KeyMode::Derive`].
+    Derive,
+}
+
+/// A route's `on_inflight` as written: the name of an
+/// [`idemgate_layer::InflightMode`], whose bound is the sibling field
+/// `inflight_wait`.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RawInflightMode {
+    /// [`idemgate_layer::InflightMode::Reject`].
+    Reject,
+    /// [`idemgate_layer::InflightMode::Wait`].
+    Wait,
+    /// [`idemgate_layer::InflightMode::Attach`].
+    Attach,
 }
 
 /// `[routes.timeouts]` as written.

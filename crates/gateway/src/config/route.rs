@@ -4,7 +4,8 @@
 //! The route's behaviour is said in the layer's own types ([`KeyMode`],
 //! [`InflightMode`], [`StoreErrorMode`], …), so what the file asks for is
 //! what the idempotency layer is given ([`RouteConfig::layer_config`]),
-//! with no translation in between. A value that is malformed is refused
+//! with no translation in between; the mode names were already read by
+//! serde ([`super::raw`]). A value that is malformed is refused
 //! here, naming its field (`routes[0].on_inflight`); a design mistake that
 //! is well formed (a key of the body hash alone) loads, and is the
 //! checklist's to report ([`crate::plan`]).
@@ -22,8 +23,8 @@ use url::Url;
 
 use super::client_retry::client_retry;
 use super::error::ConfigError;
-use super::parse::{duration, header, keyword, size, upstream_url};
-use super::raw::{RawRoute, RawTimeouts};
+use super::parse::{duration, header, size, upstream_url};
+use super::raw::{RawInflightMode, RawKeyMode, RawRoute, RawTimeouts};
 
 /// Default `queue_timeout`: long enough to ride out a burst, short enough
 /// that a client hears "busy" well before its own timeout.
@@ -242,22 +243,18 @@ pub(super) fn route(at: &str, r: RawRoute, d: &RouteDefaults) -> Result<RouteCon
             .collect::<Result<_, _>>()?,
     };
     let timeouts = timeouts(at, r.timeouts.unwrap_or_default())?;
-    let key = r.key.as_deref().unwrap_or("optional");
-    if key != "derive" && (r.key_template.is_some() || r.key_window.is_some()) {
+    let key = r.key.unwrap_or(RawKeyMode::Optional);
+    if key != RawKeyMode::Derive && (r.key_template.is_some() || r.key_window.is_some()) {
         return Err(ConfigError::invalid(
             field("key_template"),
             "only allowed with `key = \"derive\"`",
         ));
     }
     let key_mode = match key {
-        "require" => KeyMode::Require,
-        "optional" => KeyMode::Optional,
-        "derive" => KeyMode::Derive(template(at, r.key_template, r.key_window.as_deref())?),
-        other => {
-            return Err(ConfigError::invalid(
-                field("key"),
-                format!("`{other}`: expected `require`, `optional` or `derive`"),
-            ));
+        RawKeyMode::Require => KeyMode::Require,
+        RawKeyMode::Optional => KeyMode::Optional,
+        RawKeyMode::Derive => {
+            KeyMode::Derive(template(at, r.key_template, r.key_window.as_deref())?)
         }
     };
     // A duplicate waits at most as long as a generation may take.
@@ -266,16 +263,10 @@ pub(super) fn route(at: &str, r: RawRoute, d: &RouteDefaults) -> Result<RouteCon
         r.inflight_wait.as_deref(),
         timeouts.total,
     )?;
-    let on_inflight = match r.on_inflight.as_deref().unwrap_or("reject") {
-        "reject" => InflightMode::Reject,
-        "wait" => InflightMode::Wait(inflight_wait),
-        "attach" => InflightMode::Attach(inflight_wait),
-        other => {
-            return Err(ConfigError::invalid(
-                field("on_inflight"),
-                format!("`{other}`: expected `reject`, `wait` or `attach`"),
-            ));
-        }
+    let on_inflight = match r.on_inflight.unwrap_or(RawInflightMode::Reject) {
+        RawInflightMode::Reject => InflightMode::Reject,
+        RawInflightMode::Wait => InflightMode::Wait(inflight_wait),
+        RawInflightMode::Attach => InflightMode::Attach(inflight_wait),
     };
     let pending_ttl = duration(
         &field("pending_ttl"),
@@ -348,10 +339,7 @@ pub(super) fn route(at: &str, r: RawRoute, d: &RouteDefaults) -> Result<RouteCon
         r.queue_timeout.as_deref(),
         DEFAULT_QUEUE_TIMEOUT,
     )?;
-    let on_store_error = match r.on_store_error.as_deref() {
-        None => StoreErrorMode::FailClosed,
-        Some(s) => keyword(&field("on_store_error"), s)?,
-    };
+    let on_store_error = r.on_store_error.unwrap_or(StoreErrorMode::FailClosed);
     let heartbeat = match r.heartbeat {
         Some(false) => None,
         Some(true) | None => Some(pending_ttl / 3),
@@ -360,11 +348,6 @@ pub(super) fn route(at: &str, r: RawRoute, d: &RouteDefaults) -> Result<RouteCon
         .longest_generation
         .as_deref()
         .map(|g| duration(&field("longest_generation"), Some(g), Duration::ZERO))
-        .transpose()?;
-    let stream_dialect = r
-        .stream_dialect
-        .as_deref()
-        .map(|s| keyword(&field("stream_dialect"), s))
         .transpose()?;
     let client_retry = match &r.client_retry {
         Some(raw) => client_retry(&field("client_retry"), raw, d.client_retry)?,
@@ -394,7 +377,7 @@ pub(super) fn route(at: &str, r: RawRoute, d: &RouteDefaults) -> Result<RouteCon
         longest_generation,
         streaming: r.streaming.unwrap_or(false),
         charges: r.charges.unwrap_or(false),
-        stream_dialect,
+        stream_dialect: r.stream_dialect,
         store_body: r.store_body.unwrap_or(true),
         client_retry,
     })

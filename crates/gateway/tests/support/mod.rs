@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use idemgate_gateway::config::{RawConfig, RawRoute, RawTimeouts};
+use idemgate_gateway::config::{RawConfig, RawInflightMode, RawKeyMode, RawRoute, RawTimeouts};
 use idemgate_gateway::{GatewayConfig, GatewayError};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -42,8 +42,8 @@ impl TestGateway {
             route: RawRoute {
                 prefix: Some("/v1".into()),
                 upstream: Some(upstream.into()),
-                key: Some("optional".into()),
-                on_inflight: Some("wait".into()),
+                key: Some(RawKeyMode::Optional),
+                on_inflight: Some(RawInflightMode::Wait),
                 timeouts: Some(RawTimeouts {
                     connect: Some("1s".into()),
                     first_byte: Some("10s".into()),
