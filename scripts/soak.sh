@@ -9,5 +9,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/services.sh
-SOAK_KEYS=${1:-10000} cargo test -q -p idemgate --test replicas soak -- \
+SOAK_KEYS=${1:-10000} cargo test -q -p idemgate --test replicas_duplicates soak -- \
   --nocapture --test-threads 1 2>&1 | grep -oE "soak (sqlite|redis|postgres): .*|test result.*|panicked.*|FAILED.*"

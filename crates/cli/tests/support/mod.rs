@@ -1,6 +1,8 @@
 //! Helpers shared by the tests that run `idemgate serve` as a process.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod replicas;
+
 use std::time::Duration;
 
 use tokio::process::Child;

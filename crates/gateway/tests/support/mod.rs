@@ -8,6 +8,8 @@
 
 #![allow(dead_code)]
 
+pub(crate) mod observability;
+
 use std::time::Duration;
 
 use idemgate_gateway::config::{RawConfig, RawInflightMode, RawKeyMode, RawRoute, RawTimeouts};

@@ -1,0 +1,148 @@
+//! What the observability tests share: a gateway in front of the
+//! simulated LLM with one `/v1` route (`obs`, reject mode, short
+//! timeouts), a keyed chat request with a fixed credential, and the
+//! reading of Prometheus exposition text (`/metrics`) into samples.
+
+use idemgate_gateway::config::{RawInflightMode, RawRoute, RawTimeouts};
+use idemgate_llm_sim::{SimConfig, SimHandle};
+
+use super::TestGateway;
+
+/// Starts the gateway on an SQLite store in a fresh directory.
+pub(crate) async fn start(upstream: &str, tweak: impl FnOnce(&mut RawRoute)) -> TestGateway {
+    start_with(upstream, None, tweak).await
+}
+
+/// As [`start`], with an admin token.
+pub(crate) async fn start_with(
+    upstream: &str,
+    admin_token: Option<&str>,
+    tweak: impl FnOnce(&mut RawRoute),
+) -> TestGateway {
+    TestGateway::builder(upstream)
+        .route(|route| {
+            route.id = Some("obs".into());
+            route.on_inflight = Some(RawInflightMode::Reject);
+            route.timeouts = Some(RawTimeouts {
+                connect: Some("2s".into()),
+                first_byte: Some("20s".into()),
+                idle: Some("10s".into()),
+                total: Some("60s".into()),
+            });
+            tweak(route);
+        })
+        .config(|c| {
+            c.shutdown_grace = Some("1s".into());
+            c.admin_token = admin_token.map(str::to_owned);
+        })
+        .start()
+        .await
+}
+
+/// The simulated LLM, with its defaults.
+pub(crate) async fn sim() -> SimHandle {
+    idemgate_llm_sim::spawn(SimConfig::default())
+        .await
+        .expect("spawn the process")
+}
+
+/// A chat completion request for `text`, streamed or not.
+pub(crate) fn chat(stream: bool, text: &str) -> String {
+    serde_json::json!({
+        "model": "sim-1",
+        "stream": stream,
+        "messages": [{"role": "user", "content": text}],
+    })
+    .to_string()
+}
+
+/// The credential every request sends (its hash is the tenant).
+pub(crate) const CREDENTIAL: &str = "Bearer sk-observability-credential-9d2f";
+
+/// A keyed chat completion `POST` to the gateway, with [`CREDENTIAL`].
+pub(crate) fn post(
+    client: &reqwest::Client,
+    gw: &TestGateway,
+    key: &str,
+    body: String,
+) -> reqwest::RequestBuilder {
+    client
+        .post(format!("{}/v1/chat/completions", gw.base))
+        .header("content-type", "application/json")
+        .header("authorization", CREDENTIAL)
+        .header("idempotency-key", key)
+        .body(body)
+}
+
+/// One sample of the exposition text.
+#[derive(Debug)]
+pub(crate) struct Sample {
+    pub(crate) name: String,
+    pub(crate) labels: Vec<(String, String)>,
+    pub(crate) value: f64,
+}
+
+/// Every sample of the exposition `text`, comments left out.
+pub(crate) fn samples(text: &str) -> Vec<Sample> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let value: f64 = value.parse().ok()?;
+            let (name, labels) = match series.split_once('{') {
+                Some((n, rest)) => (n, rest.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            let labels = labels
+                .split(',')
+                .filter(|p| !p.is_empty())
+                .filter_map(|p| {
+                    let (k, v) = p.split_once('=')?;
+                    Some((k.to_owned(), v.trim_matches('"').to_owned()))
+                })
+                .collect();
+            Some(Sample {
+                name: name.to_owned(),
+                labels,
+                value,
+            })
+        })
+        .collect()
+}
+
+/// The sum of every sample of `name` carrying all of `labels`.
+pub(crate) fn sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples(text)
+        .iter()
+        .filter(|s| s.name == name)
+        .filter(|s| {
+            labels
+                .iter()
+                .all(|(k, v)| s.labels.iter().any(|(sk, sv)| sk == k && sv == v))
+        })
+        .map(|s| s.value)
+        .sum()
+}
+
+/// Whether any sample of `name` carries all of `labels`.
+pub(crate) fn present(text: &str, name: &str, labels: &[(&str, &str)]) -> bool {
+    samples(text).iter().any(|s| {
+        s.name == name
+            && labels
+                .iter()
+                .all(|(k, v)| s.labels.iter().any(|(sk, sv)| sk == k && sv == v))
+    })
+}
+
+/// Prompt plus completion tokens of a chat completion body.
+pub(crate) fn total_tokens(body: &[u8]) -> u64 {
+    let v: serde_json::Value = serde_json::from_slice(body).expect("valid JSON");
+    let usage = &v["usage"];
+    let p = usage["prompt_tokens"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{v}"));
+    let c = usage["completion_tokens"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{v}"));
+    p + c
+}
