@@ -11,9 +11,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idemgate_engine::{
-    Attempt, AttemptOutcome, Begin, BoxFuture, Claim, ClientKey, Engine, Fenced, Fingerprint,
-    Lease, LeaseGuard, MemoryStore, Policy, ScopedKey, Store, StoreError, StoreErrorKind,
+    Attempt, AttemptOutcome, Begin, BoxFuture, Claim, ClientKey, Engine, Fenced, Lease, LeaseGuard,
+    MemoryStore, Policy, ScopedKey, Store, StoreError, StoreErrorKind,
 };
+use idemgate_testkit::fp;
 
 /// How `complete` misbehaves.
 #[derive(Debug, Default)]
@@ -111,12 +112,8 @@ fn rand_key() -> String {
     format!("k-{}", Lease::new_token())
 }
 
-fn fp() -> Fingerprint {
-    Fingerprint([7; 32])
-}
-
 async fn owner(s: &Setup) -> LeaseGuard {
-    match s.engine.begin(&s.key, &fp()).await.expect("begin") {
+    match s.engine.begin(&s.key, &fp("hold")).await.expect("begin") {
         Begin::Owner(guard) => guard,
         other => panic!("expected to own the key, got {other:?}"),
     }
@@ -162,7 +159,11 @@ async fn a_result_is_held_across_a_blink_longer_than_the_lease() {
         !writing.is_finished(),
         "the owner gave up while its lease was kept"
     );
-    match s.store.claim(&s.key, &fp(), Duration::from_secs(1)).await {
+    match s
+        .store
+        .claim(&s.key, &fp("hold"), Duration::from_secs(1))
+        .await
+    {
         Ok(Claim::Existing(rec)) => assert!(!rec.is_done()),
         other => panic!("the held key was taken over: {other:?}"),
     }
@@ -255,7 +256,7 @@ async fn a_permanent_error_is_not_retried() {
     }
     let engine = Engine::new(Arc::new(Refusing(MemoryStore::new())));
     let key = ScopedKey::new("t", "hold", ClientKey::parse(&rand_key()).unwrap());
-    let Begin::Owner(guard) = engine.begin(&key, &fp()).await.expect("begin") else {
+    let Begin::Owner(guard) = engine.begin(&key, &fp("hold")).await.expect("begin") else {
         panic!("expected to own the key");
     };
     let mut held = 0;

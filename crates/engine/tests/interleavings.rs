@@ -12,9 +12,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idemgate_engine::{
-    Attempt, AttemptOutcome, Claim, ClientKey, Fenced, Fingerprint, Lease, ManualClock,
-    MemoryStore, RecordState, ScopedKey, Store,
+    Claim, ClientKey, Fenced, Fingerprint, Lease, ManualClock, MemoryStore, RecordState, ScopedKey,
+    Store,
 };
+use idemgate_testkit::executed;
 use proptest::prelude::*;
 
 const ACTORS: usize = 4;
@@ -46,17 +47,6 @@ enum Model {
     Absent,
     Pending { token: u128, expires: u64 },
     Done { by: usize, expires: u64 },
-}
-
-fn attempt() -> Attempt {
-    Attempt {
-        at_ms: 0,
-        replica: "model".into(),
-        outcome: AttemptOutcome::Executed,
-        status: None,
-        latency_us: 0,
-        repeated: None,
-    }
 }
 
 fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
@@ -131,7 +121,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 Op::Complete(a) => {
                     let Some(lease) = leases[a].take() else { continue };
                     let payload = Bytes::from(format!("by-{a}"));
-                    let w = store.complete(&lease, payload, DONE_TTL, &attempt()).await.map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    let w = store.complete(&lease, payload, DONE_TTL, &executed()).await.map_err(|e| TestCaseError::fail(e.to_string()))?;
                     let owner = matches!(model, Model::Pending { token, .. } if token == lease.token);
                     prop_assert_eq!(w == Fenced::Applied, owner, "complete by actor {} (model {:?})", a, model);
                     if owner {
@@ -140,7 +130,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 }
                 Op::Release(a) => {
                     let Some(lease) = leases[a].take() else { continue };
-                    let w = store.release(&lease, &attempt(), DONE_TTL).await.map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    let w = store.release(&lease, &executed(), DONE_TTL).await.map_err(|e| TestCaseError::fail(e.to_string()))?;
                     let owner = matches!(model, Model::Pending { token, .. } if token == lease.token);
                     prop_assert_eq!(w == Fenced::Applied, owner);
                     if owner {

@@ -14,11 +14,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idemgate_engine::{
-    Begin, ClientKey, Engine, Fenced, Fingerprint, Lease, LeaseGuard, MemoryStore, Policy,
-    ScopedKey, Store,
-};
+use idemgate_engine::{Begin, Engine, Fenced, LeaseGuard, MemoryStore, Policy, ScopedKey, Store};
 use idemgate_testkit::counting::{Calls, CountingStore};
+use idemgate_testkit::{fp, fresh_key};
 
 /// Heartbeat interval: a third of the lease.
 const EVERY: Duration = Duration::from_secs(1);
@@ -31,21 +29,8 @@ fn engine(pending_ttl: Duration) -> (Engine, Arc<Calls>) {
     (engine, calls)
 }
 
-fn key() -> ScopedKey {
-    let raw = format!("k-{}", Lease::new_token());
-    ScopedKey::new(
-        "t",
-        "renewals",
-        ClientKey::parse(&raw).expect("a valid key"),
-    )
-}
-
-fn fp() -> Fingerprint {
-    Fingerprint([3; 32])
-}
-
 async fn owner(engine: &Engine, key: &ScopedKey) -> LeaseGuard {
-    match engine.begin(key, &fp()).await.expect("begin") {
+    match engine.begin(key, &fp("renewals")).await.expect("begin") {
         Begin::Owner(guard) => guard,
         other => panic!("expected to own the key, got {other:?}"),
     }
@@ -71,7 +56,7 @@ async fn short_runs_spawn_nothing_and_send_no_renewal() {
         .map(|i| {
             let engine = engine.clone();
             tokio::spawn(async move {
-                let guard = owner(&engine, &key()).await;
+                let guard = owner(&engine, &fresh_key()).await;
                 tokio::time::sleep(Duration::from_millis(i * 2)).await;
                 guard.complete(Bytes::from_static(b"ok"), Some(200)).await
             })
@@ -92,7 +77,7 @@ async fn a_long_run_is_renewed_every_interval_until_it_completes() {
     let (engine, calls) = engine(EVERY * 3);
     let idle = alive_tasks() + 1;
     let claimed = tokio::time::Instant::now();
-    let guard = owner(&engine, &key()).await;
+    let guard = owner(&engine, &fresh_key()).await;
     tokio::time::sleep(EVERY / 2 - Duration::from_millis(1)).await;
     assert_eq!(
         alive_tasks(),
@@ -120,7 +105,7 @@ async fn a_long_run_is_renewed_every_interval_until_it_completes() {
 async fn runs_that_end_stop_their_heartbeat() {
     let (engine, calls) = engine(EVERY * 3);
     let idle = alive_tasks() + 1;
-    let guard = owner(&engine, &key()).await;
+    let guard = owner(&engine, &fresh_key()).await;
     tokio::time::sleep(EVERY * 9 / 10).await;
     assert_eq!(
         alive_tasks(),
@@ -133,7 +118,7 @@ async fn runs_that_end_stop_their_heartbeat() {
     assert_eq!(renewals(&calls), 0);
     assert_eq!(alive_tasks(), idle);
 
-    let k = key();
+    let k = fresh_key();
     let guard = owner(&engine, &k).await;
     tokio::time::sleep(EVERY * 5 / 2).await;
     assert_eq!(renewals(&calls), 2);
@@ -158,7 +143,7 @@ fn a_runtime_after_a_shut_down_one_gets_its_own_ticker() {
         .build()
         .expect("runtime");
     first.block_on(async {
-        let guard = owner(&engine, &key()).await;
+        let guard = owner(&engine, &fresh_key()).await;
         let written = guard.complete(Bytes::from_static(b"ok"), None).await;
         assert_eq!(written.expect("complete"), Fenced::Applied);
     });
@@ -169,7 +154,7 @@ fn a_runtime_after_a_shut_down_one_gets_its_own_ticker() {
         .build()
         .expect("runtime");
     second.block_on(async {
-        let guard = owner(&engine, &key()).await;
+        let guard = owner(&engine, &fresh_key()).await;
         tokio::time::sleep(EVERY * 5 / 2).await;
         assert_eq!(renewals(&calls), 2);
         let written = guard.complete(Bytes::from_static(b"ok"), None).await;
@@ -190,12 +175,12 @@ async fn overlapping_runs_on_two_workers_keep_their_keys() {
         .map(|i| {
             let engine = engine.clone();
             tokio::spawn(async move {
-                let k = key();
+                let k = fresh_key();
                 let length = Duration::from_millis((i * 37) % 3000);
                 let guard = owner(&engine, &k).await;
                 if length > lease {
                     tokio::time::sleep(length - Duration::from_millis(100)).await;
-                    let contender = engine.begin(&k, &fp()).await.expect("begin");
+                    let contender = engine.begin(&k, &fp("renewals")).await.expect("begin");
                     assert!(
                         matches!(contender, Begin::InFlight(_)),
                         "a run of {length:?} lost its key: {contender:?}"

@@ -15,25 +15,15 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idemgate_engine::{
-    Attempt, AttemptOutcome, Begin, Engine, Fenced, Fingerprint, LeaseGuard, Policy, ScopedKey,
-    Store,
-};
+use idemgate_engine::{Begin, Engine, Fenced, Fingerprint, LeaseGuard, Policy, ScopedKey, Store};
 use idemgate_postgres::PostgresStore;
+use idemgate_testkit::{executed, fresh_key};
 use sqlx::AssertSqlSafe;
 
 const PENDING_TTL: Duration = Duration::from_millis(600);
 
 fn engine(store: &PostgresStore) -> Engine {
     Engine::new(Arc::new(store.clone())).with_policy(Policy::default().pending_ttl(PENDING_TTL))
-}
-
-fn key() -> ScopedKey {
-    idemgate_testkit::fresh_key()
-}
-
-fn attempt() -> Attempt {
-    idemgate_testkit::attempt(AttemptOutcome::Executed)
 }
 
 async fn owner(engine: &Engine, key: &ScopedKey) -> LeaseGuard {
@@ -69,7 +59,7 @@ async fn completes_in_one_transaction(level: &str) {
     let store = support::shared_store().await;
     let table = charges_table(&store).await;
     let engine = engine(&store);
-    let key = key();
+    let key = fresh_key();
     let mut guard = owner(&engine, &key).await;
     let mut tx = store
         .pool()
@@ -106,7 +96,7 @@ async fn completes_in_one_transaction(level: &str) {
             guard.lease(),
             "charged".into(),
             Duration::from_secs(60),
-            &attempt(),
+            &executed(),
         )
         .await
         .unwrap_or_else(|e| panic!("{level}: complete_in failed: {e}"));
@@ -150,7 +140,7 @@ async fn serializable() {
 async fn lock_in_a_lost_lease_is_stale() {
     let store = support::shared_store().await;
     let engine = engine(&store);
-    let key = key();
+    let key = fresh_key();
     let mut guard = owner(&engine, &key).await;
     guard.pause_heartbeat().await;
     tokio::time::sleep(PENDING_TTL + Duration::from_millis(200)).await;
@@ -175,7 +165,7 @@ async fn without_lock_in_a_renewal_breaks_repeatable_read() {
     let store = support::shared_store().await;
     let table = charges_table(&store).await;
     let engine = engine(&store);
-    let key = key();
+    let key = fresh_key();
     let guard = owner(&engine, &key).await;
     let mut tx = store
         .pool()
@@ -197,7 +187,7 @@ async fn without_lock_in_a_renewal_breaks_repeatable_read() {
             guard.lease(),
             "charged".into(),
             Duration::from_secs(60),
-            &attempt(),
+            &executed(),
         )
         .await
         .expect_err("a concurrent update breaks the snapshot");

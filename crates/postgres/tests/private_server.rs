@@ -10,31 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use idemgate_engine::{
-    Attempt, AttemptOutcome, Claim, ClientKey, Engine, Fenced, Fingerprint, ScopedKey, Store,
-    StoreErrorKind,
-};
+use idemgate_engine::{AttemptOutcome, Claim, Engine, Fenced, ScopedKey, Store, StoreErrorKind};
 use idemgate_postgres::{PostgresOptions, PostgresStore};
+use idemgate_testkit::{executed, fp, fresh_key};
 use support::Private;
-
-fn key() -> ScopedKey {
-    ScopedKey::new("tenant", "ns", ClientKey::mint())
-}
-
-fn fp() -> Fingerprint {
-    Fingerprint::of_request("POST", "/v1", b"{}", &[])
-}
-
-fn attempt() -> Attempt {
-    Attempt {
-        at_ms: idemgate_engine::record::now_ms(),
-        replica: "test".into(),
-        outcome: AttemptOutcome::Executed,
-        status: Some(200),
-        latency_us: 1,
-        repeated: None,
-    }
-}
 
 const LONG: Duration = Duration::from_secs(300);
 
@@ -76,38 +55,41 @@ async fn one_statement_per_operation() {
         .purge_interval(None);
     let store = PostgresStore::connect_with(&pg.url(), opts).await.unwrap();
     // Warm up: prepare every statement on the pool's one connection.
-    let warm = key();
-    let Claim::Acquired(lease) = store.claim(&warm, &fp(), LONG).await.unwrap() else {
+    let warm = fresh_key();
+    let Claim::Acquired(lease) = store.claim(&warm, &fp("{}"), LONG).await.unwrap() else {
         panic!("warm-up claim")
     };
     let mut l2 = lease.clone();
     assert_eq!(store.renew(&mut l2, LONG).await.unwrap(), Fenced::Applied);
-    let _ = store.release(&l2, &attempt(), LONG).await.unwrap();
-    store.record_attempt(&warm, &attempt(), LONG).await.unwrap();
+    let _ = store.release(&l2, &executed(), LONG).await.unwrap();
+    store
+        .record_attempt(&warm, &executed(), LONG)
+        .await
+        .unwrap();
     store.get(&warm).await.unwrap();
     landed(&store, &warm, 2).await;
-    let Claim::Acquired(lease) = store.claim(&warm, &fp(), LONG).await.unwrap() else {
+    let Claim::Acquired(lease) = store.claim(&warm, &fp("{}"), LONG).await.unwrap() else {
         panic!("warm-up claim")
     };
     let _ = store
-        .complete(&lease, Bytes::from_static(b"w"), LONG, &attempt())
+        .complete(&lease, Bytes::from_static(b"w"), LONG, &executed())
         .await
         .unwrap();
 
-    let k = key();
+    let k = fresh_key();
     let before = statements(&admin).await;
-    let Claim::Acquired(lease) = store.claim(&k, &fp(), LONG).await.unwrap() else {
+    let Claim::Acquired(lease) = store.claim(&k, &fp("{}"), LONG).await.unwrap() else {
         panic!("claim")
     };
     let w = store
-        .complete(&lease, Bytes::from_static(b"r"), LONG, &attempt())
+        .complete(&lease, Bytes::from_static(b"r"), LONG, &executed())
         .await
         .unwrap();
     assert_eq!(w, Fenced::Applied);
     assert_eq!(statements(&admin).await - before, 2, "first execution");
 
     let before = statements(&admin).await;
-    let c = store.claim(&k, &fp(), LONG).await.unwrap();
+    let c = store.claim(&k, &fp("{}"), LONG).await.unwrap();
     assert!(matches!(c, Claim::Existing(ref r) if r.is_done()));
     assert_eq!(statements(&admin).await - before, 1, "replay");
 
@@ -117,10 +99,10 @@ async fn one_statement_per_operation() {
     assert_eq!(statements(&admin).await - before, 2, "get + timeline");
 
     let engine = Engine::new(Arc::new(store.clone()));
-    let k = key();
+    let k = fresh_key();
     let before = statements(&admin).await;
     let first = engine
-        .execute(&k, &fp(), || async { Ok::<_, std::io::Error>(1u8) })
+        .execute(&k, &fp("{}"), || async { Ok::<_, std::io::Error>(1u8) })
         .await
         .unwrap();
     assert!(!first.replayed());
@@ -134,7 +116,7 @@ async fn one_statement_per_operation() {
     // statement, counted once it has landed; the polls are subtracted).
     let before = statements(&admin).await;
     let again = engine
-        .execute(&k, &fp(), || async { Ok::<_, std::io::Error>(2u8) })
+        .execute(&k, &fp("{}"), || async { Ok::<_, std::io::Error>(2u8) })
         .await
         .unwrap();
     assert!(again.replayed());
@@ -177,14 +159,17 @@ async fn background_timeline_entries_are_batched() {
         .max_connections(1)
         .purge_interval(None);
     let store = PostgresStore::connect_with(&pg.url(), opts).await.unwrap();
-    let warm = key();
-    store.record_attempt(&warm, &attempt(), LONG).await.unwrap();
+    let warm = fresh_key();
+    store
+        .record_attempt(&warm, &executed(), LONG)
+        .await
+        .unwrap();
     landed(&store, &warm, 1).await;
 
-    let k = key();
+    let k = fresh_key();
     let before = statements(&admin).await;
     for i in 0..64u64 {
-        let mut a = attempt();
+        let mut a = executed();
         a.outcome = AttemptOutcome::Replayed;
         a.latency_us = i;
         store.record_attempt(&k, &a, LONG).await.unwrap();
@@ -224,8 +209,8 @@ async fn crash_restart_under_load_keeps_every_acknowledged_done() {
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 n += 1;
-                let k = key();
-                let claim = tokio::time::timeout(bound, store.claim(&k, &fp(), LONG))
+                let k = fresh_key();
+                let claim = tokio::time::timeout(bound, store.claim(&k, &fp("{}"), LONG))
                     .await
                     .expect("claim hung");
                 let lease = match claim {
@@ -241,7 +226,7 @@ async fn crash_restart_under_load_keeps_every_acknowledged_done() {
                 let body = format!("worker {w} op {n}").into_bytes();
                 let done = tokio::time::timeout(
                     bound,
-                    store.complete(&lease, Bytes::from(body.clone()), LONG, &attempt()),
+                    store.complete(&lease, Bytes::from(body.clone()), LONG, &executed()),
                 )
                 .await
                 .expect("complete hung");
@@ -331,15 +316,15 @@ async fn claim_then_crash(synchronous_claims: bool) -> (Option<idemgate_engine::
     let store = PostgresStore::connect_with(&pg.url(), opts.clone())
         .await
         .unwrap();
-    let k = key();
-    let Claim::Acquired(lease) = store.claim(&k, &fp(), LONG).await.unwrap() else {
+    let k = fresh_key();
+    let Claim::Acquired(lease) = store.claim(&k, &fp("{}"), LONG).await.unwrap() else {
         panic!("a fresh key is free");
     };
     store.pool().close().await;
     crash(&pg);
     let store = PostgresStore::connect_with(&pg.url(), opts).await.unwrap();
     let found = store.get(&k).await.unwrap();
-    let Claim::Acquired(next) = store.claim(&key(), &fp(), LONG).await.unwrap() else {
+    let Claim::Acquired(next) = store.claim(&fresh_key(), &fp("{}"), LONG).await.unwrap() else {
         panic!("a fresh key is free");
     };
     (found, lease.fence, next.fence)
@@ -391,11 +376,12 @@ async fn statements_are_prepared_once_and_reused() {
             .synchronous_claims(synchronous_claims);
         let store = PostgresStore::connect_with(&pg.url(), opts).await.unwrap();
         for _ in 0..10 {
-            let Claim::Acquired(lease) = store.claim(&key(), &fp(), LONG).await.unwrap() else {
+            let Claim::Acquired(lease) = store.claim(&fresh_key(), &fp("{}"), LONG).await.unwrap()
+            else {
                 panic!("a fresh key is free");
             };
             let done = store
-                .complete(&lease, Bytes::from_static(b"r"), LONG, &attempt())
+                .complete(&lease, Bytes::from_static(b"r"), LONG, &executed())
                 .await
                 .unwrap();
             assert_eq!(done, Fenced::Applied);

@@ -10,31 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idemgate_engine::{
-    Attempt, AttemptOutcome, Claim, ClientKey, Engine, Fenced, Fingerprint, ScopedKey, Store,
-    StoreErrorKind,
-};
+use idemgate_engine::{AttemptOutcome, Claim, Engine, Fenced, ScopedKey, Store, StoreErrorKind};
 use idemgate_redis::RedisStore;
+use idemgate_testkit::{executed, fp, fresh_key};
 use support::Server;
-
-fn key() -> ScopedKey {
-    ScopedKey::new("tenant", "ns", ClientKey::mint())
-}
-
-fn fp() -> Fingerprint {
-    Fingerprint::of_request("POST", "/v1", b"{}", &[])
-}
-
-fn attempt() -> Attempt {
-    Attempt {
-        at_ms: idemgate_engine::record::now_ms(),
-        replica: "test".into(),
-        outcome: AttemptOutcome::Executed,
-        status: Some(200),
-        latency_us: 1,
-        repeated: None,
-    }
-}
 
 const LONG: Duration = Duration::from_secs(300);
 
@@ -100,33 +79,36 @@ async fn one_round_trip_per_operation() {
         .unwrap();
     // Warm up: load every script once (the first EVALSHA of a script answers
     // NOSCRIPT and is followed by SCRIPT LOAD).
-    let warm = key();
-    let Claim::Acquired(lease) = store.claim(&warm, &fp(), LONG).await.unwrap() else {
+    let warm = fresh_key();
+    let Claim::Acquired(lease) = store.claim(&warm, &fp("{}"), LONG).await.unwrap() else {
         panic!("warm-up claim")
     };
     let mut l2 = lease.clone();
     assert_eq!(store.renew(&mut l2, LONG).await.unwrap(), Fenced::Applied);
-    let _ = store.release(&lease, &attempt(), LONG).await.unwrap();
-    store.record_attempt(&warm, &attempt(), LONG).await.unwrap();
+    let _ = store.release(&lease, &executed(), LONG).await.unwrap();
+    store
+        .record_attempt(&warm, &executed(), LONG)
+        .await
+        .unwrap();
     store.timeline(&warm).await.unwrap();
-    let Claim::Acquired(lease) = store.claim(&warm, &fp(), LONG).await.unwrap() else {
+    let Claim::Acquired(lease) = store.claim(&warm, &fp("{}"), LONG).await.unwrap() else {
         panic!("warm-up claim")
     };
     let _ = store
-        .complete(&lease, Bytes::from_static(b"w"), LONG, &attempt())
+        .complete(&lease, Bytes::from_static(b"w"), LONG, &executed())
         .await
         .unwrap();
 
     let stats = || tokio::task::block_in_place(|| counts(&server));
 
     // Store level: first execution = claim + complete; replay = claim.
-    let k = key();
+    let k = fresh_key();
     let before = stats();
-    let Claim::Acquired(lease) = store.claim(&k, &fp(), LONG).await.unwrap() else {
+    let Claim::Acquired(lease) = store.claim(&k, &fp("{}"), LONG).await.unwrap() else {
         panic!("claim")
     };
     let w = store
-        .complete(&lease, Bytes::from_static(b"r"), LONG, &attempt())
+        .complete(&lease, Bytes::from_static(b"r"), LONG, &executed())
         .await
         .unwrap();
     assert_eq!(w, Fenced::Applied);
@@ -135,7 +117,7 @@ async fn one_round_trip_per_operation() {
     assert_eq!(delta(before, stats()), c(2, 3, 0), "first execution");
 
     let before = stats();
-    let claim = store.claim(&k, &fp(), LONG).await.unwrap();
+    let claim = store.claim(&k, &fp("{}"), LONG).await.unwrap();
     assert!(matches!(claim, Claim::Existing(ref r) if r.is_done()));
     assert_eq!(delta(before, stats()), c(1, 1, 0), "replay: one EVALSHA");
 
@@ -155,17 +137,17 @@ async fn one_round_trip_per_operation() {
     // (record_attempt) is written by the background writer, off the
     // request path: one more EVALSHA, counted once it has landed.
     let engine = Engine::new(Arc::new(store.clone()));
-    let k = key();
+    let k = fresh_key();
     let before = stats();
     let first = engine
-        .execute(&k, &fp(), || async { Ok::<_, std::io::Error>(1u8) })
+        .execute(&k, &fp("{}"), || async { Ok::<_, std::io::Error>(1u8) })
         .await
         .unwrap();
     assert!(!first.replayed());
     assert_eq!(delta(before, stats()), c(2, 3, 0), "engine first execution");
     let before = stats();
     let again = engine
-        .execute(&k, &fp(), || async { Ok::<_, std::io::Error>(2u8) })
+        .execute(&k, &fp("{}"), || async { Ok::<_, std::io::Error>(2u8) })
         .await
         .unwrap();
     assert!(again.replayed());
@@ -208,15 +190,18 @@ async fn background_timeline_entries_are_batched() {
         .await
         .unwrap();
     // Warm up: the first call of the batch script loads it.
-    let warm = key();
-    store.record_attempt(&warm, &attempt(), LONG).await.unwrap();
+    let warm = fresh_key();
+    store
+        .record_attempt(&warm, &executed(), LONG)
+        .await
+        .unwrap();
     landed(&store, &warm, 1).await;
 
-    let k = key();
+    let k = fresh_key();
     // `counts` blocks this (only) thread briefly: nothing else needs it then.
     let c0 = counts(&server);
     for i in 0..64u64 {
-        let mut a = attempt();
+        let mut a = executed();
         a.outcome = AttemptOutcome::Replayed;
         a.latency_us = i;
         store.record_attempt(&k, &a, LONG).await.unwrap();
@@ -242,12 +227,12 @@ async fn survives_a_server_restart() {
     let store = RedisStore::connect_with(&server.url(), support::options())
         .await
         .unwrap();
-    let done = key();
-    let Claim::Acquired(lease) = store.claim(&done, &fp(), LONG).await.unwrap() else {
+    let done = fresh_key();
+    let Claim::Acquired(lease) = store.claim(&done, &fp("{}"), LONG).await.unwrap() else {
         panic!("claim")
     };
     let w = store
-        .complete(&lease, Bytes::from_static(b"kept"), LONG, &attempt())
+        .complete(&lease, Bytes::from_static(b"kept"), LONG, &executed())
         .await
         .unwrap();
     assert_eq!(w, Fenced::Applied);
@@ -262,7 +247,7 @@ async fn survives_a_server_restart() {
     // During the outage every operation ends, with Unavailable.
     for _ in 0..5 {
         let bound = Duration::from_secs(30); // a hang detector, not a timing claim
-        let claim = tokio::time::timeout(bound, store.claim(&key(), &fp(), LONG))
+        let claim = tokio::time::timeout(bound, store.claim(&fresh_key(), &fp("{}"), LONG))
             .await
             .expect("claim hung during the outage");
         assert_eq!(claim.unwrap_err().kind(), StoreErrorKind::Unavailable);
@@ -272,7 +257,7 @@ async fn survives_a_server_restart() {
         assert_eq!(get.unwrap_err().kind(), StoreErrorKind::Unavailable);
         let complete = tokio::time::timeout(
             bound,
-            store.complete(&lease, Bytes::from_static(b"x"), LONG, &attempt()),
+            store.complete(&lease, Bytes::from_static(b"x"), LONG, &executed()),
         )
         .await
         .expect("complete hung during the outage");
@@ -299,8 +284,8 @@ async fn survives_a_server_restart() {
     assert!(recovered, "the store never recovered after the restart");
     let rec = store.get(&done).await.unwrap().unwrap();
     assert_eq!(rec.payload().unwrap().as_ref(), b"kept");
-    let fresh = key();
-    let Claim::Acquired(lease) = store.claim(&fresh, &fp(), LONG).await.unwrap() else {
+    let fresh = fresh_key();
+    let Claim::Acquired(lease) = store.claim(&fresh, &fp("{}"), LONG).await.unwrap() else {
         panic!("claim after restart")
     };
     assert!(lease.fence > 0);

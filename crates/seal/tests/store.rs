@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idemgate_engine::{
-    Attempt, AttemptOutcome, Claim, ClientKey, Fenced, Fingerprint, Lease, MemoryStore, Record,
-    RecordState, ScopedKey, Store, StoreErrorKind,
+    Attempt, Claim, Fenced, Fingerprint, Lease, MemoryStore, Record, RecordState, ScopedKey, Store,
+    StoreErrorKind,
 };
 use idemgate_seal::store::failure_reason;
 use idemgate_seal::{KeyRing, SealedStore, generate_key_line};
+use idemgate_testkit::{executed, key};
 
 async fn make() -> Arc<dyn Store> {
     Arc::new(SealedStore::new(
@@ -46,21 +47,6 @@ fn ring(ids: &[&str], active: &str) -> KeyRing {
         text.push('\n');
     }
     KeyRing::parse(&text).unwrap()
-}
-
-fn attempt() -> Attempt {
-    Attempt {
-        at_ms: 1,
-        replica: "r".into(),
-        outcome: AttemptOutcome::Executed,
-        status: Some(200),
-        latency_us: 1,
-        repeated: None,
-    }
-}
-
-fn key(k: &str) -> ScopedKey {
-    ScopedKey::new("tenant-a", "chat", ClientKey::parse(k).unwrap())
 }
 
 const TTL: Duration = Duration::from_secs(60);
@@ -99,7 +85,7 @@ async fn the_backend_holds_only_sealed_bytes_and_replay_gets_the_plaintext() {
     let (k, fp) = (key("k1"), Fingerprint::of_value("req").unwrap());
     let lease = acquire(&sealed, &k, &fp).await;
     let done = sealed
-        .complete(&lease, Bytes::from_static(SECRET), TTL, &attempt())
+        .complete(&lease, Bytes::from_static(SECRET), TTL, &executed())
         .await
         .unwrap();
     assert_eq!(done, Fenced::Applied);
@@ -124,7 +110,7 @@ async fn a_lease_claimed_around_the_wrapper_is_completed_with_the_records_finger
     let (k, fp) = (key("k2"), Fingerprint::of_value("req").unwrap());
     let lease = acquire(inner.as_ref(), &k, &fp).await;
     let done = sealed
-        .complete(&lease, Bytes::from_static(SECRET), TTL, &attempt())
+        .complete(&lease, Bytes::from_static(SECRET), TTL, &executed())
         .await
         .unwrap();
     assert_eq!(done, Fenced::Applied);
@@ -139,7 +125,7 @@ async fn a_payload_copied_under_another_key_or_fingerprint_does_not_open_and_is_
     let fp = Fingerprint::of_value("req").unwrap();
     let lease = acquire(&sealed, &key("src"), &fp).await;
     let _ = sealed
-        .complete(&lease, Bytes::from_static(SECRET), TTL, &attempt())
+        .complete(&lease, Bytes::from_static(SECRET), TTL, &executed())
         .await
         .unwrap();
     let raw = stored_payload(inner.get(&key("src")).await.unwrap());
@@ -152,7 +138,7 @@ async fn a_payload_copied_under_another_key_or_fingerprint_does_not_open_and_is_
     ] {
         let lease = acquire(inner.as_ref(), &k, &fp).await;
         let _ = inner
-            .complete(&lease, raw.clone(), TTL, &attempt())
+            .complete(&lease, raw.clone(), TTL, &executed())
             .await
             .unwrap();
         let err = sealed.get(&k).await.unwrap_err();
@@ -171,7 +157,7 @@ async fn rotation_old_records_open_while_their_key_is_listed_then_fail_as_unknow
     let under_a = SealedStore::new(Arc::clone(&inner), Arc::new(ring(&["a"], "a")));
     let lease = acquire(&under_a, &k, &fp).await;
     let _ = under_a
-        .complete(&lease, Bytes::from_static(SECRET), TTL, &attempt())
+        .complete(&lease, Bytes::from_static(SECRET), TTL, &executed())
         .await
         .unwrap();
 
@@ -192,7 +178,7 @@ async fn an_unsealed_record_is_refused_not_replayed() {
     let (k, fp) = (key("plain"), Fingerprint::of_value("req").unwrap());
     let lease = acquire(inner.as_ref(), &k, &fp).await;
     let _ = inner
-        .complete(&lease, Bytes::from_static(SECRET), TTL, &attempt())
+        .complete(&lease, Bytes::from_static(SECRET), TTL, &executed())
         .await
         .unwrap();
     let failures = Arc::new(AtomicUsize::new(0));
@@ -254,7 +240,7 @@ async fn a_complete_retried_after_a_lost_reply_sends_the_same_sealed_bytes() {
     let (k, fp) = (key("lost"), Fingerprint::of_value("req").unwrap());
     let lease = acquire(&sealed, &k, &fp).await;
     let err = sealed
-        .complete(&lease, Bytes::from_static(SECRET), TTL, &attempt())
+        .complete(&lease, Bytes::from_static(SECRET), TTL, &executed())
         .await
         .unwrap_err();
     assert!(err.is_temporary());
@@ -267,7 +253,7 @@ async fn a_complete_retried_after_a_lost_reply_sends_the_same_sealed_bytes() {
     // there however long the lease lasts.
     tokio::time::sleep(idemgate_seal::store::RETRY_WINDOW * 4).await;
     let retried = sealed
-        .complete(&lease, Bytes::from_static(SECRET), TTL, &attempt())
+        .complete(&lease, Bytes::from_static(SECRET), TTL, &executed())
         .await
         .unwrap();
     assert_eq!(
@@ -290,7 +276,7 @@ async fn acknowledged_completions_are_forgotten_after_the_retry_window_on_a_quie
     for name in ["w1", "w2", "w3"] {
         let lease = acquire(&sealed, &key(name), &fp).await;
         let done = sealed
-            .complete(&lease, Bytes::from_static(SECRET), TTL, &attempt())
+            .complete(&lease, Bytes::from_static(SECRET), TTL, &executed())
             .await
             .unwrap();
         assert_eq!(done, Fenced::Applied);
@@ -302,7 +288,7 @@ async fn acknowledged_completions_are_forgotten_after_the_retry_window_on_a_quie
     // whose acknowledgement was lost above the wrapper is recognised.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let again = sealed
-        .complete(&leases[0], Bytes::from_static(SECRET), TTL, &attempt())
+        .complete(&leases[0], Bytes::from_static(SECRET), TTL, &executed())
         .await
         .unwrap();
     assert_eq!(again, Fenced::Applied);
@@ -315,7 +301,7 @@ async fn acknowledged_completions_are_forgotten_after_the_retry_window_on_a_quie
     // A retry that late is sealed anew and is not the stored payload:
     // the store refuses it, and the stored answer is unchanged.
     let late = sealed
-        .complete(&leases[1], Bytes::from_static(SECRET), TTL, &attempt())
+        .complete(&leases[1], Bytes::from_static(SECRET), TTL, &executed())
         .await
         .unwrap();
     assert_eq!(late, Fenced::Stale);
@@ -334,7 +320,7 @@ async fn acknowledged_completions_stay_within_16_mib() {
     for i in 0..5 {
         let lease = acquire(&sealed, &key(&format!("big{i}")), &fp).await;
         let done = sealed
-            .complete(&lease, big.clone(), TTL, &attempt())
+            .complete(&lease, big.clone(), TTL, &executed())
             .await
             .unwrap();
         assert_eq!(done, Fenced::Applied);

@@ -5,34 +5,14 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use idemgate_engine::{
-    Attempt, AttemptOutcome, Claim, ClientKey, Fenced, Fingerprint, Lease, ScopedKey, Store,
-};
+use idemgate_engine::{AttemptOutcome, Claim, Fenced, Lease, ScopedKey, Store};
 use idemgate_sqlite::SqliteStore;
+use idemgate_testkit::{attempt, fp, key_n};
 
 const LONG: Duration = Duration::from_secs(300);
 
-fn key(n: usize) -> ScopedKey {
-    ScopedKey::new("t", "ns", ClientKey::parse(&format!("k{n}")).expect("key"))
-}
-
-fn fp() -> Fingerprint {
-    Fingerprint::of_request("POST", "/d", b"{}", &[])
-}
-
-fn note(outcome: AttemptOutcome) -> Attempt {
-    Attempt {
-        at_ms: idemgate_engine::record::now_ms(),
-        replica: "r".into(),
-        outcome,
-        status: None,
-        latency_us: 0,
-        repeated: None,
-    }
-}
-
 async fn claim(store: &SqliteStore, k: &ScopedKey) -> Lease {
-    match store.claim(k, &fp(), LONG).await.expect("claim") {
+    match store.claim(k, &fp("{}"), LONG).await.expect("claim") {
         Claim::Acquired(lease) => lease,
         Claim::Existing(r) => panic!("fresh key found {r:?}"),
     }
@@ -43,10 +23,10 @@ async fn claims_are_committed_unsynced_and_results_synced() {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = SqliteStore::open(dir.path().join("d.db")).expect("open");
     // The first claim raises the durable fence ceiling: synced.
-    let first = claim(&store, &key(0)).await;
+    let first = claim(&store, &key_n(0)).await;
     let before = store.commit_counts();
     for n in 1..=5 {
-        claim(&store, &key(n)).await;
+        claim(&store, &key_n(n)).await;
     }
     let after_claims = store.commit_counts();
     assert_eq!(after_claims.synced, before.synced, "claims are not fsynced");
@@ -57,7 +37,7 @@ async fn claims_are_committed_unsynced_and_results_synced() {
             &first,
             Bytes::from_static(b"result"),
             LONG,
-            &note(AttemptOutcome::Executed),
+            &attempt(AttemptOutcome::Executed),
         )
         .await
         .expect("complete");
@@ -71,7 +51,7 @@ async fn claims_are_committed_unsynced_and_results_synced() {
 
     assert!(
         store
-            .forget(&key(1), &note(AttemptOutcome::Forgotten), LONG)
+            .forget(&key_n(1), &attempt(AttemptOutcome::Forgotten), LONG)
             .await
             .expect("forget")
     );
@@ -86,13 +66,13 @@ async fn claims_are_committed_unsynced_and_results_synced() {
 async fn claims_queued_beside_a_result_do_not_wait_for_its_fsync() {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = SqliteStore::open(dir.path().join("d.db")).expect("open");
-    let owned = claim(&store, &key(0)).await;
+    let owned = claim(&store, &key_n(0)).await;
     let before = store.commit_counts();
     // Queued together, they may share one batch; whatever the batching,
     // the commit holding the result is synced and nothing is lost.
     let payload = Bytes::from_static(b"result");
-    let executed = note(AttemptOutcome::Executed);
-    let (k1, k2) = (key(1), key(2));
+    let executed = attempt(AttemptOutcome::Executed);
+    let (k1, k2) = (key_n(1), key_n(2));
     let (c1, c2, done) = tokio::join!(
         claim(&store, &k1),
         claim(&store, &k2),
@@ -107,7 +87,7 @@ async fn claims_queued_beside_a_result_do_not_wait_for_its_fsync() {
     assert!(after.unsynced > before.unsynced, "{before:?} → {after:?}");
     store.close();
     let reopened = SqliteStore::open(dir.path().join("d.db")).expect("reopen");
-    let record = reopened.get(&key(0)).await.expect("get").expect("DONE");
+    let record = reopened.get(&key_n(0)).await.expect("get").expect("DONE");
     assert!(record.is_done());
 }
 
@@ -121,7 +101,7 @@ async fn fences_of_claims_lost_with_the_machine_are_not_issued_again() {
     let store = SqliteStore::open(&path).expect("open");
     let mut issued = Vec::new();
     for n in 0..20 {
-        issued.push(claim(&store, &key(n)).await.fence);
+        issued.push(claim(&store, &key_n(n)).await.fence);
     }
     store.close();
     drop(store);
@@ -139,7 +119,7 @@ async fn fences_of_claims_lost_with_the_machine_are_not_issued_again() {
     }
     let store = SqliteStore::open(&path).expect("reopen");
     for n in 0..20 {
-        let fence = claim(&store, &key(n)).await.fence;
+        let fence = claim(&store, &key_n(n)).await.fence;
         assert!(
             fence > highest,
             "fence {fence} was issued before (≤ {highest})"
@@ -155,12 +135,12 @@ async fn a_claim_past_the_ceiling_another_process_reached_is_synced() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("d.db");
     let a = SqliteStore::open(&path).expect("open a");
-    let first = claim(&a, &key(0)).await.fence;
+    let first = claim(&a, &key_n(0)).await.fence;
     let b = SqliteStore::open(&path).expect("open b");
     let before = a.commit_counts();
-    let next = claim(&a, &key(1)).await.fence;
+    let next = claim(&a, &key_n(1)).await.fence;
     assert!(next > first);
     assert_eq!(a.commit_counts().synced, before.synced + 1);
-    let from_b = claim(&b, &key(2)).await.fence;
+    let from_b = claim(&b, &key_n(2)).await.fence;
     assert!(from_b > next);
 }

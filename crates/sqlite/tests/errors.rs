@@ -6,21 +6,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idemgate_engine::{
-    Attempt, AttemptOutcome, Claim, ClientKey, Fenced, Fingerprint, MAX_TIMELINE, ScopedKey, Store,
-    StoreErrorKind,
+    Attempt, AttemptOutcome, Claim, Fenced, MAX_TIMELINE, Store, StoreErrorKind,
 };
 use idemgate_sqlite::{SqliteError, SqliteStore};
+use idemgate_testkit::{fp, key};
 
 const LONG: Duration = Duration::from_secs(300);
 
-fn key(name: &str) -> ScopedKey {
-    ScopedKey::new("errors", "ns", ClientKey::parse(name).expect("key"))
-}
-
-fn fp() -> Fingerprint {
-    Fingerprint::of_request("POST", "/e", b"{}", &[])
-}
-
+/// Not the testkit's `attempt`: attempt `n` is stamped `n` ms and `n` µs,
+/// so the order and the identity of each one read back can be checked.
 fn attempt(n: u64) -> Attempt {
     Attempt {
         at_ms: n,
@@ -103,10 +97,17 @@ fn the_file_is_in_wal_mode() {
 async fn operations_after_close_fail_with_closed() {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = SqliteStore::open(dir.path().join("closed.db")).expect("open");
-    let Claim::Acquired(lease) = store.claim(&key("a"), &fp(), LONG).await.expect("claim") else {
+    let Claim::Acquired(lease) = store
+        .claim(&key("a"), &fp("{}"), LONG)
+        .await
+        .expect("claim")
+    else {
         panic!("fresh key");
     };
-    let Claim::Acquired(mut other) = store.claim(&key("b"), &fp(), LONG).await.expect("claim")
+    let Claim::Acquired(mut other) = store
+        .claim(&key("b"), &fp("{}"), LONG)
+        .await
+        .expect("claim")
     else {
         panic!("fresh key");
     };
@@ -123,8 +124,8 @@ async fn operations_after_close_fail_with_closed() {
         assert_eq!(e.kind(), StoreErrorKind::Closed, "{e}");
         assert_eq!(e.backend(), "sqlite");
     };
-    closed(store.claim(&key("a"), &fp(), LONG).await.map(|_| ()));
-    closed(store.claim(&key("new"), &fp(), LONG).await.map(|_| ()));
+    closed(store.claim(&key("a"), &fp("{}"), LONG).await.map(|_| ()));
+    closed(store.claim(&key("new"), &fp("{}"), LONG).await.map(|_| ()));
     closed(store.get(&key("a")).await.map(|_| ()));
     closed(store.renew(&mut other, LONG).await.map(|_| ()));
     closed(
@@ -163,7 +164,7 @@ async fn close_during_writes_answers_every_caller() {
                     let mut refused = false;
                     for i in 0..50 {
                         let k = key(&format!("r{round}-t{t}-{i}"));
-                        match store.claim(&k, &fp(), LONG).await {
+                        match store.claim(&k, &fp("{}"), LONG).await {
                             Ok(_) => {
                                 assert!(!refused, "a write succeeded after a Closed error");
                                 applied.fetch_add(1, Ordering::SeqCst);
@@ -192,7 +193,7 @@ async fn close_during_writes_answers_every_caller() {
                 .expect("task");
         }
         let e = store
-            .claim(&key("after"), &fp(), LONG)
+            .claim(&key("after"), &fp("{}"), LONG)
             .await
             .expect_err("closed");
         assert_eq!(e.kind(), StoreErrorKind::Closed);
@@ -234,7 +235,10 @@ async fn a_held_write_lock_is_unavailable_then_recovers() {
         .busy_timeout(Duration::from_millis(200))
         .open(&path)
         .expect("open");
-    let Claim::Acquired(lease) = store.claim(&key("done"), &fp(), LONG).await.expect("claim")
+    let Claim::Acquired(lease) = store
+        .claim(&key("done"), &fp("{}"), LONG)
+        .await
+        .expect("claim")
     else {
         panic!("fresh key");
     };
@@ -249,7 +253,7 @@ async fn a_held_write_lock_is_unavailable_then_recovers() {
         .execute_batch("BEGIN IMMEDIATE")
         .expect("take the write lock");
     let e = store
-        .claim(&key("blocked"), &fp(), LONG)
+        .claim(&key("blocked"), &fp("{}"), LONG)
         .await
         .expect_err("write lock is held");
     assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
@@ -258,7 +262,7 @@ async fn a_held_write_lock_is_unavailable_then_recovers() {
     assert!(store.get(&key("done")).await.expect("get").is_some());
     assert!(matches!(
         store
-            .claim(&key("done"), &fp(), LONG)
+            .claim(&key("done"), &fp("{}"), LONG)
             .await
             .expect("replay"),
         Claim::Existing(_)
@@ -267,7 +271,7 @@ async fn a_held_write_lock_is_unavailable_then_recovers() {
 
     assert!(matches!(
         store
-            .claim(&key("blocked"), &fp(), LONG)
+            .claim(&key("blocked"), &fp("{}"), LONG)
             .await
             .expect("claim"),
         Claim::Acquired(_)

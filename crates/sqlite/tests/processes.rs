@@ -14,9 +14,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use idemgate_engine::{
-    Attempt, AttemptOutcome, Claim, ClientKey, Fenced, Fingerprint, RecordState, ScopedKey, Store,
+    Attempt, AttemptOutcome, Claim, ClientKey, Fenced, RecordState, ScopedKey, Store,
 };
 use idemgate_sqlite::SqliteStore;
+use idemgate_testkit::{fp, key_n};
 
 /// Set in a child process: which part it plays.
 const ROLE: &str = "IDEMGATE_SQLITE_TEST_ROLE";
@@ -35,18 +36,8 @@ const LONG: Duration = Duration::from_secs(300);
 /// How long any wait in these tests may take before it counts as a hang.
 const HANG: Duration = Duration::from_secs(120);
 
-fn key(i: usize) -> ScopedKey {
-    ScopedKey::new(
-        "processes",
-        "race",
-        ClientKey::parse(&format!("key-{i}")).expect("valid key"),
-    )
-}
-
-fn fp() -> Fingerprint {
-    Fingerprint::of_request("POST", "/race", b"same body", &[])
-}
-
+/// Not the testkit's `executed()`: the replica is this process's id, so
+/// the timeline says which of the racing processes wrote each attempt.
 fn attempt() -> Attempt {
     Attempt {
         at_ms: idemgate_engine::record::now_ms(),
@@ -175,7 +166,7 @@ fn race_across_processes() {
     let store = SqliteStore::open(&db).expect("reopen");
     runtime().block_on(async {
         for k in 0..KEYS {
-            let rec = store.get(&key(k)).await.expect("get").expect("record");
+            let rec = store.get(&key_n(k)).await.expect("get").expect("record");
             let want = format!("child-{}", winners[&k][0]);
             assert_eq!(rec.payload().map(|p| p.to_vec()), Some(want.into_bytes()));
         }
@@ -207,9 +198,13 @@ fn race_child() {
                 tokio::spawn(async move {
                     let mut won = Vec::new();
                     for k in (0..KEYS).map(|k| (k + offset) % KEYS) {
-                        match store.claim(&key(k), &fp(), LONG).await.expect("claim") {
+                        match store
+                            .claim(&key_n(k), &fp("same body"), LONG)
+                            .await
+                            .expect("claim")
+                        {
                             Claim::Acquired(lease) => won.push((k, lease)),
-                            Claim::Existing(rec) => assert_eq!(rec.fingerprint, fp()),
+                            Claim::Existing(rec) => assert_eq!(rec.fingerprint, fp("same body")),
                         }
                     }
                     won
@@ -301,7 +296,7 @@ fn kill_nine_keeps_acknowledged_writes() {
     let store = SqliteStore::open(&db).expect("reopen after kill");
     runtime().block_on(async {
         for &k in &acked {
-            let rec = store.get(&key(k)).await.expect("get").unwrap_or_else(|| {
+            let rec = store.get(&key_n(k)).await.expect("get").unwrap_or_else(|| {
                 panic!("acknowledged key {k} lost ({} acknowledged)", acked.len())
             });
             let want = format!("payload-{k}").into_bytes();
@@ -309,7 +304,7 @@ fn kill_nine_keeps_acknowledged_writes() {
         }
         tokio::time::sleep(PENDING_TTL + Duration::from_millis(500)).await;
         match store
-            .claim(&pending_key(), &fp(), LONG)
+            .claim(&pending_key(), &fp("same body"), LONG)
             .await
             .expect("claim")
         {
@@ -340,7 +335,7 @@ fn kill_child(pending_ttl: Duration) {
     runtime().block_on(async move {
         let store = Arc::new(SqliteStore::open(&db).expect("open in child"));
         match store
-            .claim(&pending_key(), &fp(), pending_ttl)
+            .claim(&pending_key(), &fp("same body"), pending_ttl)
             .await
             .expect("claim")
         {
@@ -353,8 +348,10 @@ fn kill_child(pending_ttl: Duration) {
                 tokio::spawn(async move {
                     // Runs until the parent kills the process.
                     for k in (w..).step_by(WORKERS) {
-                        let Claim::Acquired(lease) =
-                            store.claim(&key(k), &fp(), LONG).await.expect("claim")
+                        let Claim::Acquired(lease) = store
+                            .claim(&key_n(k), &fp("same body"), LONG)
+                            .await
+                            .expect("claim")
                         else {
                             panic!("key {k} already claimed");
                         };
@@ -383,7 +380,11 @@ fn reopen_keeps_records() {
     let db = dir.path().join("reopen.db");
     runtime().block_on(async {
         let store = SqliteStore::open(&db).expect("open");
-        let Claim::Acquired(lease) = store.claim(&key(1), &fp(), LONG).await.expect("claim") else {
+        let Claim::Acquired(lease) = store
+            .claim(&key_n(1), &fp("same body"), LONG)
+            .await
+            .expect("claim")
+        else {
             panic!("fresh key");
         };
         let w = store
@@ -393,10 +394,10 @@ fn reopen_keeps_records() {
         assert_eq!(w, Fenced::Applied);
         drop(store);
         let store = SqliteStore::open(&db).expect("reopen");
-        let rec = store.get(&key(1)).await.expect("get").expect("record");
+        let rec = store.get(&key_n(1)).await.expect("get").expect("record");
         assert!(
             matches!(rec.state, RecordState::Done { ref payload, .. } if &payload[..] == b"kept")
         );
-        assert_eq!(store.timeline(&key(1)).await.expect("timeline").len(), 1);
+        assert_eq!(store.timeline(&key_n(1)).await.expect("timeline").len(), 1);
     });
 }

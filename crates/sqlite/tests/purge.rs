@@ -3,37 +3,12 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use idemgate_engine::{
-    Attempt, AttemptOutcome, Claim, ClientKey, Fenced, Fingerprint, ScopedKey, Store,
-};
+use idemgate_engine::{Claim, Fenced, Store};
 use idemgate_sqlite::SqliteStore;
-use idemgate_testkit::eventually;
+use idemgate_testkit::{eventually, executed, fp, key_n};
 
 const SHORT: Duration = Duration::from_millis(300);
 const LONG: Duration = Duration::from_secs(300);
-
-fn key(i: usize) -> ScopedKey {
-    ScopedKey::new(
-        "purge",
-        "ns",
-        ClientKey::parse(&format!("k{i}")).expect("key"),
-    )
-}
-
-fn fp() -> Fingerprint {
-    Fingerprint::of_request("POST", "/p", b"{}", &[])
-}
-
-fn attempt() -> Attempt {
-    Attempt {
-        at_ms: idemgate_engine::record::now_ms(),
-        replica: "r".into(),
-        outcome: AttemptOutcome::Executed,
-        status: Some(200),
-        latency_us: 5,
-        repeated: None,
-    }
-}
 
 /// (records, timelines, attempts) rows in the file.
 fn counts(path: &std::path::Path) -> (i64, i64, i64) {
@@ -51,13 +26,15 @@ async fn fill(store: &SqliteStore, from: usize, n: usize, ttl: Duration) {
         .map(|i| {
             let store = store.clone();
             tokio::spawn(async move {
-                let Claim::Acquired(lease) =
-                    store.claim(&key(i), &fp(), LONG).await.expect("claim")
+                let Claim::Acquired(lease) = store
+                    .claim(&key_n(i), &fp("{}"), LONG)
+                    .await
+                    .expect("claim")
                 else {
                     panic!("fresh key {i}");
                 };
                 let w = store
-                    .complete(&lease, Bytes::from(vec![7u8; 256]), ttl, &attempt())
+                    .complete(&lease, Bytes::from(vec![7u8; 256]), ttl, &executed())
                     .await
                     .expect("complete");
                 assert_eq!(w, Fenced::Applied);
@@ -91,10 +68,10 @@ async fn explicit_purge_removes_only_expired_rows() {
     assert_eq!(removed, 2 * SHORT_LIVED, "records + timelines removed");
     let kept = i64::try_from(KEPT).expect("fits");
     assert_eq!(counts(&path), (kept, kept, kept));
-    assert!(store.get(&key(0)).await.expect("get").is_none());
-    assert!(store.get(&key(SHORT_LIVED)).await.expect("get").is_some());
+    assert!(store.get(&key_n(0)).await.expect("get").is_none());
+    assert!(store.get(&key_n(SHORT_LIVED)).await.expect("get").is_some());
     assert_eq!(
-        store.timeline(&key(SHORT_LIVED)).await.expect("tl").len(),
+        store.timeline(&key_n(SHORT_LIVED)).await.expect("tl").len(),
         1
     );
 }
@@ -133,7 +110,10 @@ async fn fences_grow_across_a_purge() {
         .expect("open");
     let mut last = 0;
     for round in 0..5 {
-        let Claim::Acquired(lease) = store.claim(&key(1), &fp(), SHORT).await.expect("claim")
+        let Claim::Acquired(lease) = store
+            .claim(&key_n(1), &fp("{}"), SHORT)
+            .await
+            .expect("claim")
         else {
             panic!("round {round}: key should be free");
         };
@@ -146,7 +126,11 @@ async fn fences_grow_across_a_purge() {
     // Reopening keeps the counter too.
     drop(store);
     let store = SqliteStore::open(&path).expect("reopen");
-    let Claim::Acquired(lease) = store.claim(&key(1), &fp(), LONG).await.expect("claim") else {
+    let Claim::Acquired(lease) = store
+        .claim(&key_n(1), &fp("{}"), LONG)
+        .await
+        .expect("claim")
+    else {
         panic!("key should be free");
     };
     assert!(lease.fence > last);

@@ -9,19 +9,11 @@ use std::time::Duration;
 
 use idemgate_engine::cache::{EXPIRY_MARGIN, TRUST};
 use idemgate_engine::{
-    AggregatingStore, AttemptOutcome, Begin, BeginError, CachedStore, ClientKey, Engine,
-    Fingerprint, Policy, ScopedKey, Store,
+    AggregatingStore, AttemptOutcome, Begin, BeginError, CachedStore, Engine, Policy, ScopedKey,
+    Store,
 };
 use idemgate_sqlite::SqliteStore;
-use idemgate_testkit::{Calls, CountingStore};
-
-fn key(name: &str) -> ScopedKey {
-    ScopedKey::new("tenant-a", "route", ClientKey::parse(name).expect("key"))
-}
-
-fn fp(s: &str) -> Fingerprint {
-    Fingerprint::of_request("POST", "/v1/chat/completions", s.as_bytes(), &[])
-}
+use idemgate_testkit::{Calls, CountingStore, fp, key};
 
 /// One replica: its engine over a cache over a counted store.
 struct Replica {

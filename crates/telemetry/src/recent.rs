@@ -227,15 +227,7 @@ impl RecentKeys {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use idemgate_engine::ClientKey;
-
-    fn key(k: &str) -> ScopedKey {
-        ScopedKey::new(
-            "tenant-hash",
-            "chat",
-            ClientKey::parse(k).expect("a valid literal"),
-        )
-    }
+    use idemgate_testkit::key;
 
     fn names(rows: &[RecentKey]) -> Vec<&str> {
         rows.iter().map(|r| r.key.key.as_str()).collect()

@@ -27,6 +27,10 @@
 //! - [`redis_server`]: private `redis-server` processes (single nodes,
 //!   replicas, cluster nodes) for the suites that need their own.
 //! - [`tls`]: certificates for the suites over TLS.
+//!
+//! The small values every store, engine, seal and telemetry test needs are
+//! here too, defined once: [`key`], [`key_n`] and [`fresh_key`], [`fp`], [`attempt`]
+//! and [`executed`], [`acquired`], [`eventually`] and [`require`].
 
 #![allow(clippy::unwrap_used, clippy::panic)] // a test suite: failing loudly is its job
 
@@ -60,6 +64,22 @@ pub fn require(what: &str, ok: bool) {
             if ci { " under CI" } else { "" }
         );
     }
+}
+
+/// The key named `name` (a valid client key such as `k1`) under tenant
+/// `tenant-a` and namespace `test`: the same name is the same key, in every
+/// process of a test (a key shared with a child process is named).
+pub fn key(name: &str) -> ScopedKey {
+    ScopedKey::new(
+        "tenant-a",
+        "test",
+        ClientKey::parse(name).expect("a valid client key"),
+    )
+}
+
+/// The key named `k{n}` ([`key`]): the `n`th of a test's keys.
+pub fn key_n(n: usize) -> ScopedKey {
+    key(&format!("k{n}"))
 }
 
 /// A key under a tenant no other test uses.
@@ -102,6 +122,11 @@ pub fn attempt(outcome: AttemptOutcome) -> idemgate_engine::Attempt {
         latency_us: 1,
         repeated: None,
     }
+}
+
+/// The attempt most tests record: executed, status 200, stamped now.
+pub fn executed() -> idemgate_engine::Attempt {
+    attempt(AttemptOutcome::Executed)
 }
 
 /// Polls `check` until it is true or 5 s pass (for best-effort writes).

@@ -12,6 +12,11 @@ use crate::{AttemptOutcome, ClientKey, MemoryStore};
 
 const LONG: Duration = Duration::from_secs(3600);
 
+// The engine's own unit tests cannot use `idemgate_testkit::{key_n, fp,
+// executed}`: the testkit depends on the engine, so in this crate's test
+// build it sees a second copy of the engine whose `ScopedKey` and
+// `Attempt` are other types than `crate::`'s.
+
 fn key(n: usize) -> ScopedKey {
     ScopedKey::new("t", "ns", ClientKey::parse(&format!("k{n}")).unwrap())
 }

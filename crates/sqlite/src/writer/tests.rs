@@ -1,23 +1,13 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
+use idemgate_testkit::executed;
 
 fn owner() -> Owner {
     Owner {
         id: "k".into(),
         token: 1,
         fence: 1,
-    }
-}
-
-fn attempt() -> Attempt {
-    Attempt {
-        at_ms: 0,
-        replica: "r".into(),
-        outcome: idemgate_engine::AttemptOutcome::Executed,
-        status: None,
-        latency_us: 0,
-        repeated: None,
     }
 }
 
@@ -36,7 +26,7 @@ fn complete() -> Op {
         owner: owner(),
         payload: Bytes::new(),
         ttl_ms: 1,
-        attempt: attempt(),
+        attempt: executed(),
         reply: oneshot::channel().0,
     }
 }
@@ -59,13 +49,13 @@ fn claims_within_the_fence_ceiling_are_not_synced() {
     };
     let release = Op::Release {
         owner: owner(),
-        attempt: attempt(),
+        attempt: executed(),
         ttl_ms: 1,
         reply: oneshot::channel().0,
     };
     let entry = Op::Attempt {
         id: "k".into(),
-        attempt: attempt(),
+        attempt: executed(),
         ttl_ms: 1,
     };
     assert!(!durability(10).wanted(&[renew, release, entry]));
@@ -76,7 +66,7 @@ fn a_batch_with_a_result_or_a_forget_is_synced() {
     assert!(durability(10).wanted(&[claim(), complete(), claim()]));
     let forget = Op::Forget {
         id: "k".into(),
-        attempt: attempt(),
+        attempt: executed(),
         ttl_ms: 1,
         reply: oneshot::channel().0,
     };

@@ -16,12 +16,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use idemgate_engine::{
-    Attempt, AttemptOutcome, Claim, Engine, Fenced, Lease, Record, RecordState, ScopedKey, Store,
-    StoreError,
+    AttemptOutcome, Engine, Fenced, Lease, Record, RecordState, ScopedKey, Store, StoreError,
 };
 
 use super::FaultProxy;
-use crate::{PAST_SHORT_TTL, SHORT_TTL, eventually, fp, fresh_key};
+use crate::{PAST_SHORT_TTL, SHORT_TTL, acquired, eventually, executed, existing, fp, fresh_key};
 
 /// How long a store may keep failing with temporary errors after a fault
 /// is healed before a scenario calls it broken.
@@ -89,31 +88,6 @@ async fn hold_next_reply(rig: &Rig) {
     rig.proxy.stall_replies_from_next_request();
 }
 
-fn attempt() -> Attempt {
-    Attempt {
-        at_ms: idemgate_engine::record::now_ms(),
-        replica: "faults".into(),
-        outcome: AttemptOutcome::Executed,
-        status: Some(200),
-        latency_us: 1,
-        repeated: None,
-    }
-}
-
-fn acquired(c: Claim) -> Lease {
-    match c {
-        Claim::Acquired(l) => l,
-        Claim::Existing(r) => panic!("expected Acquired, got Existing({r:?})"),
-    }
-}
-
-fn existing(c: Claim) -> Record {
-    match c {
-        Claim::Existing(r) => r,
-        Claim::Acquired(l) => panic!("expected Existing, got Acquired({l:?})"),
-    }
-}
-
 /// Runs `op` again while it fails with a temporary error; panics on any
 /// other error, or when it still fails after [`RECOVERY`]. Returns the
 /// value and how many temporary errors came first.
@@ -153,7 +127,7 @@ async fn warm_up(rig: &Rig) {
     let w = s.renew(&mut lease, LONG).await.expect("warm-up renew");
     assert_eq!(w, Fenced::Applied);
     let w = s
-        .complete(&lease, Bytes::from_static(b"w"), LONG, &attempt())
+        .complete(&lease, Bytes::from_static(b"w"), LONG, &executed())
         .await
         .expect("warm-up complete");
     assert_eq!(w, Fenced::Applied);
@@ -170,7 +144,7 @@ async fn warm_up(rig: &Rig) {
             .expect("warm-up claim"),
     );
     let w = s
-        .release(&lease, &attempt(), LONG)
+        .release(&lease, &executed(), LONG)
         .await
         .expect("warm-up release");
     assert_eq!(w, Fenced::Applied);
@@ -234,7 +208,7 @@ pub async fn claim_refused_then_recovers(rig: Rig) {
     eprintln!("claim after recovery: {failures} temporary errors first");
     let w = rig
         .store
-        .complete(&lease, Bytes::from_static(b"back"), LONG, &attempt())
+        .complete(&lease, Bytes::from_static(b"back"), LONG, &executed())
         .await
         .expect("complete once reconnected");
     assert_eq!(w, Fenced::Applied);
@@ -253,14 +227,14 @@ pub async fn cut_between_claim_and_complete(rig: Rig) {
     warm_up(&rig).await;
     let key = fresh_key();
     let fa = fp("a");
-    let executed = attempt();
+    let executed = crate::executed();
     let lease = acquired(rig.store.claim(&key, &fp("a"), LONG).await.expect("claim"));
     rig.proxy.set_refusing(true);
     assert!(rig.proxy.cut().await >= 1);
     let payload = Bytes::from_static(b"{\"charged\":1}");
     let err = rig
         .store
-        .complete(&lease, payload.clone(), LONG, &attempt())
+        .complete(&lease, payload.clone(), LONG, &crate::executed())
         .await
         .expect_err("a complete through a refusing proxy succeeded");
     assert!(err.is_temporary(), "complete while refused: {err}");
@@ -289,7 +263,7 @@ pub async fn cut_between_claim_and_complete(rig: Rig) {
 pub async fn complete_reply_lost_retry_is_idempotent(rig: Rig) {
     warm_up(&rig).await;
     let key = fresh_key();
-    let executed = attempt();
+    let executed = crate::executed();
     let lease = acquired(rig.store.claim(&key, &fp("a"), LONG).await.expect("claim"));
     let payload = Bytes::from_static(b"{\"charged\":1}");
     hold_next_reply(&rig).await;
@@ -405,7 +379,7 @@ pub async fn heartbeat_outage_within_the_lease(rig: Rig) {
     assert!(lease.expires_at_ms > first_expiry, "renew did not extend");
     let w = rig
         .store
-        .complete(&lease, Bytes::from_static(b"hb"), LONG, &attempt())
+        .complete(&lease, Bytes::from_static(b"hb"), LONG, &executed())
         .await
         .expect("complete after the outage");
     assert_eq!(w, Fenced::Applied);
@@ -443,7 +417,7 @@ pub async fn claim_reply_lost_blocks_until_lease_expiry(rig: Rig) {
     let lease = acquired(rig.store.claim(&key, &fp("a"), LONG).await.expect("claim"));
     let w = rig
         .store
-        .complete(&lease, Bytes::from_static(b"late"), LONG, &attempt())
+        .complete(&lease, Bytes::from_static(b"late"), LONG, &executed())
         .await
         .expect("complete");
     assert_eq!(w, Fenced::Applied);
@@ -462,7 +436,7 @@ pub async fn slow_link_full_lifecycle(rig: Rig) {
     );
     let payload = Bytes::from_static(b"slow");
     let w = s
-        .complete(&lease, payload.clone(), LONG, &attempt())
+        .complete(&lease, payload.clone(), LONG, &executed())
         .await
         .expect("complete");
     assert_eq!(w, Fenced::Applied);
@@ -488,7 +462,7 @@ pub async fn frozen_connection_is_replaced(rig: Rig) {
     let lease = acquired(claim);
     let w = rig
         .store
-        .complete(&lease, Bytes::from_static(b"thawed"), LONG, &attempt())
+        .complete(&lease, Bytes::from_static(b"thawed"), LONG, &executed())
         .await
         .expect("complete on a new connection");
     assert_eq!(w, Fenced::Applied);
