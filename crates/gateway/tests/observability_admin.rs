@@ -9,7 +9,6 @@ mod support;
 
 use std::time::Duration;
 
-use idemgate_gateway::config::RawTimeouts;
 use idemgate_llm_sim::LATENCY_HEADER;
 use support::TestGateway;
 use support::observability::*;
@@ -218,12 +217,7 @@ async fn timeline_lists_execute_replay_and_mismatch() {
 async fn timeline_shows_a_running_key_as_pending() {
     let sim = sim().await;
     let gw = start_with(&sim.url(), Some(ADMIN_TOKEN), |r| {
-        r.timeouts = Some(RawTimeouts {
-            connect: Some("2s".into()),
-            first_byte: Some("120s".into()),
-            idle: Some("120s".into()),
-            total: Some("120s".into()),
-        });
+        r.timeouts = Some(patient_timeouts());
     })
     .await;
     let client = reqwest::Client::new();

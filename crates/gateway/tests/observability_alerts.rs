@@ -9,7 +9,6 @@ mod support;
 
 use std::collections::BTreeSet;
 
-use idemgate_gateway::config::RawTimeouts;
 use idemgate_llm_sim::FAIL_HEADER;
 use support::observability::*;
 
@@ -121,12 +120,7 @@ async fn alerts_and_dashboard_refer_only_to_exported_metrics() {
 
     let sim = sim().await;
     let gw = start(&sim.url(), |r| {
-        r.timeouts = Some(RawTimeouts {
-            connect: Some("2s".into()),
-            first_byte: Some("1s".into()),
-            idle: Some("1s".into()),
-            total: Some("30s".into()),
-        });
+        r.timeouts = Some(tight_timeouts());
     })
     .await;
     let client = reqwest::Client::new();

@@ -13,7 +13,7 @@ mod support;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use idemgate_gateway::config::{RawInflightMode, RawTimeouts};
+use idemgate_gateway::config::RawInflightMode;
 use idemgate_llm_sim::{FAIL_HEADER, LATENCY_HEADER};
 use support::observability::*;
 
@@ -130,12 +130,7 @@ async fn concurrent_duplicates_in_reject_mode_count_four_conflicts() {
     let sim = sim().await;
     let gw = start(&sim.url(), |r| {
         r.on_inflight = Some(RawInflightMode::Reject);
-        r.timeouts = Some(RawTimeouts {
-            connect: Some("2s".into()),
-            first_byte: Some("120s".into()),
-            idle: Some("120s".into()),
-            total: Some("120s".into()),
-        });
+        r.timeouts = Some(patient_timeouts());
     })
     .await;
     let client = reqwest::Client::new();
@@ -199,12 +194,7 @@ async fn concurrent_duplicates_in_reject_mode_count_four_conflicts() {
 async fn upstream_phases_timeouts_and_lost_events() {
     let sim = sim().await;
     let gw = start(&sim.url(), |r| {
-        r.timeouts = Some(RawTimeouts {
-            connect: Some("2s".into()),
-            first_byte: Some("1s".into()),
-            idle: Some("1s".into()),
-            total: Some("30s".into()),
-        });
+        r.timeouts = Some(tight_timeouts());
     })
     .await;
     let client = reqwest::Client::new();

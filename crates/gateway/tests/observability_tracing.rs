@@ -10,7 +10,6 @@ mod support;
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
-use idemgate_gateway::config::RawTimeouts;
 use idemgate_llm_sim::FAIL_HEADER;
 use support::observability::*;
 
@@ -141,12 +140,7 @@ async fn keyed_log_lines_carry_key_and_trace_id_and_no_content() {
     ));
     let sim = sim().await;
     let gw = start(&sim.url(), |r| {
-        r.timeouts = Some(RawTimeouts {
-            connect: Some("2s".into()),
-            first_byte: Some("1s".into()),
-            idle: Some("1s".into()),
-            total: Some("30s".into()),
-        });
+        r.timeouts = Some(tight_timeouts());
     })
     .await;
     let client = reqwest::Client::new();

@@ -39,6 +39,28 @@ pub(crate) async fn start_with(
         .await
 }
 
+/// Timeouts of a route whose upstream is failed or stalled on purpose: a
+/// second to the first byte and between chunks.
+pub(crate) fn tight_timeouts() -> RawTimeouts {
+    RawTimeouts {
+        connect: Some("2s".into()),
+        first_byte: Some("1s".into()),
+        idle: Some("1s".into()),
+        total: Some("30s".into()),
+    }
+}
+
+/// Timeouts of a route whose upstream is held slow on purpose: two minutes
+/// for each phase.
+pub(crate) fn patient_timeouts() -> RawTimeouts {
+    RawTimeouts {
+        connect: Some("2s".into()),
+        first_byte: Some("120s".into()),
+        idle: Some("120s".into()),
+        total: Some("120s".into()),
+    }
+}
+
 /// The simulated LLM, with its defaults.
 pub(crate) async fn sim() -> SimHandle {
     idemgate_llm_sim::spawn(SimConfig::default())
