@@ -64,6 +64,11 @@ pub struct Backoff {
 }
 
 impl Backoff {
+    /// Backoff from `base`, doubling up to `cap`, randomized by `jitter`.
+    pub const fn new(base: Duration, cap: Duration, jitter: Jitter) -> Self {
+        Self { base, cap, jitter }
+    }
+
     /// The longest sleep before retry number `retry` (0-based): jitter only
     /// shortens sleeps, so the bound is `min(cap, base × 2^retry)`. Saturates
     /// instead of overflowing.

@@ -48,24 +48,16 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// The backoff this policy sleeps by.
+    /// The backoff this policy sleeps by (its sleeps are drawn by
+    /// [`Backoff::sleep`]; the TTL rule needs only their bound).
     pub fn backoff_schedule(&self) -> Backoff {
-        Backoff {
-            base: self.backoff_base,
-            cap: self.backoff_cap,
-            jitter: self.jitter,
-        }
+        Backoff::new(self.backoff_base, self.backoff_cap, self.jitter)
     }
 
     /// The longest sleep before retry number `retry` (0-based): jitter only
     /// shortens sleeps, so the bound is `min(cap, base × 2^retry)`.
     pub fn max_backoff(&self, retry: u32) -> Duration {
         self.backoff_schedule().max(retry)
-    }
-
-    /// A concrete sleep before retry number `retry`, jitter applied.
-    pub fn backoff(&self, retry: u32) -> Duration {
-        self.backoff_schedule().sleep(retry)
     }
 
     /// The longest time from the first send to the end of the last possible

@@ -101,11 +101,7 @@ impl Default for RetryPolicy {
 impl RetryPolicy {
     /// The backoff this policy sleeps by when the server names no delay.
     pub fn backoff_schedule(&self) -> Backoff {
-        Backoff {
-            base: self.backoff_base,
-            cap: self.backoff_cap,
-            jitter: self.jitter,
-        }
+        Backoff::new(self.backoff_base, self.backoff_cap, self.jitter)
     }
 
     /// The longest backoff sleep before retry number `retry` (0-based):

@@ -33,11 +33,7 @@ fn uniform(rng: &mut StdRng, min: Duration, max: Duration) -> Duration {
 
 pub(crate) fn workload(n: usize, seed: u64, t: &Timing) -> Vec<Operation> {
     let mut rng = StdRng::seed_from_u64(seed);
-    let backoff = Backoff {
-        base: t.backoff_base,
-        cap: t.backoff_cap,
-        jitter: Jitter::Full,
-    };
+    let backoff = Backoff::new(t.backoff_base, t.backoff_cap, Jitter::Full);
     (0..n)
         .map(|i| {
             let latencies = (0..t.attempts)
