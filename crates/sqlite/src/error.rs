@@ -151,6 +151,6 @@ mod tests {
             })
             .unwrap_err();
         assert!(matches!(err, rusqlite::Error::Utf8Error(..)), "{err:?}");
-        assert_eq!(store_error(err).kind(), StoreErrorKind::Corrupt);
+        assert_eq!(map_error(err).kind(), StoreErrorKind::Corrupt);
     }
 }

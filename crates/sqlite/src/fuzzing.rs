@@ -14,7 +14,7 @@ use idemgate_engine::{Attempt, Record, StoreError, StoreErrorKind};
 use rusqlite::types::Value;
 use rusqlite::{Connection, params_from_iter};
 
-use crate::error::{BACKEND, store_error};
+use crate::error::{BACKEND, map_error};
 use crate::rows::{ATTEMPT_COLUMNS, RECORD_COLUMNS, raw_attempt, raw_record};
 
 /// One column value, as a file may hold it whatever the schema says.
@@ -48,8 +48,8 @@ fn with_db<T>(f: impl FnOnce(&Connection) -> Result<T, StoreError>) -> Result<T,
     DB.with(|db| {
         let mut db = db.borrow_mut();
         if db.is_none() {
-            let conn = Connection::open_in_memory().map_err(store_error)?;
-            conn.execute_batch(TABLES).map_err(store_error)?;
+            let conn = Connection::open_in_memory().map_err(map_error)?;
+            conn.execute_batch(TABLES).map_err(map_error)?;
             *db = Some(conn);
         }
         match db.as_ref() {
@@ -95,7 +95,7 @@ fn placeholder(n: usize, c: &Column) -> String {
 pub fn read_record(columns: &[Column; 5]) -> Result<Record, StoreError> {
     with_db(|conn| {
         conn.execute("DELETE FROM records", [])
-            .map_err(store_error)?;
+            .map_err(map_error)?;
         let marks: Vec<String> = (1..=5).map(|n| placeholder(n, &columns[n - 1])).collect();
         conn.execute(
             &format!(
@@ -105,14 +105,14 @@ pub fn read_record(columns: &[Column; 5]) -> Result<Record, StoreError> {
             ),
             params_from_iter(columns.iter().map(value)),
         )
-        .map_err(store_error)?;
+        .map_err(map_error)?;
         let raw = conn
             .query_row(
                 &format!("SELECT {RECORD_COLUMNS} FROM records WHERE id = 'k'"),
                 [],
                 raw_record,
             )
-            .map_err(store_error)?;
+            .map_err(map_error)?;
         raw.decode()
     })
 }
@@ -126,7 +126,7 @@ pub fn read_record(columns: &[Column; 5]) -> Result<Record, StoreError> {
 pub fn read_attempt(columns: &[Column; 7]) -> Result<Attempt, StoreError> {
     with_db(|conn| {
         conn.execute("DELETE FROM attempts", [])
-            .map_err(store_error)?;
+            .map_err(map_error)?;
         let marks: Vec<String> = (1..=7).map(|n| placeholder(n, &columns[n - 1])).collect();
         conn.execute(
             &format!(
@@ -136,14 +136,14 @@ pub fn read_attempt(columns: &[Column; 7]) -> Result<Attempt, StoreError> {
             ),
             params_from_iter(columns.iter().map(value)),
         )
-        .map_err(store_error)?;
+        .map_err(map_error)?;
         let raw = conn
             .query_row(
                 &format!("SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE id = 'k'"),
                 [],
                 raw_attempt,
             )
-            .map_err(store_error)?;
+            .map_err(map_error)?;
         raw.decode()
     })
 }
