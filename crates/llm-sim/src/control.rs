@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use axum::http::HeaderMap;
 
+use crate::stats::Caller;
+
 /// Pacing of the simulated model. Per-request headers override each field.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SimConfig {
@@ -42,6 +44,9 @@ pub const FIRST_TOKEN_HEADER: &str = "x-sim-first-token-ms";
 pub const TOKEN_INTERVAL_HEADER: &str = "x-sim-token-interval-ms";
 /// Header: override [`SimConfig::completion_tokens`].
 pub const TOKENS_HEADER: &str = "x-sim-tokens";
+/// Header: a name for the request, kept in its [`Execution`](crate::Execution)
+/// log entry.
+pub const TAG_HEADER: &str = "x-sim-tag";
 /// Header: inject a failure (values in the crate docs, "Failure injection").
 pub const FAIL_HEADER: &str = "x-sim-fail";
 
@@ -110,8 +115,10 @@ pub(crate) struct Control {
     pub(crate) token_interval: Duration,
     pub(crate) completion_tokens: u32,
     pub(crate) fault: Option<Fault>,
-    /// The idempotency key executions are counted under ("" if none).
-    pub(crate) key: String,
+    /// Who executions are counted and logged for: the idempotency key
+    /// ("" if none) and the credential; the body's hash is filled in once
+    /// the body is read.
+    pub(crate) caller: Caller,
 }
 
 impl Control {
@@ -140,7 +147,15 @@ impl Control {
             token_interval: millis(TOKEN_INTERVAL_HEADER, config.token_interval)?,
             completion_tokens,
             fault,
-            key: idempotency_key(headers),
+            caller: Caller {
+                key: idempotency_key(headers),
+                credential: credential(headers),
+                body_sha256: String::new(),
+                tag: headers
+                    .get(TAG_HEADER)
+                    .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                    .unwrap_or_default(),
+            },
         })
     }
 }
@@ -155,6 +170,16 @@ fn number(headers: &HeaderMap, name: &str) -> Result<Option<u64>, String> {
             .map(Some)
             .ok_or_else(|| format!("{name} must be a non-negative integer")),
     }
+}
+
+/// The credential a gateway would make a tenant of: `Authorization`, else
+/// `x-api-key`, as received ("" without either).
+fn credential(headers: &HeaderMap) -> String {
+    headers
+        .get(axum::http::header::AUTHORIZATION)
+        .or_else(|| headers.get("x-api-key"))
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .unwrap_or_default()
 }
 
 /// The key from `Idempotency-Key` (or `x-idempotency-key`); "" if neither
@@ -216,13 +241,13 @@ mod tests {
         assert_eq!(c.latency, Duration::from_millis(7));
         assert_eq!(c.first_token_delay, Duration::from_millis(100));
         assert_eq!(c.completion_tokens, 3);
-        assert_eq!(c.key, "k\"1");
+        assert_eq!(c.caller.key, "k\"1");
         let c = Control::from_headers(
             &SimConfig::default(),
             &headers(&[("x-idempotency-key", "abc")]),
         )
         .unwrap();
-        assert_eq!(c.key, "abc");
+        assert_eq!(c.caller.key, "abc");
         assert!(
             Control::from_headers(&SimConfig::default(), &headers(&[("x-sim-tokens", "-1")]))
                 .is_err()

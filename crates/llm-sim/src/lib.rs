@@ -11,7 +11,8 @@
 //! # Layout
 //! - `control`: [`SimConfig`] pacing and the per-request `x-sim-*`
 //!   headers.
-//! - `stats`: [`Stats`] counters and [`StatsSnapshot`].
+//! - `stats`: [`Stats`] counters, [`StatsSnapshot`] and the log of every
+//!   [`Execution`].
 //! - `content`: deterministic output text and token counting.
 //! - `dialect`: the provider-specific parts as one trait; `openai`,
 //!   `responses` and `anthropic` implement it.
@@ -29,8 +30,10 @@
 //! - `GET /v1/models`: a small list (Anthropic's shape when the request has
 //!   `anthropic-version`).
 //! - `GET /sim/stats` ([`StatsSnapshot`] as JSON), `GET /sim/executions`
-//!   (all keys), `GET /sim/executions/{key}`, `POST /sim/reset`: for tests
-//!   that run the simulator in another process.
+//!   (all keys), `GET /sim/executions/{key}`, `GET /sim/log` (every
+//!   [`Execution`]: number, key, credential, body hash, start time),
+//!   `POST /sim/reset`: for tests that run the simulator in another
+//!   process.
 //!
 //! # Why each behaviour exists
 //! - **Non-streaming work outlives the client.** The generation runs in its
@@ -85,7 +88,8 @@
 //! With N = 0 a stream sends its headers and no events. Every request with
 //! `x-sim-fail` counts in `failures_injected`. Other per-request headers
 //! override [`SimConfig`]: `x-sim-latency-ms`, `x-sim-first-token-ms`,
-//! `x-sim-token-interval-ms`, `x-sim-tokens`. A request's own `max_tokens`
+//! `x-sim-token-interval-ms`, `x-sim-tokens`. `x-sim-tag` names the request
+//! in the execution log. A request's own `max_tokens`
 //! (or `max_completion_tokens`) caps the output, with finish reason
 //! `length` / `max_tokens`.
 //!
@@ -118,10 +122,10 @@ mod sim;
 mod stats;
 
 pub use control::{
-    FAIL_HEADER, FIRST_TOKEN_HEADER, LATENCY_HEADER, SimConfig, TOKEN_INTERVAL_HEADER,
+    FAIL_HEADER, FIRST_TOKEN_HEADER, LATENCY_HEADER, SimConfig, TAG_HEADER, TOKEN_INTERVAL_HEADER,
     TOKENS_HEADER,
 };
 pub use encoding::ENCODING_HEADER;
 pub use respond::EXECUTION_HEADER;
 pub use server::{SimHandle, router, spawn, spawn_on};
-pub use stats::{Stats, StatsSnapshot};
+pub use stats::{Execution, Stats, StatsSnapshot};

@@ -14,6 +14,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{ConnectInfo, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::connection::Connection;
@@ -51,7 +52,7 @@ pub(crate) async fn generate<D: Dialect>(
     body: Bytes,
 ) -> Response {
     sim.stats.request();
-    let control = match Control::from_headers(&sim.config, &headers) {
+    let mut control = match Control::from_headers(&sim.config, &headers) {
         Ok(control) => control,
         Err(message) => {
             return error::<D>(StatusCode::BAD_REQUEST, ErrorKind::InvalidRequest, &message);
@@ -69,6 +70,7 @@ pub(crate) async fn generate<D: Dialect>(
             return error::<D>(StatusCode::BAD_REQUEST, ErrorKind::InvalidRequest, &message);
         }
     };
+    control.caller.body_sha256 = hex::encode(Sha256::digest(&body));
     if control.fault.is_some() {
         sim.stats.failure_injected();
     }
@@ -98,7 +100,7 @@ pub(crate) async fn generate<D: Dialect>(
             response
         }
         Some(Fault::ServerError(code)) => {
-            sim.stats.execution(&control.key);
+            sim.stats.execution(&control.caller);
             if !watched_sleep(&sim, control.first_token_delay).await {
                 return shutting_down::<D>();
             }
@@ -114,7 +116,7 @@ pub(crate) async fn generate<D: Dialect>(
             )
         }
         Some(Fault::Close) => {
-            sim.stats.execution(&control.key);
+            sim.stats.execution(&control.caller);
             let connection = extensions.get::<ConnectInfo<Connection>>();
             if !connection.is_some_and(|c| c.0.close()) {
                 return error::<D>(
@@ -128,7 +130,7 @@ pub(crate) async fn generate<D: Dialect>(
             shutting_down::<D>()
         }
         Some(Fault::Hang) => {
-            sim.stats.execution(&control.key);
+            sim.stats.execution(&control.caller);
             let guard = DisconnectGuard::new(&sim.stats);
             sim.shutdown_signal().await;
             guard.disarm();
@@ -155,7 +157,7 @@ async fn complete<D: Dialect>(
     generation: Generation,
     encoding: Encoding,
 ) -> Response {
-    let sequence = sim.stats.execution(&control.key);
+    let sequence = sim.stats.execution(&control.caller);
     let meta = Meta::new(D::response_id(sequence));
     sim.stats.bill(generation.prompt_tokens, 0);
 
@@ -231,7 +233,7 @@ async fn stream<D: Dialect>(
     generation: Generation,
     encoding: Encoding,
 ) -> Response {
-    let sequence = sim.stats.execution(&control.key);
+    let sequence = sim.stats.execution(&control.caller);
     let meta = Meta::new(D::response_id(sequence));
     sim.stats.bill(generation.prompt_tokens, 0);
 

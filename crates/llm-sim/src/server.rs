@@ -23,7 +23,7 @@ use crate::openai::OpenAi;
 use crate::respond::{error, generate};
 use crate::responses::Responses;
 use crate::sim::Sim;
-use crate::{SimConfig, Stats, StatsSnapshot};
+use crate::{Execution, SimConfig, Stats, StatsSnapshot};
 
 /// How long [`SimHandle::shutdown`] waits for connections to close before
 /// it stops serving regardless.
@@ -45,6 +45,7 @@ fn routes(sim: Arc<Sim>) -> Router {
         .route("/sim/stats", get(stats))
         .route("/sim/executions", get(all_executions))
         .route("/sim/executions/{key}", get(executions))
+        .route("/sim/log", get(log))
         .route("/sim/reset", post(reset))
         .fallback(not_found)
         .with_state(sim)
@@ -90,6 +91,10 @@ async fn all_executions(State(sim): State<Arc<Sim>>) -> Json<BTreeMap<String, u6
 async fn executions(State(sim): State<Arc<Sim>>, Path(key): Path<String>) -> Response {
     let executions = sim.stats.executions_for(&key);
     Json(json!({"key": key, "executions": executions})).into_response()
+}
+
+async fn log(State(sim): State<Arc<Sim>>) -> Json<Vec<Execution>> {
+    Json(sim.stats.log())
 }
 
 async fn reset(State(sim): State<Arc<Sim>>) -> StatusCode {
@@ -138,6 +143,11 @@ impl SimHandle {
     /// Executions counted under one idempotency key ("" = without a key).
     pub fn executions_for(&self, idempotency_key: &str) -> u64 {
         self.sim.stats.executions_for(idempotency_key)
+    }
+
+    /// Every execution since the last reset, oldest first.
+    pub fn log(&self) -> Vec<Execution> {
+        self.sim.stats.log()
     }
 
     /// Zeroes the counters.

@@ -30,6 +30,40 @@ pub struct StatsSnapshot {
     pub completion_tokens_billed: u64,
 }
 
+/// One execution, as [`Stats::log`] lists it: which request reached the
+/// model, under which key, for whom, and when. A checker matches these
+/// against what clients were answered (every response names its execution:
+/// the `N` of `chatcmpl-N` / `msg_simN`, and `x-sim-execution`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Execution {
+    /// The execution's number (process-wide, never rewound).
+    pub sequence: u64,
+    /// The idempotency key it was sent with ("" without one).
+    pub key: String,
+    /// The credential it was sent with, as received: the value of
+    /// `Authorization`, else `x-api-key` ("" without either). The simulator
+    /// checks no credential; this is what a gateway's tenant is made of.
+    pub credential: String,
+    /// SHA-256 of the request body, hex.
+    pub body_sha256: String,
+    /// When the execution started, in milliseconds since the Unix epoch.
+    pub started_ms: u64,
+    /// The request's `x-sim-tag` header ("" without one): a test names
+    /// its request there, and a gateway forwards it, so an execution can
+    /// be traced to the request that caused it.
+    pub tag: String,
+}
+
+/// Who an execution is for: what [`Execution`] records beside its number
+/// and time.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Caller {
+    pub(crate) key: String,
+    pub(crate) credential: String,
+    pub(crate) body_sha256: String,
+    pub(crate) tag: String,
+}
+
 /// The live counters. Share it as `Arc<Stats>`; read it with
 /// [`Stats::snapshot`].
 #[derive(Debug, Default)]
@@ -43,6 +77,8 @@ struct Inner {
     counters: StatsSnapshot,
     /// Executions per idempotency key ("" for requests without one).
     per_key: HashMap<String, u64>,
+    /// Every execution since the last reset, oldest first.
+    log: Vec<Execution>,
     /// Source of response ids. Never reset, so that ids stay unique for the
     /// life of the process even across [`Stats::reset`].
     sequence: u64,
@@ -84,12 +120,18 @@ impl Stats {
             .collect()
     }
 
-    /// Zeroes every counter and forgets every key. Response ids keep
-    /// growing.
+    /// Every execution since the last reset, oldest first.
+    pub fn log(&self) -> Vec<Execution> {
+        self.lock().log.clone()
+    }
+
+    /// Zeroes every counter, forgets every key and empties the log.
+    /// Response ids keep growing.
     pub fn reset(&self) {
         let mut inner = self.lock();
         inner.counters = StatsSnapshot::default();
         inner.per_key.clear();
+        inner.log.clear();
     }
 
     pub(crate) fn request(&self) {
@@ -100,14 +142,26 @@ impl Stats {
         self.lock().counters.failures_injected += 1;
     }
 
-    /// Counts one execution under `key` and returns its process-wide
-    /// sequence number (used in response ids).
-    pub(crate) fn execution(&self, key: &str) -> u64 {
+    /// Counts one execution for `caller`, logs it, and returns its
+    /// process-wide sequence number (used in response ids).
+    pub(crate) fn execution(&self, caller: &Caller) -> u64 {
+        let started_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         let mut inner = self.lock();
         inner.counters.executions += 1;
-        *inner.per_key.entry(key.to_owned()).or_insert(0) += 1;
+        *inner.per_key.entry(caller.key.clone()).or_insert(0) += 1;
         inner.sequence += 1;
-        inner.sequence
+        let sequence = inner.sequence;
+        inner.log.push(Execution {
+            sequence,
+            key: caller.key.clone(),
+            credential: caller.credential.clone(),
+            body_sha256: caller.body_sha256.clone(),
+            started_ms,
+            tag: caller.tag.clone(),
+        });
+        sequence
     }
 
     pub(crate) fn bill(&self, prompt_tokens: u64, completion_tokens: u64) {
@@ -133,12 +187,25 @@ impl Stats {
 mod tests {
     use super::*;
 
+    fn caller(key: &str) -> Caller {
+        Caller {
+            key: key.to_owned(),
+            credential: "Bearer t".to_owned(),
+            body_sha256: "00".to_owned(),
+            tag: String::new(),
+        }
+    }
+
     #[test]
     fn reset_zeroes_counters_but_not_the_sequence() {
         let stats = Stats::new();
         stats.request();
-        assert_eq!(stats.execution("a"), 1);
-        assert_eq!(stats.execution("a"), 2);
+        assert_eq!(stats.execution(&caller("a")), 1);
+        assert_eq!(stats.execution(&caller("a")), 2);
+        let log = stats.log();
+        assert_eq!(log.len(), 2);
+        assert_eq!((log[1].sequence, log[1].key.as_str()), (2, "a"));
+        assert_eq!(log[1].credential, "Bearer t");
         stats.bill(3, 4);
         stats.complete(5);
         assert_eq!(stats.executions_for("a"), 2);
@@ -156,6 +223,7 @@ mod tests {
         stats.reset();
         assert_eq!(stats.snapshot(), StatsSnapshot::default());
         assert_eq!(stats.executions_for("a"), 0);
-        assert_eq!(stats.execution("a"), 3);
+        assert!(stats.log().is_empty());
+        assert_eq!(stats.execution(&caller("a")), 3);
     }
 }

@@ -17,6 +17,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
@@ -123,6 +124,14 @@ pub(super) async fn own<S: Inner>(
     res
 }
 
+/// What cut an execution short before it ended by itself.
+enum Cut {
+    /// `completion_timeout` ran out.
+    Deadline,
+    /// The layer shut down and its grace period ran out.
+    Shutdown,
+}
+
 /// How a detached execution ends for the store.
 enum Decision {
     /// Store this response (PENDING → DONE).
@@ -159,47 +168,59 @@ impl Detached {
         let shared = Arc::clone(&self.shared);
         let started = tokio::time::Instant::now();
         let limit = shared.config.completion_timeout;
-        // The deadline says whether the request had been sent when it
-        // fired: then the work may have run, and its outcome is unknown.
+        // Whether the request may have reached the upstream: with
+        // `CompletionClock::Call` the inner service is trusted to act as
+        // soon as it is called; with `Sent`, from its signal on.
+        let sent = AtomicBool::new(shared.config.completion_clock == CompletionClock::Call);
+        let keeps_unknown = shared.config.on_outcome_unknown == OutcomeUnknownMode::Store;
         let deadline = match shared.config.completion_clock {
-            CompletionClock::Call => Either::Left(async move {
-                tokio::time::sleep(limit).await;
-                true
-            }),
+            CompletionClock::Call => Either::Left(tokio::time::sleep(limit)),
             CompletionClock::Sent => {
-                let (signal, sent) = SendSignal::new();
+                let (signal, signalled) = SendSignal::new();
                 request.extensions_mut().insert(signal);
+                let sent = &sent;
                 Either::Right(async move {
                     // Unfired and dropped: nothing was sent; count from now.
-                    let (from, was_sent) = match sent.await {
-                        Ok(at) => (at, true),
-                        Err(_) => (Instant::now(), false),
+                    let from = match signalled.await {
+                        Ok(at) => {
+                            sent.store(true, Ordering::Relaxed);
+                            at
+                        }
+                        Err(_) => Instant::now(),
                     };
                     tokio::time::sleep_until(from + limit).await;
-                    was_sent
                 })
             }
         };
         let decision = {
             let work = self.execute(inner, request);
             tokio::select! {
-                d = work => Some(d),
-                sent = deadline => {
-                    if sent && shared.config.on_outcome_unknown == OutcomeUnknownMode::Store {
-                        None
-                    } else {
-                        Some(Decision::Release(ReleaseReason::CompletionTimeout))
-                    }
-                }
-                () = shared.cancel.cancelled() => Some(Decision::Release(ReleaseReason::Shutdown)),
+                d = work => Ok(d),
+                () = deadline => Err(Cut::Deadline),
+                () = shared.cancel.cancelled() => Err(Cut::Shutdown),
             }
         };
-        let decision = decision.unwrap_or_else(|| {
-            // A charging route's request ran out of time after it was
-            // sent: kept as outcome-unknown, like a proxy's own timeout.
-            self.attachers.fail();
-            let timeout = Problem::upstream_timeout("total").into_response();
-            self.outcome_unknown(timeout, "total")
+        let decision = decision.unwrap_or_else(|cut| {
+            let was_sent = sent.load(Ordering::Relaxed);
+            match cut {
+                // A charging route's request cut short after it was sent
+                // (out of time, or a shutdown past its grace): the upstream
+                // may have run it, so it is kept as outcome-unknown, like a
+                // proxy's own timeout. Releasing it would let the retry
+                // charge a second time.
+                Cut::Deadline if was_sent && keeps_unknown => {
+                    self.attachers.fail();
+                    let timeout = Problem::upstream_timeout("total").into_response();
+                    self.outcome_unknown(timeout, "total")
+                }
+                Cut::Shutdown if was_sent && keeps_unknown => {
+                    self.attachers.fail();
+                    let cut = Problem::shutting_down().into_response();
+                    self.outcome_unknown(cut, "shutdown")
+                }
+                Cut::Deadline => Decision::Release(ReleaseReason::CompletionTimeout),
+                Cut::Shutdown => Decision::Release(ReleaseReason::Shutdown),
+            }
         });
         // A shutdown cut the work short: its duration says nothing about
         // the route.
@@ -480,6 +501,7 @@ impl Detached {
                 } else {
                     status
                 };
+                let mut stored_it = false;
                 let outcome = match stored.encode() {
                     Ok(payload) => {
                         let holding = Held {
@@ -503,6 +525,7 @@ impl Detached {
                             guard.complete_or_hold(payload, status, held).await
                         };
                         shared.held.drop_held(&self.key);
+                        stored_it = matches!(written, Ok(Fenced::Applied));
                         match written {
                             Ok(Fenced::Applied) if unknown => {
                                 tracing::info!(
@@ -538,7 +561,16 @@ impl Detached {
                 };
                 // Counted before the client hears the end.
                 metrics.request(outcome, Some(&self.key));
-                self.attachers.complete();
+                // Followers are told the stream is the key's answer only
+                // when it is: a fenced write (another owner's answer is
+                // the key's) or one the lease outlived (the key released)
+                // ends their streams as broken, so they retry and get what
+                // the store holds.
+                if stored_it {
+                    self.attachers.complete();
+                } else {
+                    self.attachers.fail();
+                }
                 // A stream whose outcome is unknown broke: its client sees
                 // the cut, as it happened.
                 self.client

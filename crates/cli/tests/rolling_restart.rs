@@ -1,0 +1,222 @@
+//! A rolling restart never charges twice: real `idemgate serve` processes
+//! on one SQLite file, the simulated upstream in this process.
+//!
+//! A SIGTERM with a short `shutdown_grace` arrives while the upstream is
+//! mid-answer (a JSON generation, or a stream between two events). On a
+//! `charges = true` route the request was sent, so its outcome is unknown:
+//! the key is kept as `outcome-unknown`, and the retry sent to the
+//! restarted gateway gets that problem replayed; the upstream ran once.
+//! On a route without `charges` the key is released, and the retry runs
+//! again (twice upstream), as documented.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use idemgate_llm_sim::{SimConfig, SimHandle};
+use tokio::process::{Child, Command};
+
+mod support;
+use support::{free_port, wait_ready};
+
+const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
+
+/// One gateway with a charging route `/charged` and a plain one `/plain`.
+struct Gw {
+    child: Child,
+    port: u16,
+}
+
+impl Gw {
+    async fn start(dir: &Path, upstream: &str) -> Self {
+        let (port, admin) = (free_port().await, free_port().await);
+        let route = |name: &str, charges: bool| {
+            format!(
+                r#"
+[[routes]]
+prefix = "/{name}"
+strip_prefix = true
+upstream = "{upstream}"
+key = "require"
+on_inflight = "wait"
+charges = {charges}
+timeouts = {{ connect = "1s", first_byte = "30s", idle = "30s", total = "60s" }}
+"#
+            )
+        };
+        let file = dir.join(format!("gateway-{port}.toml"));
+        std::fs::write(
+            &file,
+            format!(
+                "listen = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin}\"\nstore = \"sqlite:{}\"\nshutdown_grace = \"1s\"\n{}{}",
+                dir.join("keys.db").display(),
+                route("charged", true),
+                route("plain", false),
+            ),
+        )
+        .unwrap();
+        let log = dir.join(format!("stderr-{port}.log"));
+        let mut child = Command::new(BIN)
+            .args(["serve", "--config"])
+            .arg(&file)
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let client = reqwest::Client::new();
+        wait_ready(
+            &client,
+            &format!("http://127.0.0.1:{admin}/healthz"),
+            &mut child,
+        )
+        .await;
+        Self { child, port }
+    }
+
+    fn url(&self, route: &str) -> String {
+        format!("http://127.0.0.1:{}/{route}/v1/chat/completions", self.port)
+    }
+
+    /// SIGTERM, then waits for the process to exit.
+    async fn terminate(mut self) {
+        let pid = self.child.id().unwrap().to_string();
+        let ok = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .await
+            .unwrap()
+            .success();
+        assert!(ok, "kill -TERM failed");
+        tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("the gateway exits after SIGTERM")
+            .unwrap();
+    }
+}
+
+fn request(url: &str, key: &str, stream: bool) -> reqwest::RequestBuilder {
+    let body = serde_json::json!({
+        "model": "sim-1",
+        "stream": stream,
+        "messages": [{"role": "user", "content": format!("charge {key}")}],
+    });
+    let req = reqwest::Client::new()
+        .post(url)
+        .header("content-type", "application/json")
+        .header("authorization", "Bearer tenant-a")
+        .header("idempotency-key", key)
+        .timeout(Duration::from_secs(60))
+        .body(body.to_string());
+    if stream {
+        // 40 tokens, 200 ms apart: the stream runs for 8 s.
+        req.header("x-sim-tokens", "40")
+            .header("x-sim-token-interval-ms", "200")
+    } else {
+        // The answer takes 6 s.
+        req.header("x-sim-latency-ms", "6000")
+    }
+}
+
+/// The first request goes to a gateway that is stopped (SIGTERM) once the
+/// upstream has started it; the retry goes to a gateway started again on
+/// the same file. Returns the retry's status, `Idempotent-Replayed` and
+/// problem slug (if any), and the upstream's executions of the key.
+async fn sigterm_mid_answer(
+    sim: &SimHandle,
+    dir: &Path,
+    route: &str,
+    key: &str,
+    stream: bool,
+) -> (u16, String, Option<String>, u64) {
+    let gw = Gw::start(dir, &sim.url()).await;
+    let first = tokio::spawn({
+        let req = request(&gw.url(route), key, stream);
+        async move {
+            // The first client may see its answer, a problem or a cut:
+            // only what the retry gets is asserted.
+            match req.send().await {
+                Ok(r) => {
+                    let _ = r.bytes().await;
+                }
+                Err(_) => {}
+            }
+        }
+    });
+    for _ in 0..300 {
+        if sim.executions_for(key) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(sim.executions_for(key), 1, "the upstream started the work");
+    // Mid-answer: a stream has sent a few events, a JSON answer is still
+    // being generated.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    gw.terminate().await;
+    let _ = first.await;
+
+    let gw = Gw::start(dir, &sim.url()).await;
+    let retry = request(&gw.url(route), key, stream).send().await.unwrap();
+    let status = retry.status().as_u16();
+    let replayed = retry
+        .headers()
+        .get("idempotent-replayed")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let body = retry.bytes().await.unwrap();
+    let slug = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v["type"].as_str().map(str::to_owned))
+        .and_then(|t| t.rsplit('/').next().map(str::to_owned));
+    gw.terminate().await;
+    (status, replayed, slug, sim.executions_for(key))
+}
+
+async fn sim() -> SimHandle {
+    idemgate_llm_sim::spawn(SimConfig::default()).await.unwrap()
+}
+
+fn dir() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    (dir, path)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_json_answer_keeps_a_charging_key_outcome_unknown() {
+    let sim = sim().await;
+    let (_keep, dir) = dir();
+    let (status, replayed, slug, executions) =
+        sigterm_mid_answer(&sim, &dir, "charged", "json-charge", false).await;
+    assert_eq!(executions, 1, "a rolling restart must not charge twice");
+    assert_eq!(status, 502);
+    assert_eq!(replayed, "true");
+    assert_eq!(slug.as_deref(), Some("outcome-unknown"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_stream_keeps_a_charging_key_outcome_unknown() {
+    let sim = sim().await;
+    let (_keep, dir) = dir();
+    let (status, replayed, slug, executions) =
+        sigterm_mid_answer(&sim, &dir, "charged", "sse-charge", true).await;
+    assert_eq!(executions, 1, "a rolling restart must not charge twice");
+    assert_eq!(status, 502);
+    assert_eq!(replayed, "true");
+    assert_eq!(slug.as_deref(), Some("outcome-unknown"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_answer_releases_a_key_that_does_not_charge() {
+    let sim = sim().await;
+    let (_keep, dir) = dir();
+    let (status, replayed, _, executions) =
+        sigterm_mid_answer(&sim, &dir, "plain", "json-plain", false).await;
+    assert_eq!(status, 200);
+    assert_eq!(replayed, "false", "the released key runs again");
+    assert_eq!(executions, 2);
+}
