@@ -261,6 +261,21 @@ impl Problem {
         p
     }
 
+    /// 503 `lease-lost`: this request's execution lost its lease on the
+    /// key before its result was stored (the process stalled past
+    /// `pending_ttl`, and the key expired or was taken over), so its result
+    /// is not the key's answer. Retryable: the retry gets the key's answer.
+    pub fn lease_lost() -> Self {
+        let mut p = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "lease-lost",
+            "Lease lost",
+            "the execution lost its lease on the idempotency key before its result was stored; the result is not the key's answer: retry to get it".to_owned(),
+        );
+        p.retry_after = Some(Duration::from_secs(1));
+        p
+    }
+
     /// 500 `stored-result-unreadable`: the stored result cannot be decoded.
     pub fn stored_result_unreadable() -> Self {
         Self::new(

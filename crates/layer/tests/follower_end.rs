@@ -5,6 +5,10 @@
 //! good (the key is released), the follower's stream breaks, so its
 //! client retries instead of keeping an answer the store does not hold.
 //!
+//! The fenced owner's own client is not handed its result as the key's
+//! answer either: a JSON client gets 503 `lease-lost` (retryable), a
+//! stream breaks.
+//!
 //! Real HTTP on 127.0.0.1:0; the store is the memory store behind a
 //! switch that fences (or fails) the next completion.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
@@ -109,6 +113,18 @@ async fn sse(State(app): State<App>) -> Response {
         .into_response()
 }
 
+/// Waits for the gate, then answers JSON.
+async fn json(State(app): State<App>) -> Response {
+    let n = app.executions.fetch_add(1, Ordering::SeqCst) + 1;
+    let mut gate = app.gate.clone();
+    let _ = gate.wait_for(|open| *open).await;
+    (
+        [("content-type", "application/json")],
+        format!("{{\"exec\":{n}}}"),
+    )
+        .into_response()
+}
+
 struct Harness {
     base: String,
     next_complete: Arc<AtomicU8>,
@@ -135,6 +151,7 @@ impl Harness {
         let executions = Arc::new(AtomicUsize::new(0));
         let app = Router::new()
             .route("/sse", post(sse))
+            .route("/json", post(json))
             .layer(layer.clone())
             .with_state(App {
                 executions: Arc::clone(&executions),
@@ -153,8 +170,12 @@ impl Harness {
     }
 
     async fn open(&self, key: &str) -> reqwest::Response {
+        self.post("/sse", key).await
+    }
+
+    async fn post(&self, path: &str, key: &str) -> reqwest::Response {
         reqwest::Client::new()
-            .post(format!("{}/sse", self.base))
+            .post(format!("{}{path}", self.base))
             .header("authorization", "Bearer t")
             .header("idempotency-key", key)
             .header("content-type", "application/json")
@@ -168,7 +189,7 @@ impl Harness {
     /// then the next completion does `what` and the owner finishes.
     /// Returns how the duplicate's stream ended (true: cleanly) and
     /// whether it was marked replayed.
-    async fn follower_end(&self, key: &str, what: u8) -> (bool, Option<String>) {
+    async fn follower_end(&self, key: &str, what: u8) -> (bool, Option<String>, bool) {
         let mut owner = self.open(key).await;
         read_events(&mut owner, 3).await;
         let mut attached = self.open(key).await;
@@ -186,9 +207,14 @@ impl Harness {
                 Err(_) => break false,
             }
         };
-        // The owner's client still reads its own stream to the end.
-        while let Ok(Some(_)) = owner.chunk().await {}
-        (clean, replayed)
+        let owner_clean = loop {
+            match owner.chunk().await {
+                Ok(Some(_)) => {}
+                Ok(None) => break true,
+                Err(_) => break false,
+            }
+        };
+        (clean, replayed, owner_clean)
     }
 }
 
@@ -203,26 +229,58 @@ async fn read_events(res: &mut reqwest::Response, n: usize) {
 #[tokio::test]
 async fn a_follower_of_a_stored_stream_ends_cleanly() {
     let h = Harness::start().await;
-    let (clean, replayed) = h.follower_end("stored", PASS).await;
+    let (clean, replayed, owner_clean) = h.follower_end("stored", PASS).await;
     assert_eq!(replayed.as_deref(), Some("true"));
     assert!(clean, "the stream is the key's answer: a clean end");
+    assert!(owner_clean);
     assert_eq!(h.executions.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test]
 async fn a_follower_of_a_fenced_owner_sees_its_stream_break() {
     let h = Harness::start().await;
-    let (clean, _) = h.follower_end("fenced", FENCE).await;
+    let (clean, _, owner_clean) = h.follower_end("fenced", FENCE).await;
     assert!(
         !clean,
         "the store does not hold this stream: the follower must not get a clean end"
     );
+    assert!(
+        !owner_clean,
+        "nor the owner's own client: the stream is not the key's answer"
+    );
+}
+
+#[tokio::test]
+async fn a_fenced_json_owner_answers_lease_lost_not_its_result() {
+    let h = Harness::start().await;
+    let owner = tokio::spawn({
+        let req = reqwest::Client::new()
+            .post(format!("{}/json", h.base))
+            .header("authorization", "Bearer t")
+            .header("idempotency-key", "fenced-json")
+            .header("content-type", "application/json")
+            .body("{}");
+        async move { req.send().await.expect("the gateway answers") }
+    });
+    for _ in 0..400 {
+        if h.executions.load(Ordering::SeqCst) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    h.next_complete.store(FENCE, Ordering::SeqCst);
+    h.gate.send_replace(true);
+    let res = owner.await.unwrap();
+    assert_eq!(res.status(), 503);
+    assert!(res.headers().contains_key("retry-after"));
+    let body: serde_json::Value = serde_json::from_slice(&res.bytes().await.unwrap()).unwrap();
+    assert_eq!(body["type"], "https://idemgate.dev/problems/lease-lost");
 }
 
 #[tokio::test]
 async fn a_follower_of_an_owner_whose_write_failed_sees_its_stream_break() {
     let h = Harness::start().await;
-    let (clean, _) = h.follower_end("failed", FAIL).await;
+    let (clean, _, _) = h.follower_end("failed", FAIL).await;
     assert!(
         !clean,
         "the key was released: the follower must not get a clean end"

@@ -502,6 +502,7 @@ impl Detached {
                     status
                 };
                 let mut stored_it = false;
+                let mut fenced = false;
                 let outcome = match stored.encode() {
                     Ok(payload) => {
                         let holding = Held {
@@ -540,6 +541,12 @@ impl Detached {
                             }
                             Ok(Fenced::Stale) => {
                                 tracing::warn!("lease lost before completion; result not stored");
+                                // The key's answer is another's, or none
+                                // yet: the client is not handed this one
+                                // as if it were (its retry gets the key's).
+                                self.client
+                                    .replace_held(Problem::lease_lost().into_response());
+                                fenced = true;
                                 Outcome::Fenced
                             }
                             Err(e) => {
@@ -572,9 +579,13 @@ impl Detached {
                     self.attachers.fail();
                 }
                 // A stream whose outcome is unknown broke: its client sees
-                // the cut, as it happened.
-                self.client
-                    .send(if unknown { Chunk::Abort } else { Chunk::End });
+                // the cut, as it happened. A fenced stream is not the key's
+                // answer: its client sees it break too.
+                self.client.send(if unknown || fenced {
+                    Chunk::Abort
+                } else {
+                    Chunk::End
+                });
                 self.client.answer(Problem::internal);
             }
             Decision::Release(reason) => {

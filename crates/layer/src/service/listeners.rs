@@ -90,6 +90,14 @@ impl Client {
         };
     }
 
+    /// Replaces the response held for the client, if it has not been sent:
+    /// the store did not take the result it carries.
+    pub(super) fn replace_held(&mut self, replacement: Response) {
+        if let Self::Holding { response, .. } = self {
+            *response = replacement;
+        }
+    }
+
     /// Sends the head of a stream whose events follow through [`send`].
     ///
     /// [`send`]: Self::send

@@ -1,0 +1,340 @@
+//! One history per invariant that breaks it, and one that keeps it.
+
+#![allow(clippy::unwrap_used)]
+
+use idemgate_llm_sim::Execution;
+
+use super::{Invariant, check};
+use crate::history::{Answer, EventSeen, Fault, FaultKind, Forget, History, KeyId, Op};
+
+const BODY: &str = "b0";
+
+fn key(route: &str) -> KeyId {
+    KeyId {
+        credential: "Bearer t1".into(),
+        route: route.into(),
+        key: "k1".into(),
+    }
+}
+
+fn history(ops: Vec<Op>) -> History {
+    History {
+        ops,
+        charging_routes: vec!["charged".into()],
+        pending_ttl_ms: 3_000,
+        settle_bound_ms: 20_000,
+        quiet_ms: 100_000,
+        ..History::default()
+    }
+}
+
+/// A complete JSON answer naming execution `exec`, whose bytes are
+/// `bytes`.
+fn op(id: u64, route: &str, at: u64, exec: u64, bytes: &str, replayed: bool) -> Op {
+    Op {
+        id,
+        key: key(route),
+        body_sha256: BODY.into(),
+        stream: false,
+        replica: 0,
+        last_event_id: None,
+        resumes: None,
+        upstream_fault: None,
+        timeout_ms: 10_000,
+        invoke_ms: at,
+        complete_ms: at + 10,
+        answer: Answer {
+            status: Some(200),
+            replayed: Some(replayed),
+            complete: true,
+            body_sha256: bytes.into(),
+            executions: vec![exec],
+            ..Answer::default()
+        },
+        final_read: false,
+    }
+}
+
+fn execution(sequence: u64, op: u64, at: u64) -> Execution {
+    Execution {
+        sequence,
+        key: "k1".into(),
+        credential: "Bearer t1".into(),
+        body_sha256: BODY.into(),
+        started_ms: at,
+        tag: op.to_string(),
+    }
+}
+
+fn only(h: &History, log: &[Execution], invariant: Invariant) -> usize {
+    let report = check(h, log);
+    for v in &report.violations {
+        assert_eq!(
+            v.invariant, invariant,
+            "only {invariant} is broken here: {v:?}"
+        );
+    }
+    report.count(invariant)
+}
+
+#[test]
+fn i1_clean_replays_repeat_the_answer() {
+    let h = history(vec![
+        op(1, "plain", 1_000, 1, "A", false),
+        op(2, "plain", 2_000, 1, "A", true),
+    ]);
+    assert!(check(&h, &[execution(1, 1, 1_001)]).is_clean());
+}
+
+#[test]
+fn i1_a_later_final_answer_with_other_bytes_is_caught() {
+    let h = history(vec![
+        op(1, "plain", 1_000, 1, "A", false),
+        op(2, "plain", 2_000, 2, "B", false),
+    ]);
+    let log = [execution(1, 1, 1_001), execution(2, 2, 2_001)];
+    let report = check(&h, &log);
+    assert!(report.count(Invariant::I1) >= 1, "{report:?}");
+}
+
+#[test]
+fn i1_an_execution_after_a_final_answer_is_caught_unless_its_owner_was_frozen() {
+    // Request 2 was answered in flight (409), but its execution started
+    // after request 1 had the key's final answer.
+    let mut late = op(2, "plain", 900, 0, "", false);
+    late.answer = Answer {
+        status: Some(409),
+        problem: Some("in-flight".into()),
+        complete: true,
+        ..Answer::default()
+    };
+    late.replica = 1;
+    let mut h = history(vec![op(1, "plain", 1_000, 1, "A", false), late]);
+    let log = [execution(1, 1, 1_001), execution(2, 2, 1_500)];
+    assert_eq!(only(&h, &log, Invariant::I1), 1);
+    // Replica 1 was frozen between request 2 and its execution: the
+    // stalled owner fencing speaks of, excused.
+    h.faults.push(Fault {
+        kind: FaultKind::Pause,
+        replica: 1,
+        start_ms: 950,
+        end_ms: 1_450,
+    });
+    let report = check(&h, &log);
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(report.excused, 1);
+}
+
+#[test]
+fn i1_a_forget_starts_a_new_epoch() {
+    let mut h = history(vec![
+        op(1, "plain", 1_000, 1, "A", false),
+        op(2, "plain", 5_000, 2, "B", false),
+    ]);
+    h.forgets.push(Forget {
+        key: key("plain"),
+        replica: 0,
+        invoke_ms: 2_000,
+        complete_ms: 3_000,
+        status: Some(200),
+    });
+    let log = [execution(1, 1, 1_001), execution(2, 2, 5_001)];
+    assert!(check(&h, &log).is_clean());
+}
+
+#[test]
+fn i2_clean_one_execution_per_charging_key() {
+    let mut unknown = op(1, "charged", 1_000, 0, "U", false);
+    unknown.answer.status = Some(502);
+    unknown.answer.problem = Some("outcome-unknown".into());
+    unknown.answer.executions.clear();
+    let mut replay = unknown.clone();
+    replay.id = 2;
+    replay.invoke_ms = 2_000;
+    replay.complete_ms = 2_010;
+    replay.answer.replayed = Some(true);
+    let h = history(vec![unknown, replay]);
+    assert!(check(&h, &[execution(1, 1, 1_001)]).is_clean());
+}
+
+#[test]
+fn i2_a_second_execution_of_a_charging_key_is_caught_unless_its_owner_crashed() {
+    // Request 1 was cut (no answer); request 2 ran the charge again.
+    let mut cut = op(1, "charged", 1_000, 1, "", false);
+    cut.answer = Answer {
+        error: Some("connection closed".into()),
+        ..Answer::default()
+    };
+    let mut h = history(vec![cut, op(2, "charged", 3_000, 2, "B", false)]);
+    let log = [execution(1, 1, 1_001), execution(2, 2, 3_001)];
+    assert_eq!(only(&h, &log, Invariant::I2), 1);
+    // A SIGTERM does not excuse it (a rolling restart must not charge
+    // twice) ...
+    h.faults.push(Fault {
+        kind: FaultKind::Terminate,
+        replica: 0,
+        start_ms: 1_500,
+        end_ms: 2_000,
+    });
+    assert_eq!(only(&h, &log, Invariant::I2), 1);
+    // ... a kill -9 does: at-least-once after a crash.
+    h.faults.push(Fault {
+        kind: FaultKind::Kill,
+        replica: 0,
+        start_ms: 1_500,
+        end_ms: 2_000,
+    });
+    let report = check(&h, &log);
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(report.excused, 1);
+}
+
+#[test]
+fn i2_does_not_apply_to_routes_that_do_not_charge() {
+    let mut cut = op(1, "plain", 1_000, 1, "", false);
+    cut.answer = Answer::default();
+    let h = history(vec![cut, op(2, "plain", 3_000, 2, "B", false)]);
+    let log = [execution(1, 1, 1_001), execution(2, 2, 3_001)];
+    assert!(check(&h, &log).is_clean());
+}
+
+#[test]
+fn i3_clean_answers_name_their_own_executions() {
+    let h = history(vec![op(1, "plain", 1_000, 1, "A", false)]);
+    assert!(check(&h, &[execution(1, 1, 1_001)]).is_clean());
+}
+
+#[test]
+fn i3_an_answer_of_another_tenant_or_fingerprint_is_caught() {
+    let h = history(vec![op(1, "plain", 1_000, 7, "A", false)]);
+    let mut other_tenant = execution(7, 1, 1_001);
+    other_tenant.credential = "Bearer t2".into();
+    assert_eq!(only(&h, &[other_tenant], Invariant::I3), 1);
+    let mut other_body = execution(7, 1, 1_001);
+    other_body.body_sha256 = "b1".into();
+    assert_eq!(only(&h, &[other_body], Invariant::I3), 1);
+    assert_eq!(
+        only(&h, &[], Invariant::I3),
+        1,
+        "an execution that never ran"
+    );
+}
+
+fn event(id: u64, exec: u64) -> EventSeen {
+    EventSeen {
+        id: Some(id),
+        sha256: format!("e{exec}-{id}"),
+        execution: Some(exec),
+    }
+}
+
+/// A stream of `ids` events of execution `exec`, cut or whole.
+fn stream(id: u64, at: u64, exec: u64, ids: std::ops::RangeInclusive<u64>, whole: bool) -> Op {
+    let mut o = op(id, "plain", at, exec, "S", false);
+    o.stream = true;
+    o.answer.complete = whole;
+    o.answer.events = ids.map(|i| event(i, exec)).collect();
+    o
+}
+
+#[test]
+fn i4_clean_a_resumption_continues_the_same_run() {
+    let first = stream(1, 1_000, 1, 1..=3, false);
+    let mut resumed = stream(2, 2_000, 1, 4..=6, true);
+    resumed.answer.replayed = Some(true);
+    resumed.last_event_id = Some(3);
+    resumed.resumes = Some(1);
+    let h = history(vec![first, resumed]);
+    let report = check(&h, &[execution(1, 1, 1_001)]);
+    assert!(report.is_clean(), "{report:?}");
+}
+
+#[test]
+fn i4_a_resumption_that_splices_two_runs_is_caught() {
+    let first = stream(1, 1_000, 1, 1..=3, false);
+    let mut resumed = stream(2, 2_000, 2, 4..=6, true);
+    resumed.last_event_id = Some(3);
+    resumed.resumes = Some(1);
+    let h = history(vec![first, resumed]);
+    let log = [execution(1, 1, 1_001), execution(2, 2, 2_001)];
+    assert_eq!(only(&h, &log, Invariant::I4), 1);
+}
+
+#[test]
+fn i4_a_gap_is_caught() {
+    let first = stream(1, 1_000, 1, 1..=3, false);
+    let mut resumed = stream(2, 2_000, 1, 5..=6, true);
+    resumed.answer.replayed = Some(true);
+    resumed.last_event_id = Some(3);
+    resumed.resumes = Some(1);
+    let h = history(vec![first, resumed]);
+    assert_eq!(only(&h, &[execution(1, 1, 1_001)], Invariant::I4), 1);
+}
+
+#[test]
+fn i5_clean_a_replay_is_the_stored_answer() {
+    let mut read = op(3, "plain", 100_500, 1, "A", true);
+    read.final_read = true;
+    let h = history(vec![
+        op(1, "plain", 1_000, 1, "A", false),
+        op(2, "plain", 2_000, 1, "A", true),
+        read,
+    ]);
+    assert!(check(&h, &[execution(1, 1, 1_001)]).is_clean());
+}
+
+#[test]
+fn i5_a_replayed_answer_the_store_never_held_is_caught() {
+    // A follower was told "replayed" for execution 1, whose owner was
+    // fenced: execution 2's answer is the one stored, and the final read
+    // replays it. Nobody else got a final answer: only I5 sees it.
+    let follower = op(2, "plain", 2_000, 1, "A", true);
+    let mut taken_over = op(4, "plain", 2_500, 2, "", false);
+    taken_over.answer = Answer {
+        error: Some("client timeout".into()),
+        ..Answer::default()
+    };
+    let mut read = op(3, "plain", 100_500, 2, "B", true);
+    read.final_read = true;
+    let h = history(vec![follower, taken_over, read]);
+    let log = [execution(1, 2, 1_001), execution(2, 4, 2_501)];
+    // The final read's answer differs from the follower's: I1 sees the
+    // two final answers differ as well.
+    let report = check(&h, &log);
+    assert!(report.count(Invariant::I5) >= 1, "{report:?}");
+
+    // Stored nothing: the final read runs the work afresh.
+    let follower = op(2, "plain", 2_000, 1, "A", true);
+    let mut read = op(3, "plain", 100_500, 3, "C", false);
+    read.final_read = true;
+    let h = history(vec![follower, read]);
+    let log = [execution(1, 2, 1_001), execution(3, 3, 100_501)];
+    let report = check(&h, &log);
+    assert!(report.count(Invariant::I5) >= 1, "{report:?}");
+}
+
+#[test]
+fn i6_clean_every_key_answered_after_the_faults() {
+    let mut read = op(2, "plain", 100_500, 1, "A", true);
+    read.final_read = true;
+    let h = history(vec![op(1, "plain", 1_000, 1, "A", false), read]);
+    assert!(check(&h, &[execution(1, 1, 1_001)]).is_clean());
+}
+
+#[test]
+fn i6_a_key_still_in_flight_past_the_bound_is_caught() {
+    let mut stuck = op(2, "plain", 100_500, 0, "", false);
+    stuck.final_read = true;
+    stuck.answer = Answer {
+        status: Some(409),
+        problem: Some("in-flight".into()),
+        complete: true,
+        ..Answer::default()
+    };
+    let mut late = stuck.clone();
+    late.id = 3;
+    late.invoke_ms = 130_000;
+    late.complete_ms = 130_010;
+    let h = history(vec![stuck, late]);
+    assert_eq!(only(&h, &[], Invariant::I6), 1);
+}

@@ -1,0 +1,201 @@
+//! What a run recorded: every client request and what it got, every
+//! operator forget, every fault the nemesis injected, and the final reads
+//! made once the faults stopped. The checker judges this, with the
+//! upstream's execution log, and nothing else.
+//!
+//! Times are wall-clock milliseconds since the Unix epoch, read on the
+//! one host that runs the clients, the gateways and the upstream, so a
+//! client's times and the upstream's execution times share one clock.
+
+use serde::{Deserialize, Serialize};
+
+/// Which record a request addresses: the gateway's scoped key.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct KeyId {
+    /// The credential the client sent (`Authorization`); the gateway makes
+    /// the tenant of it.
+    pub credential: String,
+    /// The route's name (the gateway's namespace).
+    pub route: String,
+    /// The client's `Idempotency-Key`.
+    pub key: String,
+}
+
+/// One event of a stream as a client received it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventSeen {
+    /// Its `id:` line (the gateway numbers events 1, 2, 3, …).
+    pub id: Option<u64>,
+    /// SHA-256 of the event's bytes without its `id:` line, hex.
+    pub sha256: String,
+    /// The upstream execution the event names (`chatcmpl-N`), if any.
+    pub execution: Option<u64>,
+}
+
+/// How a client request ended.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Answer {
+    /// The response status; `None` when no response head came (refused,
+    /// cut or timed out before it).
+    pub status: Option<u16>,
+    /// `Idempotent-Replayed`, when present.
+    pub replayed: Option<bool>,
+    /// The problem slug of an `application/problem+json` answer.
+    pub problem: Option<String>,
+    /// The body was read to a clean end (no cut, no client timeout).
+    pub complete: bool,
+    /// SHA-256 of the body bytes received, hex.
+    pub body_sha256: String,
+    /// Upstream executions the body names (`chatcmpl-N`), in order, once
+    /// each.
+    pub executions: Vec<u64>,
+    /// A stream's events, in the order received.
+    pub events: Vec<EventSeen>,
+    /// What went wrong on the client's side, if anything.
+    pub error: Option<String>,
+}
+
+impl Answer {
+    /// A final answer: the key's answer, which every later final answer
+    /// must repeat. A complete response that is neither a retryable
+    /// refusal (408, 409, 425, 429, 5xx) nor a refusal of this request
+    /// alone (422 `key-mismatch`, 400); an `outcome-unknown` problem is
+    /// final (it is stored as the key's answer).
+    pub fn is_final(&self) -> bool {
+        let Some(status) = self.status else {
+            return false;
+        };
+        if !self.complete {
+            return false;
+        }
+        if self.problem.as_deref() == Some("outcome-unknown") {
+            return true;
+        }
+        if self.problem.is_some() {
+            return false;
+        }
+        !matches!(status, 408 | 409 | 425 | 429 | 500..=599)
+    }
+
+    /// A refusal the client may retry: 408, 409, 425, 429, or a 5xx other
+    /// than the final `outcome-unknown`.
+    pub fn is_retryable(&self) -> bool {
+        match self.status {
+            None => true,
+            Some(_) if self.problem.as_deref() == Some("outcome-unknown") => false,
+            Some(s) => matches!(s, 408 | 409 | 425 | 429 | 500..=599),
+        }
+    }
+}
+
+/// One client request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Op {
+    /// Unique in the run; sent upstream as `x-sim-tag`, so the upstream's
+    /// log names the request behind each execution.
+    pub id: u64,
+    /// The record addressed.
+    pub key: KeyId,
+    /// SHA-256 of the request body, hex (the fingerprint's input).
+    pub body_sha256: String,
+    /// Whether it asked for a stream.
+    pub stream: bool,
+    /// The replica it was sent to.
+    pub replica: usize,
+    /// `Last-Event-ID` it carried.
+    pub last_event_id: Option<u64>,
+    /// The request this one resumes (`Last-Event-ID` after its events).
+    pub resumes: Option<u64>,
+    /// `x-sim-fail` it asked the upstream for (an upstream cut or error).
+    pub upstream_fault: Option<String>,
+    /// The client's own timeout, in milliseconds.
+    pub timeout_ms: u64,
+    /// When it was sent.
+    pub invoke_ms: u64,
+    /// When it ended (answered, failed or timed out).
+    pub complete_ms: u64,
+    /// What it got.
+    pub answer: Answer,
+    /// Sent after the faults stopped, to judge I6.
+    pub final_read: bool,
+}
+
+/// An operator's forget (`DELETE /admin/keys/{key}`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Forget {
+    /// The record forgotten.
+    pub key: KeyId,
+    /// The replica whose admin listener was asked.
+    pub replica: usize,
+    /// When it was sent.
+    pub invoke_ms: u64,
+    /// When it returned.
+    pub complete_ms: u64,
+    /// Its status (`None`: no answer).
+    pub status: Option<u16>,
+}
+
+/// The kinds of fault the nemesis injects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultKind {
+    /// `kill -9`, then a restart.
+    Kill,
+    /// SIGSTOP held past the lease, then SIGCONT.
+    Pause,
+    /// SIGTERM (a rolling restart's stop), then a restart.
+    Terminate,
+}
+
+impl FaultKind {
+    /// Every kind.
+    pub const ALL: [Self; 3] = [Self::Kill, Self::Pause, Self::Terminate];
+
+    /// The name printed in summaries.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Kill => "kill",
+            Self::Pause => "pause",
+            Self::Terminate => "terminate",
+        }
+    }
+}
+
+/// One fault: a replica down or frozen from `start_ms` to `end_ms`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fault {
+    /// What was done.
+    pub kind: FaultKind,
+    /// To which replica.
+    pub replica: usize,
+    /// When the signal was sent.
+    pub start_ms: u64,
+    /// When the replica was serving again (restarted, or continued).
+    pub end_ms: u64,
+}
+
+/// Everything a run recorded.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct History {
+    /// Client requests, in the order they were sent.
+    pub ops: Vec<Op>,
+    /// Operator forgets.
+    pub forgets: Vec<Forget>,
+    /// Faults, in the order they were injected.
+    pub faults: Vec<Fault>,
+    /// When the last fault ended and the final reads began.
+    pub quiet_ms: u64,
+    /// Routes that charge (`charges = true` in the promise being judged).
+    pub charging_routes: Vec<String>,
+    /// The lease (`pending_ttl`), in milliseconds.
+    pub pending_ttl_ms: u64,
+    /// The bound stated for I6 beyond `pending_ttl`, in milliseconds.
+    pub settle_bound_ms: u64,
+}
+
+/// The time now, in milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}

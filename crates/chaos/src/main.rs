@@ -1,0 +1,146 @@
+//! `idemgate-chaos`: one chaos run against real `idemgate serve`
+//! replicas; prints the summary line and exits 1 on any violation.
+//!
+//! Run with: `scripts/chaos.sh sqlite 5`, or
+//! `cargo run -p idemgate-chaos -- --store redis --minutes 1`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use idemgate_chaos::cluster::Binaries;
+use idemgate_chaos::history::FaultKind;
+use idemgate_chaos::{Broken, RunConfig, Store};
+
+/// Random faults against idemgate replicas on one store, judged against
+/// the promise.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// `sqlite` or `redis` (`cluster` and `postgres` are not implemented
+    /// yet).
+    #[arg(long, default_value = "sqlite")]
+    store: String,
+    /// Redis URL for `--store redis` (a prefix of the run's own is added).
+    #[arg(
+        long,
+        env = "IDEMGATE_CHAOS_REDIS",
+        default_value = "redis://127.0.0.1:6379"
+    )]
+    redis: String,
+    /// Minutes of clients and faults (fractions allowed).
+    #[arg(long, default_value_t = 1.0)]
+    minutes: f64,
+    /// Stop after this many requests (the final reads come on top).
+    #[arg(long)]
+    max_ops: Option<usize>,
+    /// Gateway replicas.
+    #[arg(long, default_value_t = 3)]
+    replicas: usize,
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+    /// Keys per route and tenant.
+    #[arg(long, default_value_t = 6)]
+    keys: usize,
+    /// Share of requests whose upstream answer is cut after a few tokens.
+    #[arg(long, default_value_t = 0.05)]
+    upstream_cuts: f64,
+    /// Seed of every random choice (default: random, printed).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Faults, comma-separated: kill, pause, terminate (default all);
+    /// `none` for a run without faults.
+    #[arg(long, default_value = "kill,pause,terminate")]
+    faults: String,
+    /// Break the deployment on purpose: `charges-off`.
+    #[arg(long)]
+    broken: Option<String>,
+    /// Directory for the run's files (default: a new temporary one).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// `idemgate` binary (default: beside this one, or target/debug).
+    #[arg(long, env = "IDEMGATE_BIN")]
+    idemgate_bin: Option<PathBuf>,
+    /// `idemgate-llm-sim` binary.
+    #[arg(long, env = "IDEMGATE_LLM_SIM_BIN")]
+    llm_sim_bin: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run(Args::parse()).await {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("idemgate-chaos: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<bool> {
+    let store = match args.store.as_str() {
+        "sqlite" => Store::Sqlite,
+        "redis" => Store::Redis(args.redis.clone()),
+        "cluster" | "postgres" => bail!(
+            "store `{}` is not implemented yet (docs/design.md, \"Not yet implemented\"); use sqlite or redis",
+            args.store
+        ),
+        other => bail!("unknown store `{other}`; use sqlite or redis"),
+    };
+    let faults = if args.faults == "none" {
+        Vec::new()
+    } else {
+        args.faults
+            .split(',')
+            .map(|f| match f.trim() {
+                "kill" => Ok(FaultKind::Kill),
+                "pause" => Ok(FaultKind::Pause),
+                "terminate" => Ok(FaultKind::Terminate),
+                other => bail!("unknown fault `{other}`; use kill, pause, terminate or none"),
+            })
+            .collect::<anyhow::Result<_>>()?
+    };
+    let broken = match args.broken.as_deref() {
+        None => None,
+        Some("charges-off") => Some(Broken::ChargesOff),
+        Some(other) => bail!("unknown broken mode `{other}`; use charges-off"),
+    };
+    let mut binaries = Binaries::locate();
+    if let (Some(idemgate), Some(llm_sim)) = (&args.idemgate_bin, &args.llm_sim_bin) {
+        binaries = Ok(Binaries {
+            idemgate: idemgate.clone(),
+            llm_sim: llm_sim.clone(),
+        });
+    }
+    let binaries = binaries.context("locating the binaries")?;
+    if !(args.minutes > 0.0 && args.minutes.is_finite()) {
+        bail!("--minutes must be positive");
+    }
+    let seed = args.seed.unwrap_or_else(rand::random);
+    eprintln!("idemgate-chaos: seed {seed}");
+    let cfg = RunConfig {
+        store,
+        replicas: args.replicas,
+        duration: Duration::from_secs_f64(args.minutes * 60.0),
+        max_ops: args.max_ops,
+        clients: args.clients,
+        keys_per_route: args.keys,
+        upstream_cuts: args.upstream_cuts,
+        seed,
+        faults,
+        broken,
+        binaries,
+        dir: args.dir,
+    };
+    let outcome = idemgate_chaos::run(&cfg).await.context("the run")?;
+    for v in &outcome.report.violations {
+        eprintln!("violation {}: {:?}: {}", v.invariant, v.key, v.detail);
+    }
+    eprintln!("idemgate-chaos: files in {}", outcome.dir.display());
+    println!("{} seed={seed}", outcome.summary());
+    Ok(outcome.report.is_clean())
+}

@@ -1,0 +1,328 @@
+//! One run, start to verdict: start the upstream and the replicas on one
+//! store, drive the clients and the nemesis for the run's length (or its
+//! request budget), heal, read every key once more, stop everything,
+//! judge the history, and write it all to the run's directory.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::check::{self, Invariant, Report};
+use crate::cluster::{Binaries, Replica, ReplicaConfig, Upstream};
+use crate::error::{Error, Result};
+use crate::history::{FaultKind, History, now_ms};
+use crate::routes::Route;
+use crate::workload::Workload;
+
+/// The store the replicas share.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Store {
+    /// One SQLite file (in the run's directory).
+    Sqlite,
+    /// One Redis node at this URL (`redis://HOST:PORT[/DB]`), under a key
+    /// prefix of the run's own.
+    Redis(String),
+}
+
+impl Store {
+    /// `sqlite` or `redis`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Sqlite => "sqlite",
+            Self::Redis(_) => "redis",
+        }
+    }
+}
+
+/// A deliberately broken deployment, to show the checker catches what it
+/// should.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Broken {
+    /// The charging routes are configured `charges = false`, while the
+    /// promise judged still says they charge.
+    ChargesOff,
+}
+
+/// What a run does.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// The shared store.
+    pub store: Store,
+    /// Gateway replicas (2–3).
+    pub replicas: usize,
+    /// How long clients and the nemesis run.
+    pub duration: Duration,
+    /// Stop sending new requests after this many (the final reads come on
+    /// top).
+    pub max_ops: Option<usize>,
+    /// Concurrent clients.
+    pub clients: usize,
+    /// Keys per route and tenant.
+    pub keys_per_route: usize,
+    /// The share of requests that ask the upstream to cut its answer
+    /// (`x-sim-fail: reset-after:N`): a failure after sending.
+    pub upstream_cuts: f64,
+    /// Seeds every random choice (the timing of real processes is not
+    /// reproducible; the choices are).
+    pub seed: u64,
+    /// The faults the nemesis picks from.
+    pub faults: Vec<FaultKind>,
+    /// A broken deployment, if any.
+    pub broken: Option<Broken>,
+    /// The binaries.
+    pub binaries: Binaries,
+    /// Where the run's files go (configurations, logs, the history); a
+    /// fresh temporary directory, kept, if `None`.
+    pub dir: Option<PathBuf>,
+}
+
+/// The lease of every route: short, so that a pause past it and the
+/// takeover that follows happen many times in a run.
+pub const PENDING_TTL: Duration = Duration::from_secs(3);
+
+/// The I6 bound beyond `pending_ttl`: the routes' total timeout (15 s),
+/// the in-flight wait (5 s) and 5 s to spare. A key still unanswered
+/// `pending_ttl` + this after the faults stopped is stuck.
+pub const SETTLE_BOUND: Duration = Duration::from_secs(25);
+
+/// What a run found.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The history recorded.
+    pub history: History,
+    /// The upstream's execution log.
+    pub executions: Vec<idemgate_llm_sim::Execution>,
+    /// The verdict.
+    pub report: Report,
+    /// The store, for the summary.
+    pub store: &'static str,
+    /// How long clients and the nemesis ran.
+    pub ran: Duration,
+    /// Where its files are.
+    pub dir: PathBuf,
+}
+
+impl Outcome {
+    /// The summary line.
+    pub fn summary(&self) -> Summary<'_> {
+        Summary(self)
+    }
+}
+
+/// The one-line summary of a run: operations, faults by kind, violations
+/// per invariant.
+#[derive(Debug)]
+pub struct Summary<'a>(&'a Outcome);
+
+impl fmt::Display for Summary<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let o = self.0;
+        let reads = o.history.ops.iter().filter(|op| op.final_read).count();
+        let mut faults: BTreeMap<FaultKind, usize> =
+            FaultKind::ALL.iter().map(|k| (*k, 0)).collect();
+        for fault in &o.history.faults {
+            *faults.entry(fault.kind).or_default() += 1;
+        }
+        write!(
+            f,
+            "chaos store={} seconds={} ops={} final_reads={} forgets={} executions={} faults:",
+            o.store,
+            o.ran.as_secs(),
+            o.history.ops.len() - reads,
+            reads,
+            o.history.forgets.len(),
+            o.executions.len(),
+        )?;
+        for (kind, n) in faults {
+            write!(f, " {}={n}", kind.as_str())?;
+        }
+        write!(f, " violations:")?;
+        for i in Invariant::ALL {
+            write!(f, " {i}={}", o.report.count(i))?;
+        }
+        write!(
+            f,
+            " excused={} verdict={}",
+            o.report.excused,
+            if o.report.is_clean() {
+                "ok"
+            } else {
+                "VIOLATED"
+            }
+        )
+    }
+}
+
+/// Runs `cfg` to its verdict.
+///
+/// # Errors
+/// A process cannot be started or the upstream's log read; violations of
+/// the promise are in the outcome's report, not errors.
+pub async fn run(cfg: &RunConfig) -> Result<Outcome> {
+    if !(1..=5).contains(&cfg.replicas) {
+        return Err(Error::Config("replicas must be 1 to 5".into()));
+    }
+    let dir = match &cfg.dir {
+        Some(d) => {
+            std::fs::create_dir_all(d)?;
+            d.clone()
+        }
+        None => tempfile::Builder::new()
+            .prefix("idemgate-chaos-")
+            .tempdir()?
+            .keep(),
+    };
+    let store = match &cfg.store {
+        Store::Sqlite => format!("sqlite:{}", dir.join("keys.db").display()),
+        Store::Redis(url) => {
+            let prefix = format!("chaos{:016x}", rand::random::<u64>());
+            let sep = if url.contains('?') { '&' } else { '?' };
+            let base = if url.contains('?') || url.ends_with('/') {
+                url.clone()
+            } else {
+                format!("{url}/")
+            };
+            format!("{base}{sep}prefix={prefix}")
+        }
+    };
+    let mut routes = Route::all();
+    if cfg.broken == Some(Broken::ChargesOff) {
+        for r in &mut routes {
+            r.charges_written = false;
+        }
+    }
+    let upstream = Upstream::start(&cfg.binaries.llm_sim, &dir).await?;
+    let replica_cfg = ReplicaConfig {
+        store,
+        upstream: upstream.url.clone(),
+        pending_ttl: format!("{}s", PENDING_TTL.as_secs()),
+        shutdown_grace: "1s".into(),
+        routes: routes.clone(),
+    };
+    let mut replicas = Vec::new();
+    for i in 0..cfg.replicas {
+        let mut r = Replica::new(i, &dir, &cfg.binaries.idemgate, &replica_cfg).await?;
+        r.start().await?;
+        replicas.push(r);
+    }
+    let result = drive(cfg, &routes, &mut replicas).await;
+    for r in &mut replicas {
+        r.stop().await;
+    }
+    let (mut history, ran) = result?;
+    let executions = upstream.log().await;
+    upstream.stop().await;
+    let executions = executions?;
+    history.charging_routes = routes
+        .iter()
+        .filter(|r| r.charges)
+        .map(|r| r.name.clone())
+        .collect();
+    history.pending_ttl_ms = millis(PENDING_TTL);
+    history.settle_bound_ms = millis(SETTLE_BOUND);
+    let report = check::check(&history, &executions);
+    write_json(&dir.join("history.json"), &history)?;
+    write_json(&dir.join("executions.json"), &executions)?;
+    write_json(&dir.join("report.json"), &report)?;
+    Ok(Outcome {
+        history,
+        executions,
+        report,
+        store: cfg.store.name(),
+        ran,
+        dir,
+    })
+}
+
+/// Clients and the nemesis until the run's end, then the final reads.
+async fn drive(
+    cfg: &RunConfig,
+    routes: &[Route],
+    replicas: &mut [Replica],
+) -> Result<(History, Duration)> {
+    let workload = Arc::new(Workload::new(
+        replicas.iter().map(|r| r.port).collect(),
+        replicas.iter().map(|r| r.admin).collect(),
+        routes,
+        cfg.keys_per_route,
+        cfg.upstream_cuts,
+    )?);
+    let started = Instant::now();
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut clients = JoinSet::new();
+    for c in 0..cfg.clients {
+        let workload = Arc::clone(&workload);
+        let stop = stop_rx.clone();
+        let max_ops = cfg.max_ops;
+        let mut rng = StdRng::seed_from_u64(cfg.seed.wrapping_add(1 + c as u64));
+        clients.spawn(async move {
+            while !*stop.borrow() && max_ops.is_none_or(|m| workload.op_count() < m) {
+                workload.step(&mut rng).await;
+            }
+        });
+    }
+    let timer = {
+        let stop_tx = stop_tx.clone();
+        let duration = cfg.duration;
+        tokio::spawn(async move {
+            tokio::time::sleep(duration).await;
+            let _ = stop_tx.send(true);
+        })
+    };
+    let mut rng = StdRng::seed_from_u64(cfg.seed);
+    let nemesis = crate::nemesis::run(replicas, &cfg.faults, PENDING_TTL, &mut rng, stop_rx);
+    // The nemesis stops when the time is up, or when the clients have
+    // used their budget.
+    let stop_on_budget = async {
+        while clients.join_next().await.is_some() {}
+        let _ = stop_tx.send(true);
+    };
+    let (faults, ()) = tokio::join!(nemesis, stop_on_budget);
+    timer.abort();
+    let faults = faults?;
+    let ran = started.elapsed();
+
+    // The faults have stopped and every replica serves: read every key
+    // until it is answered.
+    let quiet_ms = now_ms();
+    let deadline = quiet_ms + millis(PENDING_TTL) + millis(SETTLE_BOUND);
+    let mut reads = JoinSet::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(16));
+    for key in workload.touched() {
+        let workload = Arc::clone(&workload);
+        let slots = Arc::clone(&slots);
+        reads.spawn(async move {
+            let _slot = slots.acquire().await;
+            workload.settle(&key, deadline).await;
+        });
+    }
+    while reads.join_next().await.is_some() {}
+    let (ops, forgets) = workload.take();
+    Ok((
+        History {
+            ops,
+            forgets,
+            faults,
+            quiet_ms,
+            ..History::default()
+        },
+        ran,
+    ))
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn write_json<T: serde::Serialize>(path: &Path, value: &T) -> Result<()> {
+    let file = std::fs::File::create(path)?;
+    serde_json::to_writer(std::io::BufWriter::new(file), value)?;
+    Ok(())
+}
