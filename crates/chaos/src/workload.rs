@@ -188,7 +188,7 @@ impl Workload {
 
     /// Whether `key` asks for a stream (half the keys do).
     pub fn streams(key: &KeyId) -> bool {
-        digest(&key.key)[0] % 2 == 0
+        digest(&key.key)[0].is_multiple_of(2)
     }
 
     /// Sends `req`, reads the whole answer (or as much as comes before the

@@ -3,7 +3,7 @@
 //! process runs the work once more (the documented at-least-once window
 //! after a crash), a follower of its live stream sees the stream break;
 //! one paused with SIGSTOP past its lease is taken over, and, resumed, is
-//! fenced and cannot overwrite.
+//! fenced and cannot overwrite; its client is told `lease-lost`.
 //!
 //! Real `idemgate serve` processes share Redis or PostgreSQL in front of
 //! the simulated LLM upstream; the shared helpers are in

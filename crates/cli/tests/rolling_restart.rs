@@ -138,11 +138,8 @@ async fn sigterm_mid_answer(
         async move {
             // The first client may see its answer, a problem or a cut:
             // only what the retry gets is asserted.
-            match req.send().await {
-                Ok(r) => {
-                    let _ = r.bytes().await;
-                }
-                Err(_) => {}
+            if let Ok(r) = req.send().await {
+                let _ = r.bytes().await;
             }
         }
     });

@@ -371,7 +371,7 @@ async fn run(
     if cancelled > 0 {
         tracing::warn!(
             cancelled,
-            "upstream calls cancelled at shutdown; their keys were released"
+            "upstream calls cancelled at shutdown; their keys were released (kept as outcome-unknown on charging routes once sent)"
         );
     }
     if !admin_task.is_finished()

@@ -69,7 +69,9 @@
 //! through a channel; results are stored before the client hears the end,
 //! so a retry that follows an answer always finds the key settled.
 //! A stream that breaks, a retryable status, a timeout or a shutdown
-//! releases the key, so the retry runs again instead of waiting for a TTL.
+//! releases the key, so the retry runs again instead of waiting for a TTL
+//! (on a route that keeps `outcome-unknown` answers, a failure after the
+//! request was sent, a shutdown's cut included, is kept as that answer).
 
 pub mod body_timeout;
 pub mod config;

@@ -61,7 +61,9 @@ pub use inner::{IdempotencyContext, OutcomeUnknown, RetryableFailure, SendSignal
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShutdownReport {
     /// Detached executions still running when the grace period ran out;
-    /// they were cancelled and their keys released.
+    /// they were cancelled and their keys released (on a route that keeps
+    /// `outcome-unknown` answers, one whose request was already sent is
+    /// kept as `outcome-unknown` instead).
     pub cancelled: usize,
 }
 
@@ -113,7 +115,10 @@ impl IdempotencyLayer {
 
     /// Graceful shutdown: waits up to `grace` for detached executions to
     /// finish (and be stored), then cancels the rest and waits until each
-    /// has released its key. Requests arriving afterwards are answered 503.
+    /// has released its key, or, on a route that keeps `outcome-unknown`
+    /// answers, stored that answer for a request already sent (its outcome
+    /// is unknown: a retry must not run it again). Requests arriving
+    /// afterwards are answered 503.
     pub async fn shutdown(&self, grace: Duration) -> ShutdownReport {
         let s = &self.shared;
         s.tracker.close();

@@ -200,6 +200,7 @@ impl Detached {
                 () = shared.cancel.cancelled() => Err(Cut::Shutdown),
             }
         };
+        let shut_down = matches!(decision, Err(Cut::Shutdown));
         let decision = decision.unwrap_or_else(|cut| {
             let was_sent = sent.load(Ordering::Relaxed);
             match cut {
@@ -224,7 +225,7 @@ impl Detached {
         });
         // A shutdown cut the work short: its duration says nothing about
         // the route.
-        if !matches!(decision, Decision::Release(ReleaseReason::Shutdown)) {
+        if !shut_down {
             shared.latency.observe(started.elapsed());
         }
         self.finish(decision, guard).await;
