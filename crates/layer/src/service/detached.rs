@@ -130,6 +130,8 @@ enum Cut {
     Deadline,
     /// The layer shut down and its grace period ran out.
     Shutdown,
+    /// The work panicked (the payload, to go on unwinding with).
+    Panic(Box<dyn std::any::Any + Send>),
 }
 
 /// How a detached execution ends for the store.
@@ -168,34 +170,34 @@ impl Detached {
         let shared = Arc::clone(&self.shared);
         let started = tokio::time::Instant::now();
         let limit = shared.config.completion_timeout;
-        // Whether the request may have reached the upstream: with
-        // `CompletionClock::Call` the inner service is trusted to act as
-        // soon as it is called; with `Sent`, from its signal on.
-        let sent = AtomicBool::new(shared.config.completion_clock == CompletionClock::Call);
         let keeps_unknown = shared.config.on_outcome_unknown == OutcomeUnknownMode::Store;
-        let deadline = match shared.config.completion_clock {
-            CompletionClock::Call => Either::Left(tokio::time::sleep(limit)),
+        // The deadline, and whether the request may have reached the
+        // upstream: with `CompletionClock::Call` the inner service is
+        // trusted to act as soon as it is called; with `Sent`, from its
+        // signal on.
+        let (deadline, sent) = match shared.config.completion_clock {
+            CompletionClock::Call => (
+                Either::Left(tokio::time::sleep(limit)),
+                Arc::new(AtomicBool::new(true)),
+            ),
             CompletionClock::Sent => {
-                let (signal, signalled) = SendSignal::new();
+                let (signal, signalled, fired) = SendSignal::new();
                 request.extensions_mut().insert(signal);
-                let sent = &sent;
-                Either::Right(async move {
+                let deadline = async move {
                     // Unfired and dropped: nothing was sent; count from now.
-                    let from = match signalled.await {
-                        Ok(at) => {
-                            sent.store(true, Ordering::Relaxed);
-                            at
-                        }
-                        Err(_) => Instant::now(),
-                    };
+                    let from = signalled.await.unwrap_or_else(|_| Instant::now());
                     tokio::time::sleep_until(from + limit).await;
-                })
+                };
+                (Either::Right(deadline), fired)
             }
         };
         let decision = {
-            let work = self.execute(inner, request);
+            // A panic after the request was sent cuts the work short too
+            // (below); before, or on a route that releases, it goes on to
+            // the catch in `own`, which releases the key.
+            let work = AssertUnwindSafe(self.execute(inner, request)).catch_unwind();
             tokio::select! {
-                d = work => Ok(d),
+                d = work => d.map_err(Cut::Panic),
                 () = deadline => Err(Cut::Deadline),
                 () = shared.cancel.cancelled() => Err(Cut::Shutdown),
             }
@@ -219,8 +221,15 @@ impl Detached {
                     let cut = Problem::shutting_down().into_response();
                     self.outcome_unknown(cut, "shutdown")
                 }
+                Cut::Panic(_) if was_sent && keeps_unknown => {
+                    idemgate_telemetry::Telemetry::shared().panicked("execution");
+                    tracing::error!("the execution panicked after the request was sent");
+                    self.attachers.fail();
+                    self.outcome_unknown(Problem::internal().into_response(), "panic")
+                }
                 Cut::Deadline => Decision::Release(ReleaseReason::CompletionTimeout),
                 Cut::Shutdown => Decision::Release(ReleaseReason::Shutdown),
+                Cut::Panic(panic) => std::panic::resume_unwind(panic),
             }
         });
         // A shutdown cut the work short: its duration says nothing about

@@ -19,6 +19,7 @@
 //! A signal dropped unfired means nothing was sent: the clock starts then.
 
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::body::Body;
@@ -61,19 +62,31 @@ pub struct OutcomeUnknown {
 /// request on; see the module docs. Cheap to clone; the first
 /// [`SendSignal::sent`] counts.
 #[derive(Debug, Clone)]
-pub struct SendSignal(Arc<Mutex<Option<oneshot::Sender<Instant>>>>);
+pub struct SendSignal {
+    tx: Arc<Mutex<Option<oneshot::Sender<Instant>>>>,
+    /// Set as the signal fires, for a layer that must know at once (the
+    /// receiver hears it only when it is next polled).
+    fired: Arc<AtomicBool>,
+}
 
 impl SendSignal {
-    /// A signal and the receiver that hears when the request was sent
-    /// (an error if every clone was dropped unfired).
-    pub(super) fn new() -> (Self, oneshot::Receiver<Instant>) {
+    /// A signal, the receiver that hears when the request was sent (an
+    /// error if every clone was dropped unfired), and a flag that is true
+    /// from the moment it fired.
+    pub(super) fn new() -> (Self, oneshot::Receiver<Instant>, Arc<AtomicBool>) {
         let (tx, rx) = oneshot::channel();
-        (Self(Arc::new(Mutex::new(Some(tx)))), rx)
+        let fired = Arc::new(AtomicBool::new(false));
+        let signal = Self {
+            tx: Arc::new(Mutex::new(Some(tx))),
+            fired: Arc::clone(&fired),
+        };
+        (signal, rx, fired)
     }
 
     /// The request is being sent now.
     pub fn sent(&self) {
-        let tx = match self.0.lock() {
+        self.fired.store(true, Ordering::Relaxed);
+        let tx = match self.tx.lock() {
             Ok(mut slot) => slot.take(),
             Err(poisoned) => poisoned.into_inner().take(),
         };

@@ -1,0 +1,240 @@
+//! An owner cut short after its request was sent (the inner service fired
+//! its `SendSignal`): on a route that keeps `outcome-unknown` answers
+//! (`charges = true` in the gateway), the key keeps that answer whatever
+//! cut the work, a shutdown past its grace or a panic; the retry is
+//! answered it, and the work never runs twice. Before the signal, or on a
+//! route that releases, the key is released and the retry runs.
+//!
+//! Real HTTP on 127.0.0.1:0, the memory store.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use idemgate_engine::{ClientKey, Engine, MemoryStore, Policy, ScopedKey};
+use idemgate_layer::key::tenant_id;
+use idemgate_layer::{
+    CompletionClock, IdempotencyLayer, InflightMode, LayerConfig, OutcomeUnknownMode, SendSignal,
+    StoredResponse,
+};
+use tokio::sync::watch;
+
+#[derive(Clone)]
+struct App {
+    executions: Arc<AtomicUsize>,
+    gate: watch::Receiver<bool>,
+}
+
+/// Says "sent" unless told `x-unsent`, then panics when told `x-panic`,
+/// or waits for the gate; answers JSON.
+async fn work(State(app): State<App>, req: axum::extract::Request) -> Response {
+    let n = app.executions.fetch_add(1, Ordering::SeqCst) + 1;
+    let headers: HeaderMap = req.headers().clone();
+    if !headers.contains_key("x-unsent")
+        && let Some(signal) = req.extensions().get::<SendSignal>()
+    {
+        signal.sent();
+    }
+    assert!(!headers.contains_key("x-panic"), "told to panic");
+    let mut gate = app.gate.clone();
+    let _ = gate.wait_for(|open| *open).await;
+    (
+        [("content-type", "application/json")],
+        format!("{{\"exec\":{n}}}"),
+    )
+        .into_response()
+}
+
+struct Harness {
+    base: String,
+    executions: Arc<AtomicUsize>,
+    gate: watch::Sender<bool>,
+    layer: IdempotencyLayer,
+}
+
+impl Harness {
+    async fn start(mode: OutcomeUnknownMode) -> Self {
+        let engine = Engine::new(Arc::new(MemoryStore::new()))
+            .with_policy(Policy::default().pending_ttl(Duration::from_secs(5)));
+        let config = LayerConfig {
+            on_inflight: InflightMode::Reject,
+            completion_clock: CompletionClock::Sent,
+            on_outcome_unknown: mode,
+            ..LayerConfig::new("test")
+        };
+        let layer = IdempotencyLayer::new(engine, config);
+        let (gate, gate_rx) = watch::channel(false);
+        let executions = Arc::new(AtomicUsize::new(0));
+        let app = Router::new()
+            .route("/work", post(work))
+            .layer(layer.clone())
+            .with_state(App {
+                executions: Arc::clone(&executions),
+                gate: gate_rx,
+            });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Self {
+            base,
+            executions,
+            gate,
+            layer,
+        }
+    }
+
+    fn post(&self, key: &str) -> reqwest::RequestBuilder {
+        reqwest::Client::new()
+            .post(format!("{}/work", self.base))
+            .header("authorization", "Bearer t")
+            .header("idempotency-key", key)
+            .header("content-type", "application/json")
+            .body("{}")
+    }
+
+    fn executions(&self) -> usize {
+        self.executions.load(Ordering::SeqCst)
+    }
+
+    /// Starts a request that waits at the gate, then shuts the layer down
+    /// with a short grace: the request is cut while its work runs.
+    async fn shut_down_mid_work(&self, key: &str, sent: bool) -> usize {
+        let mut req = self.post(key);
+        if !sent {
+            req = req.header("x-unsent", "1");
+        }
+        let first = tokio::spawn(async move { req.send().await.map(|r| r.status()) });
+        for _ in 0..400 {
+            if self.executions() == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(self.executions(), 1, "the work started");
+        let report = self.layer.shutdown(Duration::from_millis(50)).await;
+        let _ = first.await;
+        report.cancelled
+    }
+}
+
+/// Status, `Idempotent-Replayed` and problem slug of an answer.
+async fn read(res: reqwest::Response) -> (StatusCode, String, String) {
+    let status = StatusCode::from_u16(res.status().as_u16()).unwrap();
+    let replayed = res
+        .headers()
+        .get("idempotent-replayed")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let body: serde_json::Value =
+        serde_json::from_slice(&res.bytes().await.unwrap()).unwrap_or_default();
+    let slug = body["type"]
+        .as_str()
+        .and_then(|t| t.rsplit('/').next())
+        .unwrap_or_default()
+        .to_owned();
+    (status, replayed, slug)
+}
+
+/// What the store holds for `key` once the layer has shut down: the
+/// stored answer's status, or `None` when the key was released.
+async fn stored_status(h: &Harness, key: &str) -> Option<u16> {
+    let scoped = ScopedKey::new(
+        tenant_id(b"Bearer t"),
+        "test",
+        ClientKey::parse(key).unwrap(),
+    );
+    let record = h.layer.engine().store().get(&scoped).await.unwrap()?;
+    let payload = record.payload().expect("DONE, not PENDING");
+    Some(StoredResponse::decode(payload).unwrap().status.as_u16())
+}
+
+#[tokio::test]
+async fn a_shutdown_after_sending_keeps_outcome_unknown() {
+    let h = Harness::start(OutcomeUnknownMode::Store).await;
+    assert_eq!(h.shut_down_mid_work("sent", true).await, 1);
+    assert_eq!(
+        stored_status(&h, "sent").await,
+        Some(502),
+        "kept as the key's outcome-unknown answer"
+    );
+}
+
+#[tokio::test]
+async fn a_shutdown_before_sending_releases_the_key() {
+    let h = Harness::start(OutcomeUnknownMode::Store).await;
+    assert_eq!(h.shut_down_mid_work("unsent", false).await, 1);
+    assert_eq!(stored_status(&h, "unsent").await, None, "released");
+}
+
+#[tokio::test]
+async fn a_shutdown_after_sending_releases_on_a_route_that_does_not_keep_unknowns() {
+    let h = Harness::start(OutcomeUnknownMode::Release).await;
+    assert_eq!(h.shut_down_mid_work("released", true).await, 1);
+    assert_eq!(stored_status(&h, "released").await, None, "released");
+}
+
+async fn retry(h: &Harness, key: &str) -> (StatusCode, String, String) {
+    read(h.post(key).send().await.unwrap()).await
+}
+
+#[tokio::test]
+async fn a_panic_after_sending_keeps_outcome_unknown() {
+    let h = Harness::start(OutcomeUnknownMode::Store).await;
+    let (status, replayed, slug) = read(
+        h.post("panicked")
+            .header("x-panic", "1")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    assert_eq!(replayed, "false");
+    assert_eq!(slug, "outcome-unknown");
+    h.gate.send_replace(true);
+    let (status, replayed, slug) = retry(&h, "panicked").await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    assert_eq!(replayed, "true");
+    assert_eq!(slug, "outcome-unknown");
+    assert_eq!(h.executions(), 1, "never run twice");
+}
+
+#[tokio::test]
+async fn a_panic_before_sending_releases_the_key() {
+    let h = Harness::start(OutcomeUnknownMode::Store).await;
+    let (status, _, slug) = read(
+        h.post("early")
+            .header("x-panic", "1")
+            .header("x-unsent", "1")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(slug, "internal");
+    h.gate.send_replace(true);
+    for _ in 0..400 {
+        if h.layer.detached() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut ran_again = false;
+    for _ in 0..100 {
+        let (status, replayed, _) = retry(&h, "early").await;
+        if status == StatusCode::OK && replayed == "false" {
+            ran_again = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(ran_again, "the released key runs again");
+    assert_eq!(h.executions(), 2);
+}
