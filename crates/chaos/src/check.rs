@@ -170,7 +170,10 @@ impl<'a> Index<'a> {
     /// time in `[from, to]`.
     fn faulted(&self, replica: usize, kinds: &[FaultKind], from: u64, to: u64) -> bool {
         self.history.faults.iter().any(|f| {
-            f.replica == replica && kinds.contains(&f.kind) && f.start_ms <= to && f.end_ms >= from
+            f.replica == Some(replica)
+                && kinds.contains(&f.kind)
+                && f.start_ms <= to
+                && f.end_ms >= from
         })
     }
 }

@@ -145,29 +145,56 @@ pub enum FaultKind {
     Pause,
     /// SIGTERM (a rolling restart's stop), then a restart.
     Terminate,
+    /// Every store connection aborted (RST) by the FaultProxy in front of
+    /// the store.
+    StoreCut,
+    /// The store's connections stalled (no byte forwarded) for 0.3–1.5 s.
+    StoreStall,
 }
 
 impl FaultKind {
-    /// Every kind.
+    /// Every kind on the replicas (the default set).
     pub const ALL: [Self; 3] = [Self::Kill, Self::Pause, Self::Terminate];
 
-    /// The name printed in summaries.
+    /// Every kind a summary counts.
+    pub const EVERY: [Self; 5] = [
+        Self::Kill,
+        Self::Pause,
+        Self::Terminate,
+        Self::StoreCut,
+        Self::StoreStall,
+    ];
+
+    /// The name printed in summaries and taken by `--faults`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Kill => "kill",
             Self::Pause => "pause",
             Self::Terminate => "terminate",
+            Self::StoreCut => "store-cut",
+            Self::StoreStall => "store-stall",
         }
+    }
+
+    /// The kind named `name` (as [`FaultKind::as_str`] spells it).
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::EVERY.into_iter().find(|k| k.as_str() == name)
+    }
+
+    /// Whether it acts on the store's connections rather than a replica.
+    pub fn on_store(self) -> bool {
+        matches!(self, Self::StoreCut | Self::StoreStall)
     }
 }
 
-/// One fault: a replica down or frozen from `start_ms` to `end_ms`.
+/// One fault: a replica down or frozen, or the store's connections cut or
+/// stalled, from `start_ms` to `end_ms`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Fault {
     /// What was done.
     pub kind: FaultKind,
-    /// To which replica.
-    pub replica: usize,
+    /// To which replica (`None`: the store's connections).
+    pub replica: Option<usize>,
     /// When the signal was sent.
     pub start_ms: u64,
     /// When the replica was serving again (restarted, or continued).

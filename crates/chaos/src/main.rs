@@ -51,8 +51,9 @@ struct Args {
     /// Seed of every random choice (default: random, printed).
     #[arg(long)]
     seed: Option<u64>,
-    /// Faults, comma-separated: kill, pause, terminate (default all);
-    /// `none` for a run without faults.
+    /// Faults, comma-separated: kill, pause, terminate (the default),
+    /// store-cut, store-stall (Redis only: through a FaultProxy in front
+    /// of it); `none` for a run without faults.
     #[arg(long, default_value = "kill,pause,terminate")]
     faults: String,
     /// Break the deployment on purpose: `charges-off`.
@@ -96,11 +97,11 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     } else {
         args.faults
             .split(',')
-            .map(|f| match f.trim() {
-                "kill" => Ok(FaultKind::Kill),
-                "pause" => Ok(FaultKind::Pause),
-                "terminate" => Ok(FaultKind::Terminate),
-                other => bail!("unknown fault `{other}`; use kill, pause, terminate or none"),
+            .map(|f| match FaultKind::parse(f.trim()) {
+                Some(kind) => Ok(kind),
+                None => bail!(
+                    "unknown fault `{f}`; use kill, pause, terminate, store-cut, store-stall or none"
+                ),
             })
             .collect::<anyhow::Result<_>>()?
     };

@@ -6,13 +6,19 @@
 //!   then SIGCONT;
 //! - `terminate`: SIGTERM (a rolling restart's stop, with the replicas'
 //!   short `shutdown_grace`, so generations in flight are cut), then a
-//!   restart once the process has exited.
+//!   restart once the process has exited;
+//! - `store-cut`: every connection to the store aborted (RST) by the
+//!   FaultProxy in front of it;
+//! - `store-stall`: the store's connections stalled for 0.3–1.5 s, then
+//!   healed.
 
 use std::time::Duration;
 
 use rand::Rng;
 use rand::rngs::StdRng;
 use tokio::sync::watch;
+
+use idemgate_testkit::FaultProxy;
 
 use crate::cluster::Replica;
 use crate::error::Result;
@@ -25,6 +31,7 @@ use crate::history::{Fault, FaultKind, now_ms};
 /// A replica cannot be restarted.
 pub async fn run(
     replicas: &mut [Replica],
+    store: Option<&FaultProxy>,
     kinds: &[FaultKind],
     pending_ttl: Duration,
     rng: &mut StdRng,
@@ -42,11 +49,30 @@ pub async fn run(
             () = tokio::time::sleep(quiet) => {}
         }
         let kind = kinds[rng.random_range(0..kinds.len())];
+        let start_ms = now_ms();
+        if kind.on_store() {
+            let Some(proxy) = store else { continue };
+            eprintln!("nemesis: {}", kind.as_str());
+            if kind == FaultKind::StoreCut {
+                proxy.reset().await;
+            } else {
+                proxy.stall(true);
+                tokio::time::sleep(Duration::from_millis(rng.random_range(300..1_500))).await;
+                proxy.stall(false);
+            }
+            faults.push(Fault {
+                kind,
+                replica: None,
+                start_ms,
+                end_ms: now_ms(),
+            });
+            continue;
+        }
         let index = rng.random_range(0..replicas.len());
         let replica = &mut replicas[index];
-        let start_ms = now_ms();
         eprintln!("nemesis: {} replica {index}", kind.as_str());
         match kind {
+            FaultKind::StoreCut | FaultKind::StoreStall => {}
             FaultKind::Kill => {
                 replica.signal("KILL").await?;
                 replica.wait_exit(Duration::from_secs(5)).await?;
@@ -72,7 +98,7 @@ pub async fn run(
         );
         faults.push(Fault {
             kind,
-            replica: index,
+            replica: Some(index),
             start_ms,
             end_ms,
         });

@@ -9,6 +9,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::net::SocketAddr;
+
+use idemgate_testkit::FaultProxy;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use tokio::sync::watch;
@@ -126,7 +129,7 @@ impl fmt::Display for Summary<'_> {
         let o = self.0;
         let reads = o.history.ops.iter().filter(|op| op.final_read).count();
         let mut faults: BTreeMap<FaultKind, usize> =
-            FaultKind::ALL.iter().map(|k| (*k, 0)).collect();
+            FaultKind::EVERY.iter().map(|k| (*k, 0)).collect();
         for fault in &o.history.faults {
             *faults.entry(fault.kind).or_default() += 1;
         }
@@ -179,9 +182,26 @@ pub async fn run(cfg: &RunConfig) -> Result<Outcome> {
             .tempdir()?
             .keep(),
     };
+    let store_faults = cfg.faults.iter().any(|k| k.on_store());
+    let mut proxy = None;
     let store = match &cfg.store {
+        Store::Sqlite if store_faults => {
+            return Err(Error::Config(
+                "store faults need a networked store (redis)".into(),
+            ));
+        }
         Store::Sqlite => format!("sqlite:{}", dir.join("keys.db").display()),
         Store::Redis(url) => {
+            let url = if store_faults {
+                let target = redis_addr(url)?;
+                let p = FaultProxy::start(target).await?;
+                let through = url.replacen(&target.to_string(), &p.addr().to_string(), 1);
+                proxy = Some(p);
+                through
+            } else {
+                url.clone()
+            };
+            let url = &url;
             let prefix = format!("chaos{:016x}", rand::random::<u64>());
             let sep = if url.contains('?') { '&' } else { '?' };
             let base = if url.contains('?') || url.ends_with('/') {
@@ -212,7 +232,7 @@ pub async fn run(cfg: &RunConfig) -> Result<Outcome> {
         r.start().await?;
         replicas.push(r);
     }
-    let result = drive(cfg, &routes, &mut replicas).await;
+    let result = drive(cfg, &routes, &mut replicas, proxy.as_ref()).await;
     for r in &mut replicas {
         r.stop().await;
     }
@@ -246,6 +266,7 @@ async fn drive(
     cfg: &RunConfig,
     routes: &[Route],
     replicas: &mut [Replica],
+    proxy: Option<&FaultProxy>,
 ) -> Result<(History, Duration)> {
     let workload = Arc::new(Workload::new(
         replicas.iter().map(|r| r.port).collect(),
@@ -277,7 +298,7 @@ async fn drive(
         })
     };
     let mut rng = StdRng::seed_from_u64(cfg.seed);
-    let nemesis = crate::nemesis::run(replicas, &cfg.faults, PENDING_TTL, &mut rng, stop_rx);
+    let nemesis = crate::nemesis::run(replicas, proxy, &cfg.faults, PENDING_TTL, &mut rng, stop_rx);
     // The nemesis stops when the time is up, or when the clients have
     // used their budget.
     let stop_on_budget = async {
@@ -315,6 +336,20 @@ async fn drive(
         },
         ran,
     ))
+}
+
+/// The `HOST:PORT` of a `redis://HOST:PORT[/DB][?…]` URL, as an address
+/// (the FaultProxy forwards to it).
+fn redis_addr(url: &str) -> Result<SocketAddr> {
+    let rest = url
+        .strip_prefix("redis://")
+        .ok_or_else(|| Error::Config(format!("store faults need a redis:// URL, not {url}")))?;
+    let host = rest.split(['/', '?']).next().unwrap_or_default();
+    host.parse().map_err(|_| {
+        Error::Config(format!(
+            "store faults need an IP:PORT Redis address, not {host}"
+        ))
+    })
 }
 
 fn millis(d: Duration) -> u64 {

@@ -116,7 +116,7 @@ fn i1_an_execution_after_a_final_answer_is_caught_unless_its_owner_was_frozen() 
     // stalled owner fencing speaks of, excused.
     h.faults.push(Fault {
         kind: FaultKind::Pause,
-        replica: 1,
+        replica: Some(1),
         start_ms: 950,
         end_ms: 1_450,
     });
@@ -172,7 +172,7 @@ fn i2_a_second_execution_of_a_charging_key_is_caught_unless_its_owner_crashed() 
     // twice) ...
     h.faults.push(Fault {
         kind: FaultKind::Terminate,
-        replica: 0,
+        replica: Some(0),
         start_ms: 1_500,
         end_ms: 2_000,
     });
@@ -180,7 +180,7 @@ fn i2_a_second_execution_of_a_charging_key_is_caught_unless_its_owner_crashed() 
     // ... a kill -9 does: at-least-once after a crash.
     h.faults.push(Fault {
         kind: FaultKind::Kill,
-        replica: 0,
+        replica: Some(0),
         start_ms: 1_500,
         end_ms: 2_000,
     });
