@@ -13,7 +13,7 @@
 //! and [`check::check`] judges the two.
 //!
 //! # Layout
-//! - [`check`]: the checker, a pure function over a [`History`] and the
+//! - [`check`](mod@check): the checker, a pure function over a [`History`] and the
 //!   upstream's execution log, one function per invariant.
 //! - [`history`]: what a run records ([`Op`](history::Op),
 //!   [`Forget`](history::Forget), [`Fault`](history::Fault)).
@@ -23,7 +23,7 @@
 //!   signalled and restarted.
 //! - [`workload`]: the clients and what they record.
 //! - [`nemesis`]: the faults.
-//! - [`run`]: one run from start to verdict, and its summary line.
+//! - [`run`](mod@run): one run from start to verdict, and its summary line.
 //! - [`error`]: what stops a run before it can be judged.
 //!
 //! # The key decision
