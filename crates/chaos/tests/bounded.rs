@@ -85,6 +85,8 @@ fn keeps_the_promise(outcome: &Outcome) {
         assert_eq!(outcome.report.count(i), 0, "{i}: {}", outcome.summary());
     }
     assert_eq!(outcome.report.unattributed, 0, "every execution traced");
+    // A run that kept the promise leaves nothing to look at.
+    let _ = std::fs::remove_dir_all(&outcome.dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -119,4 +121,5 @@ async fn charges_turned_off_is_caught_as_a_double_charge() {
         "the double charges are found: {}",
         outcome.summary()
     );
+    let _ = std::fs::remove_dir_all(&outcome.dir);
 }
