@@ -31,7 +31,8 @@
 //!   `anthropic-version`).
 //! - `GET /sim/stats` ([`StatsSnapshot`] as JSON), `GET /sim/executions`
 //!   (all keys), `GET /sim/executions/{key}`, `GET /sim/log` (every
-//!   [`Execution`]: number, key, credential, body hash, start time),
+//!   [`Execution`]: number, key, credential, body hash, start time, the
+//!   request's `x-sim-tag`),
 //!   `POST /sim/reset`: for tests that run the simulator in another
 //!   process.
 //!
