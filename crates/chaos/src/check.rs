@@ -96,6 +96,11 @@ impl Report {
     }
 }
 
+/// How long after its delete a forget returns: the replay cache's copies
+/// are trusted for that second (docs/design.md, "Replays answered from
+/// memory").
+const FORGET_WAIT_MS: u64 = 1_000;
+
 /// Judges `history` against the invariants, with `executions`, the
 /// upstream's log of every execution of the run.
 pub fn check(history: &History, executions: &[Execution]) -> Report {
@@ -153,14 +158,38 @@ impl<'a> Index<'a> {
         }
     }
 
-    /// The forgets of `key`, as windows from their sending to their return.
+    /// The forgets of `key`, as windows from their sending to their
+    /// return. A forget that never returned (its replica killed or frozen
+    /// meanwhile) may have deleted the record at any time its replica
+    /// still ran, and replicas may answer from a copy for a second after
+    /// the delete (the wait a returning forget does): its window lasts
+    /// until a second after its replica's fault ended, or after it gave up.
     fn windows(&self, key: &KeyId) -> Windows {
         let mut w: Vec<(u64, u64)> = self
             .history
             .forgets
             .iter()
             .filter(|f| &f.key == key)
-            .map(|f| (f.invoke_ms, f.complete_ms.max(f.invoke_ms)))
+            .map(|f| {
+                let end = f.complete_ms.max(f.invoke_ms);
+                if f.status.is_some() {
+                    return (f.invoke_ms, end);
+                }
+                let fault_end = self
+                    .history
+                    .faults
+                    .iter()
+                    .filter(|x| {
+                        x.replica == Some(f.replica) && x.start_ms <= end && x.end_ms >= f.invoke_ms
+                    })
+                    .map(|x| x.end_ms)
+                    .max()
+                    .unwrap_or(end);
+                (
+                    f.invoke_ms,
+                    end.max(fault_end).saturating_add(FORGET_WAIT_MS),
+                )
+            })
             .collect();
         w.sort_unstable();
         Windows(w)

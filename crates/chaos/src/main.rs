@@ -68,6 +68,10 @@ struct Args {
     /// `idemgate-llm-sim` binary.
     #[arg(long, env = "IDEMGATE_LLM_SIM_BIN")]
     llm_sim_bin: Option<PathBuf>,
+    /// Judge the history a run left in this directory again (its
+    /// `history.json` and `executions.json`), without running anything.
+    #[arg(long)]
+    recheck: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -82,7 +86,36 @@ async fn main() -> ExitCode {
     }
 }
 
+/// Judges a recorded run again.
+fn recheck(dir: &std::path::Path) -> anyhow::Result<bool> {
+    let read = |name: &str| {
+        std::fs::read(dir.join(name))
+            .with_context(|| format!("reading {name} in {}", dir.display()))
+    };
+    let history: idemgate_chaos::History = serde_json::from_slice(&read("history.json")?)?;
+    let executions: Vec<idemgate_llm_sim::Execution> =
+        serde_json::from_slice(&read("executions.json")?)?;
+    let report = idemgate_chaos::check(&history, &executions);
+    for v in &report.violations {
+        println!("violation {}: {:?}: {}", v.invariant, v.key, v.detail);
+    }
+    let counts: Vec<String> = idemgate_chaos::Invariant::ALL
+        .iter()
+        .map(|i| format!("{i}={}", report.count(*i)))
+        .collect();
+    println!(
+        "recheck {}: {} excused={}",
+        dir.display(),
+        counts.join(" "),
+        report.excused
+    );
+    Ok(report.is_clean())
+}
+
 async fn run(args: Args) -> anyhow::Result<bool> {
+    if let Some(dir) = &args.recheck {
+        return recheck(dir);
+    }
     let store = match args.store.as_str() {
         "sqlite" => Store::Sqlite,
         "redis" => Store::Redis(args.redis.clone()),

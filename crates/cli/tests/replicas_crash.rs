@@ -198,12 +198,7 @@ async fn paused_past_the_lease(store: &str) {
     let late = stale.await.unwrap();
     // Its result is not the key's answer: its client is told so (a
     // retryable refusal), never handed a second, different answer.
-    assert_eq!(
-        late.status,
-        503,
-        "{}",
-        String::from_utf8_lossy(&late.body)
-    );
+    assert_eq!(late.status, 503, "{}", String::from_utf8_lossy(&late.body));
     assert!(
         String::from_utf8_lossy(&late.body).contains("/problems/lease-lost"),
         "{}",

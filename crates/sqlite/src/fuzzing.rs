@@ -94,8 +94,7 @@ fn placeholder(n: usize, c: &Column) -> String {
 /// The store's error for a row it cannot read.
 pub fn read_record(columns: &[Column; 5]) -> Result<Record, StoreError> {
     with_db(|conn| {
-        conn.execute("DELETE FROM records", [])
-            .map_err(map_error)?;
+        conn.execute("DELETE FROM records", []).map_err(map_error)?;
         let marks: Vec<String> = (1..=5).map(|n| placeholder(n, &columns[n - 1])).collect();
         conn.execute(
             &format!(

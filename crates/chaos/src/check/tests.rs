@@ -338,3 +338,36 @@ fn i6_a_key_still_in_flight_past_the_bound_is_caught() {
     let h = history(vec![stuck, late]);
     assert_eq!(only(&h, &[], Invariant::I6), 1);
 }
+
+#[test]
+fn i1_a_forget_that_never_returned_still_ends_the_epoch() {
+    // The forget's replica was killed before it answered: the delete may
+    // have landed, and a replica may still answer from its copy for a
+    // second after it.
+    let mut h = history(vec![
+        op(1, "plain", 1_000, 1, "A", false),
+        op(2, "plain", 2_200, 2, "B", false),
+        op(3, "plain", 2_500, 1, "A", true),
+    ]);
+    h.forgets.push(Forget {
+        key: key("plain"),
+        replica: 1,
+        invoke_ms: 2_000,
+        complete_ms: 2_030,
+        status: None,
+    });
+    h.faults.push(Fault {
+        kind: FaultKind::Kill,
+        replica: Some(1),
+        start_ms: 2_020,
+        end_ms: 2_600,
+    });
+    let log = [execution(1, 1, 1_001), execution(2, 2, 2_201)];
+    let report = check(&h, &log);
+    assert!(report.is_clean(), "{report:?}");
+    // Answered, the same forget's window ends when it returned.
+    h.forgets[0].status = Some(200);
+    h.forgets[0].complete_ms = 2_100;
+    let report = check(&h, &log);
+    assert!(report.count(Invariant::I1) >= 1, "{report:?}");
+}
