@@ -417,7 +417,9 @@ fn i3(ix: &Index<'_>, history: &History, report: &mut Report) {
 }
 
 /// I4: a stream resumed with `Last-Event-ID` is, with the events before
-/// it, one run's events numbered 1, 2, 3, … without a gap.
+/// it, one run's events numbered 1, 2, 3, … without a gap; a resumption
+/// answered with another run's stream (marked restarted) is that stream
+/// alone, whole.
 fn i4(ix: &Index<'_>, history: &History, report: &mut Report) {
     for op in &history.ops {
         let (Some(prev), Some(from)) = (op.resumes, op.last_event_id) else {
@@ -429,11 +431,12 @@ fn i4(ix: &Index<'_>, history: &History, report: &mut Report) {
         if op.answer.status != Some(200) {
             continue;
         }
+        // Restarted: the client keeps nothing of the events it had.
         let before = prev
             .answer
             .events
             .iter()
-            .filter(|e| e.id.is_some_and(|id| id <= from));
+            .filter(|e| !op.answer.restarted && e.id.is_some_and(|id| id <= from));
         let assembled: Vec<_> = before.chain(op.answer.events.iter()).collect();
         let mut runs: Vec<u64> = assembled.iter().filter_map(|e| e.execution).collect();
         runs.dedup();

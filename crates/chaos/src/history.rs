@@ -24,8 +24,12 @@ pub struct KeyId {
 /// One event of a stream as a client received it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EventSeen {
-    /// Its `id:` line (the gateway numbers events 1, 2, 3, …).
+    /// The number in its `id:` line (the gateway names events
+    /// `RUN-1, RUN-2, …`).
     pub id: Option<u64>,
+    /// The run its `id:` line names (`RUN`), if it names one.
+    #[serde(default)]
+    pub run: Option<u64>,
     /// SHA-256 of the event's bytes without its `id:` line, hex.
     pub sha256: String,
     /// The upstream execution the event names (`chatcmpl-N`), if any.
@@ -51,6 +55,10 @@ pub struct Answer {
     pub executions: Vec<u64>,
     /// A stream's events, in the order received.
     pub events: Vec<EventSeen>,
+    /// `Idempotent-Stream-Restarted: true`: a resumption answered with
+    /// another run's stream, whole (the client must not stitch it on).
+    #[serde(default)]
+    pub restarted: bool,
     /// What went wrong on the client's side, if anything.
     pub error: Option<String>,
 }
@@ -102,8 +110,11 @@ pub struct Op {
     pub stream: bool,
     /// The replica it was sent to.
     pub replica: usize,
-    /// `Last-Event-ID` it carried.
+    /// The event number of the `Last-Event-ID` it carried.
     pub last_event_id: Option<u64>,
+    /// The run that `Last-Event-ID` named.
+    #[serde(default)]
+    pub last_event_run: Option<u64>,
     /// The request this one resumes (`Last-Event-ID` after its events).
     pub resumes: Option<u64>,
     /// `x-sim-fail` it asked the upstream for (an upstream cut or error).

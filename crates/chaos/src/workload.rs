@@ -58,8 +58,9 @@ pub struct Request {
     pub variant: bool,
     /// Which replica.
     pub replica: usize,
-    /// `Last-Event-ID` and the request it resumes.
-    pub resume: Option<(u64, u64)>,
+    /// `Last-Event-ID` (the run and the event number) and the request it
+    /// resumes.
+    pub resume: Option<(Option<u64>, u64, u64)>,
     /// `x-sim-fail`.
     pub upstream_fault: Option<String>,
     /// The client's timeout.
@@ -169,15 +170,16 @@ impl Workload {
             final_read: false,
         };
         let op = self.send(&req).await;
-        let last = op.answer.events.iter().filter_map(|e| e.id).max();
+        let last = op.answer.events.iter().rfind(|e| e.id.is_some());
         if let Some(last) = last
+            && let Some(n) = last.id
             && op.answer.status == Some(200)
             && !op.answer.complete
             && rng.random_bool(0.5)
         {
             let resume = Request {
                 replica: rng.random_range(0..self.ports.len()),
-                resume: Some((last, op.id)),
+                resume: Some((last.run, n, op.id)),
                 upstream_fault: None,
                 timeout: Duration::from_secs(15),
                 ..req
@@ -234,8 +236,12 @@ impl Workload {
             let latency = 100 + u64::from(u16::from_be_bytes([h[1], h[2]])) % 2_500;
             http.header(idemgate_llm_sim::LATENCY_HEADER, latency.to_string())
         };
-        if let Some((last, _)) = req.resume {
-            http = http.header("last-event-id", last.to_string());
+        if let Some((run, last, _)) = req.resume {
+            let id = match run {
+                Some(run) => format!("{run}-{last}"),
+                None => last.to_string(),
+            };
+            http = http.header("last-event-id", id);
         }
         if let Some(fault) = &req.upstream_fault {
             http = http.header(idemgate_llm_sim::FAIL_HEADER, fault);
@@ -249,8 +255,9 @@ impl Workload {
             body_sha256,
             stream,
             replica: req.replica,
-            last_event_id: req.resume.map(|(last, _)| last),
-            resumes: req.resume.map(|(_, prev)| prev),
+            last_event_id: req.resume.map(|(_, last, _)| last),
+            last_event_run: req.resume.and_then(|(run, _, _)| run),
+            resumes: req.resume.map(|(_, _, prev)| prev),
             upstream_fault: req.upstream_fault.clone(),
             timeout_ms: u64::try_from(req.timeout.as_millis()).unwrap_or(u64::MAX),
             invoke_ms,
@@ -379,6 +386,9 @@ async fn read(req: reqwest::RequestBuilder) -> Answer {
         body_sha256: hex::encode(Sha256::digest(&body)),
         executions: executions_named(&body),
         events: if is_stream { events(&body) } else { Vec::new() },
+        restarted: headers
+            .get("idempotent-stream-restarted")
+            .is_some_and(|v| v.as_bytes() == b"true"),
         error,
     }
 }
@@ -435,12 +445,17 @@ pub fn events(bytes: &[u8]) -> Vec<EventSeen> {
         if block.trim().is_empty() {
             continue;
         }
-        let id = block
+        let (run, id) = block
             .lines()
             .find_map(|l| l.strip_prefix("id:"))
-            .and_then(|v| v.trim().parse().ok());
+            .map(|v| match v.trim().split_once('-') {
+                Some((run, n)) => (run.parse().ok(), n.parse().ok()),
+                None => (None, v.trim().parse().ok()),
+            })
+            .unwrap_or((None, None));
         out.push(EventSeen {
             id,
+            run,
             sha256: hex::encode(Sha256::digest(block.as_bytes())),
             execution: executions_named(block.as_bytes()).first().copied(),
         });
@@ -454,13 +469,14 @@ mod tests {
 
     #[test]
     fn executions_and_events_are_read_from_a_stream() {
-        let body = b"id: 1\ndata: {\"id\":\"chatcmpl-12\",\"x\":1}\n\nid: 2\ndata: {\"id\":\"chatcmpl-12\"}\n\nid: 3\ndata: [DONE]\n\nid: 4\ndata: {\"id\":\"chatcmpl-13";
+        let body = b"id: 9-1\ndata: {\"id\":\"chatcmpl-12\",\"x\":1}\n\nid: 9-2\ndata: {\"id\":\"chatcmpl-12\"}\n\nid: 9-3\ndata: [DONE]\n\nid: 9-4\ndata: {\"id\":\"chatcmpl-13";
         assert_eq!(executions_named(body), vec![12, 13]);
         let evs = events(body);
         assert_eq!(
             evs.iter().map(|e| e.id).collect::<Vec<_>>(),
             vec![Some(1), Some(2), Some(3)]
         );
+        assert!(evs.iter().all(|e| e.run == Some(9)), "{evs:?}");
         assert_eq!(evs[0].execution, Some(12));
         assert_eq!(evs[2].execution, None);
     }

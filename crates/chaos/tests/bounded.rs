@@ -10,9 +10,7 @@
 //! `IDEMGATE_BIN` and `IDEMGATE_LLM_SIM_BIN`). Without them, or without
 //! Redis, the suite fails; it never skips.
 //!
-//! I4 is reported, not asserted: a stream resumed across two runs is
-//! spliced (docs/design.md, "Not yet implemented"), and these runs find
-//! it. Every other invariant must hold.
+//! Every invariant must hold, I1 to I6.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -79,6 +77,7 @@ fn keeps_the_promise(outcome: &Outcome) {
         Invariant::I1,
         Invariant::I2,
         Invariant::I3,
+        Invariant::I4,
         Invariant::I5,
         Invariant::I6,
     ] {

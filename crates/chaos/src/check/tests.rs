@@ -38,6 +38,7 @@ fn op(id: u64, route: &str, at: u64, exec: u64, bytes: &str, replayed: bool) -> 
         stream: false,
         replica: 0,
         last_event_id: None,
+        last_event_run: None,
         resumes: None,
         upstream_fault: None,
         timeout_ms: 10_000,
@@ -223,6 +224,7 @@ fn i3_an_answer_of_another_tenant_or_fingerprint_is_caught() {
 fn event(id: u64, exec: u64) -> EventSeen {
     EventSeen {
         id: Some(id),
+        run: Some(exec),
         sha256: format!("e{exec}-{id}"),
         execution: Some(exec),
     }
@@ -258,6 +260,18 @@ fn i4_a_resumption_that_splices_two_runs_is_caught() {
     let h = history(vec![first, resumed]);
     let log = [execution(1, 1, 1_001), execution(2, 2, 2_001)];
     assert_eq!(only(&h, &log, Invariant::I4), 1);
+}
+
+#[test]
+fn i4_clean_another_runs_stream_sent_whole_and_marked_restarted() {
+    let first = stream(1, 1_000, 1, 1..=3, false);
+    let mut resumed = stream(2, 2_000, 2, 1..=6, true);
+    resumed.answer.restarted = true;
+    resumed.last_event_id = Some(3);
+    resumed.resumes = Some(1);
+    let h = history(vec![first, resumed]);
+    let log = [execution(1, 1, 1_001), execution(2, 2, 2_001)];
+    assert_eq!(only(&h, &log, Invariant::I4), 0);
 }
 
 #[test]
