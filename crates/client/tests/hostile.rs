@@ -72,33 +72,48 @@ async fn a_delay_of_decades_in_any_header_form_is_cut_to_max_server_delay() {
     }
 }
 
+/// The head of a 200 event stream with `headers` added.
+fn stream_head(headers: &[(&str, &str)]) -> String {
+    let mut head = String::from("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n");
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head
+}
+
+/// A stream that sends `events` as one chunk, then breaks inside its
+/// chunked body.
+fn cut_stream(headers: &[(&str, &str)], events: &str) -> Reply {
+    let head = stream_head(headers);
+    Reply::Bytes(
+        format!(
+            "{head}transfer-encoding: chunked\r\n\r\n{:x}\r\n{events}\r\n",
+            events.len()
+        )
+        .into_bytes(),
+    )
+}
+
+/// A stream that sends `events` whole and closes.
+fn whole_stream(headers: &[(&str, &str)], events: &str) -> Reply {
+    let head = stream_head(headers);
+    Reply::Bytes(
+        format!(
+            "{head}content-length: {}\r\nconnection: close\r\n\r\n{events}",
+            events.len()
+        )
+        .into_bytes(),
+    )
+}
+
 #[tokio::test]
 async fn a_streams_retry_field_of_centuries_is_cut_to_max_server_delay() {
     let server = RawServer::start(|n, _| {
-        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n";
         match n {
             // One event with a reconnection time of about 3,000 years,
             // then the connection breaks inside its chunked body.
-            0 => {
-                let event = "retry: 99999999999999\nid: 1\ndata: one\n\n";
-                Reply::Bytes(
-                    format!(
-                        "{head}transfer-encoding: chunked\r\n\r\n{:x}\r\n{event}\r\n",
-                        event.len()
-                    )
-                    .into_bytes(),
-                )
-            }
-            _ => {
-                let event = "id: 2\ndata: [DONE]\n\n";
-                Reply::Bytes(
-                    format!(
-                        "{head}content-length: {}\r\nconnection: close\r\n\r\n{event}",
-                        event.len()
-                    )
-                    .into_bytes(),
-                )
-            }
+            0 => cut_stream(&[], "retry: 99999999999999\nid: 1\ndata: one\n\n"),
+            _ => whole_stream(&[], "id: 2\ndata: [DONE]\n\n"),
         }
     })
     .await;
@@ -126,30 +141,18 @@ async fn a_streams_retry_field_of_centuries_is_cut_to_max_server_delay() {
 /// stitched onto the events already delivered.
 #[tokio::test]
 async fn another_executions_stream_is_not_stitched_on() {
-    let server = RawServer::start(|n, _| {
-        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nidempotent-replayed: ";
-        match n {
-            0 => {
-                let event = "id: 5-1\ndata: first run\n\n";
-                Reply::Bytes(
-                    format!(
-                        "{head}false\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{event}\r\n",
-                        event.len()
-                    )
-                    .into_bytes(),
-                )
-            }
-            _ => {
-                let events = "id: 6-1\ndata: second run\n\nid: 6-2\ndata: [DONE]\n\n";
-                Reply::Bytes(
-                    format!(
-                        "{head}true\r\nidempotent-stream-restarted: true\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{events}",
-                        events.len()
-                    )
-                    .into_bytes(),
-                )
-            }
-        }
+    let server = RawServer::start(|n, _| match n {
+        0 => cut_stream(
+            &[("idempotent-replayed", "false")],
+            "id: 5-1\ndata: first run\n\n",
+        ),
+        _ => whole_stream(
+            &[
+                ("idempotent-replayed", "true"),
+                ("idempotent-stream-restarted", "true"),
+            ],
+            "id: 6-1\ndata: second run\n\nid: 6-2\ndata: [DONE]\n\n",
+        ),
     })
     .await;
     let client = Client::builder(&server.url)

@@ -23,6 +23,8 @@
 //!   lists (most retried, in flight, conflicts, fenced).
 //! - `counters`: the per-request counters of one label set, each looked
 //!   up in the recorder once.
+//! - `trace`: [`TraceContext`], the trace context a downstream call
+//!   carries, as exported over OTLP.
 //! - `store`: [`InstrumentedStore`], a [`Store`](idemgate_engine::Store) decorator
 //!   timing every operation by backend and op, and counting errors.
 //! - [`logging`]: the JSON-lines log format, for capturing logs in tests
@@ -51,6 +53,7 @@ mod outcome;
 mod recent;
 mod route;
 mod store;
+mod trace;
 mod window;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -70,35 +73,8 @@ pub use outcome::Outcome;
 pub use recent::{RecentKey, RecentKeys, RecentSnapshot};
 pub use route::{RouteTelemetry, RunningKey};
 pub use store::InstrumentedStore;
+pub use trace::{TraceContext, exported_trace_context};
 pub use window::{KeyCounts, RatioHistory, RatioWindow};
-
-/// A W3C trace context to send on a downstream call.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TraceContext {
-    /// The `traceparent` header value.
-    pub traceparent: String,
-    /// The `tracestate` header value, when the trace carries one.
-    pub tracestate: Option<String>,
-}
-
-/// The trace context naming the current span, as exported over OTLP, as
-/// the parent of a downstream call: so the upstream's spans continue the
-/// trace under the gateway's span (client → gateway → upstream, one tree).
-///
-/// `None` when the current span is not exported (a build without the
-/// `otlp` feature, or no exporting layer installed): the caller's
-/// `traceparent` then goes downstream unchanged, since a parent id naming
-/// a span nobody exported would break the caller's tree.
-pub fn exported_trace_context() -> Option<TraceContext> {
-    #[cfg(feature = "otlp")]
-    {
-        otlp::current_trace_context()
-    }
-    #[cfg(not(feature = "otlp"))]
-    {
-        None
-    }
-}
 
 /// Sliding window of the hit ratio.
 const RATIO_WINDOW: Duration = Duration::from_secs(300);

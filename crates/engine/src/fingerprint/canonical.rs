@@ -21,9 +21,11 @@
 //! The canonical form is the one earlier versions produced, byte for byte,
 //! so fingerprints of stored records stay valid across an upgrade.
 
-use std::ops::Range;
-
 use super::BodyError;
+
+mod tree;
+
+use tree::{Frame, Member, Name, Node, NodeId, SKIPPED, Tree};
 
 /// The deepest nesting of arrays and objects a JSON body may have.
 pub const MAX_JSON_DEPTH: usize = 128;
@@ -86,154 +88,6 @@ pub(super) fn write_counting(
         work += (out.len() - before) as u64;
     });
     (result, work)
-}
-
-/// Index of a node in [`Tree::nodes`]; `SKIPPED` marks an ignored member
-/// or item.
-type NodeId = u32;
-const SKIPPED: NodeId = NodeId::MAX;
-
-/// A value's canonical text, or its children.
-#[derive(Debug, Clone)]
-enum Node {
-    /// Canonical text equal to the body's own bytes at this range: numbers,
-    /// literals and strings without escapes.
-    Source(Range<usize>),
-    /// Canonical text in [`Tree::text`]: strings that had escapes.
-    Text(Range<usize>),
-    /// Children in [`Tree::items`].
-    Array(Range<usize>),
-    /// Sorted members in [`Tree::members`].
-    Object(Range<usize>),
-}
-
-/// A member name: its decoded bytes, in the body (no escapes) or in
-/// [`Tree::text`].
-#[derive(Debug, Clone)]
-enum Name {
-    Source(Range<usize>),
-    Text(Range<usize>),
-}
-
-#[derive(Debug, Clone)]
-struct Member {
-    name: Name,
-    value: NodeId,
-}
-
-/// The parsed body, flat.
-#[derive(Debug, Default)]
-struct Tree {
-    nodes: Vec<Node>,
-    items: Vec<NodeId>,
-    members: Vec<Member>,
-    /// Canonical text of escaped strings and decoded member names.
-    text: Vec<u8>,
-    work: u64,
-}
-
-impl Tree {
-    fn push(&mut self, node: Node) -> NodeId {
-        self.work += 1;
-        let id = NodeId::try_from(self.nodes.len()).unwrap_or(SKIPPED);
-        self.nodes.push(node);
-        id
-    }
-
-    fn name<'a>(&'a self, body: &'a [u8], name: &Name) -> &'a [u8] {
-        match name {
-            Name::Source(r) => &body[r.clone()],
-            Name::Text(r) => &self.text[r.clone()],
-        }
-    }
-
-    /// Writes `root` with an explicit stack of pending steps.
-    fn emit(&self, body: &[u8], root: NodeId, out: &mut Vec<u8>) {
-        enum Step {
-            Node(NodeId),
-            Name(usize),
-            Byte(u8),
-        }
-        let mut steps = vec![Step::Node(root)];
-        while let Some(step) = steps.pop() {
-            match step {
-                Step::Byte(b) => out.push(b),
-                Step::Name(m) => {
-                    let name = self.name(body, &self.members[m].name);
-                    match std::str::from_utf8(name) {
-                        Ok(s) => write_string(s, out),
-                        Err(_) => out.extend_from_slice(b"\"\""),
-                    }
-                }
-                Step::Node(id) => match self.nodes.get(id as usize) {
-                    Some(Node::Source(r)) => out.extend_from_slice(&body[r.clone()]),
-                    Some(Node::Text(r)) => out.extend_from_slice(&self.text[r.clone()]),
-                    Some(Node::Array(r)) => {
-                        out.push(b'[');
-                        steps.push(Step::Byte(b']'));
-                        let kept: Vec<NodeId> = self.items[r.clone()]
-                            .iter()
-                            .copied()
-                            .filter(|&i| i != SKIPPED)
-                            .collect();
-                        for (n, &item) in kept.iter().enumerate().rev() {
-                            steps.push(Step::Node(item));
-                            if n > 0 {
-                                steps.push(Step::Byte(b','));
-                            }
-                        }
-                    }
-                    Some(Node::Object(r)) => {
-                        out.push(b'{');
-                        steps.push(Step::Byte(b'}'));
-                        let kept: Vec<usize> = r
-                            .clone()
-                            .filter(|&m| self.members[m].value != SKIPPED)
-                            .collect();
-                        for (n, &m) in kept.iter().enumerate().rev() {
-                            steps.push(Step::Node(self.members[m].value));
-                            steps.push(Step::Byte(b':'));
-                            steps.push(Step::Name(m));
-                            if n > 0 {
-                                steps.push(Step::Byte(b','));
-                            }
-                        }
-                    }
-                    None => {}
-                },
-            }
-        }
-    }
-}
-
-/// An open array or object within [`MAX_JSON_DEPTH`].
-#[derive(Debug)]
-struct Frame {
-    object: bool,
-    items: Vec<NodeId>,
-    members: Vec<Member>,
-    /// The name of the member whose value is being read.
-    name: Option<Name>,
-    /// The next array index.
-    index: usize,
-    /// Ignored pointers that match this container's path so far.
-    live: Vec<usize>,
-    /// The value being read is ignored.
-    skip_next: bool,
-}
-
-impl Frame {
-    fn new(object: bool, live: Vec<usize>) -> Self {
-        Self {
-            object,
-            items: Vec::new(),
-            members: Vec::new(),
-            name: None,
-            index: 0,
-            live,
-            skip_next: false,
-        }
-    }
 }
 
 struct Parser<'a> {

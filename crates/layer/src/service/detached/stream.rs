@@ -1,0 +1,140 @@
+//! The owner's relay of an event stream: each event is given its id,
+//! sent to the client, published for attachers and recorded, and the
+//! stream is judged by its dialect's events before it may be stored.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::response::IntoResponse;
+use futures_util::StreamExt;
+
+use super::{Decision, Detached};
+use crate::config::{OutcomeUnknownMode, StreamDialect};
+use crate::outcome::{StreamJudge, StreamVerdict};
+use crate::problem::Problem;
+use crate::service::body::Chunk;
+use crate::service::record::{Recorded, Recording, kept_headers};
+use crate::sse::{EventId, EventScanner, rewrite_id};
+use crate::telemetry::ReleaseReason;
+
+impl Detached {
+    /// Relays an event stream: each event gets a sequential id, is sent to
+    /// the client, published for attachers and recorded. A stream whose
+    /// events say it failed (`dialect`) is relayed whole but released, never
+    /// stored.
+    pub(super) async fn stream(
+        &mut self,
+        parts: http::response::Parts,
+        body: Body,
+        dialect: StreamDialect,
+    ) -> Decision {
+        let shared = Arc::clone(&self.shared);
+        let cfg = &shared.config;
+        let status = parts.status;
+        let stored_headers = kept_headers(&parts.headers, cfg);
+        // Followers get the head a replay will: the stored headers only.
+        self.attachers.streaming(status, &stored_headers);
+        self.client.send_head(parts);
+        let max = cfg.max_stored_body;
+        let mut recording = Recording::new(max);
+        let mut scanner = EventScanner::with_limit(max);
+        let mut judge = StreamJudge::new(dialect);
+        let mut data = body.into_data_stream();
+        let mut blocks = Vec::new();
+        let mut too_large = false;
+        loop {
+            let end = match data.next().await {
+                Some(Ok(chunk)) => match scanner.push(&chunk, &mut blocks) {
+                    Ok(()) => false,
+                    Err(e) => {
+                        // The events completed before it still go out.
+                        tracing::warn!(error = %e, events = self.events, "event never ended; key released");
+                        too_large = true;
+                        true
+                    }
+                },
+                Some(Err(e)) if cfg.on_outcome_unknown == OutcomeUnknownMode::Store => {
+                    // The upstream was generating when the stream broke:
+                    // the work ran, at least in part, and was billed.
+                    tracing::warn!(error = %e, events = self.events, "response stream broke after the request was sent");
+                    self.attachers.fail();
+                    return self.outcome_unknown(
+                        Problem::upstream_unavailable("the response stream broke before its end")
+                            .into_response(),
+                        "stream",
+                    );
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, events = self.events, "response stream broke; key released");
+                    return Decision::Release(ReleaseReason::StreamError);
+                }
+                None => {
+                    blocks.extend(scanner.finish());
+                    true
+                }
+            };
+            for block in blocks.drain(..) {
+                judge.observe(&block);
+                self.events += 1;
+                let id = EventId {
+                    run: self.run,
+                    n: u64::try_from(self.events).unwrap_or(u64::MAX),
+                };
+                let event = rewrite_id(&block, id);
+                match recording.push(&event) {
+                    Recorded::Kept => self.attachers.event(event.clone()),
+                    Recorded::Overflowed => {
+                        tracing::warn!(
+                            max,
+                            "event stream too large to store; it will not be replayable"
+                        );
+                        self.attachers.fail();
+                    }
+                    Recorded::Dropped => {}
+                }
+                self.client.send(Chunk::Data(event));
+            }
+            if end {
+                break;
+            }
+        }
+        if too_large {
+            return Decision::Release(ReleaseReason::EventTooLarge);
+        }
+        match judge.verdict() {
+            StreamVerdict::Complete => {}
+            StreamVerdict::ErrorEvent => {
+                tracing::warn!(
+                    events = self.events,
+                    "event stream carried an error event; key released"
+                );
+                return Decision::Release(ReleaseReason::ErrorEvent);
+            }
+            StreamVerdict::Unterminated if cfg.on_outcome_unknown == OutcomeUnknownMode::Store => {
+                // Stopped mid-generation without saying it failed (a cut
+                // that looked like a clean end): as a broken stream.
+                tracing::warn!(
+                    events = self.events,
+                    "event stream ended without its terminal event after the request was sent"
+                );
+                self.attachers.fail();
+                return self.outcome_unknown(
+                    Problem::upstream_unavailable("the response stream ended before its end")
+                        .into_response(),
+                    "stream",
+                );
+            }
+            StreamVerdict::Unterminated => {
+                tracing::warn!(
+                    events = self.events,
+                    "event stream ended without its terminal event; key released"
+                );
+                return Decision::Release(ReleaseReason::Unterminated);
+            }
+        }
+        match recording.finish(status, stored_headers) {
+            Some(stored) => Decision::Store(stored),
+            None => Decision::Release(ReleaseReason::TooLarge),
+        }
+    }
+}
