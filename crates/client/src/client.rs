@@ -12,16 +12,13 @@ use serde::Serialize;
 
 use crate::attempt::Retrier;
 use crate::error::Error;
+use crate::headers::{IDEMPOTENCY_KEY, LAST_EVENT_ID};
 use crate::key::IdempotencyKey;
 use crate::policy::{Jitter, RetryPolicy};
 use crate::response::Response;
 use crate::send::{Prepared, keep_head, read_whole, sendable_id};
 use crate::stream::EventStream;
 
-/// The request header carrying the key.
-pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
-/// The request header naming the last event a resumed stream has.
-pub const LAST_EVENT_ID: &str = "last-event-id";
 
 /// Headers whose values are credentials: marked sensitive, never shown.
 const SENSITIVE: [&str; 7] = [

@@ -287,7 +287,7 @@ impl ErrorResponse {
     ) -> Self {
         let problem = Problem::parse(&headers, &body);
         let should_retry = crate::policy::should_retry(&headers);
-        let replayed = crate::response::replayed(&headers);
+        let replayed = crate::headers::replayed(&headers);
         Self {
             status,
             headers,

@@ -116,12 +116,14 @@
 //! - `attempt`: the record of each attempt, and the retry bookkeeping.
 //! - `response`: a successful, whole response.
 //! - `error`: errors, and the failed responses they carry.
+//! - `headers`: the header names shared with the gateway.
 //! - `sse`: server-sent events as an `EventSource` reads them.
 //! - `stream`: an event stream that resumes itself with `Last-Event-ID`.
 
 mod attempt;
 mod client;
 mod error;
+mod headers;
 mod key;
 mod policy;
 mod response;
@@ -130,7 +132,7 @@ mod sse;
 mod stream;
 
 pub use attempt::{Attempt, AttemptOutcome, GiveUpReason};
-pub use client::{Client, ClientBuilder, IDEMPOTENCY_KEY, LAST_EVENT_ID, RequestBuilder};
+pub use client::{Client, ClientBuilder, RequestBuilder};
 pub use error::{
     Error, ErrorResponse, GaveUp, KEY_MISMATCH, MAX_ERROR_BODY, Problem, Rejected, RestartReason,
 };
@@ -139,6 +141,7 @@ pub use policy::{
     DEFAULT_DEADLINE, DEFAULT_MAX_SERVER_DELAY, Delay, DelaySource, Jitter, RETRY_AFTER_MS,
     RetryPolicy, SHOULD_RETRY,
 };
-pub use response::{IDEMPOTENT_REPLAYED, Response};
+pub use headers::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, LAST_EVENT_ID};
+pub use response::Response;
 pub use sse::Event;
 pub use stream::EventStream;

@@ -9,19 +9,8 @@ use serde::de::DeserializeOwned;
 
 use crate::attempt::Attempt;
 use crate::error::Error;
+use crate::headers::replayed;
 use crate::key::IdempotencyKey;
-
-/// `Idempotent-Replayed`: `true` when the gateway answered from a stored
-/// (or joined) result instead of executing the request.
-pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
-
-/// Whether `headers` say `Idempotent-Replayed: true`.
-pub(crate) fn replayed(headers: &HeaderMap) -> bool {
-    headers
-        .get(IDEMPOTENT_REPLAYED)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
-}
 
 /// A success (2xx) response, body read whole.
 #[derive(Clone)]

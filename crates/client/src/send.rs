@@ -12,7 +12,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, StatusCode, Url};
 
 use crate::attempt::{AttemptOutcome, GiveUpReason, Retrier};
-use crate::client::LAST_EVENT_ID;
+use crate::headers::LAST_EVENT_ID;
 use crate::error::{Error, ErrorResponse, GaveUp, KEY_MISMATCH, MAX_ERROR_BODY, Rejected};
 use crate::key::IdempotencyKey;
 use crate::policy::{retryable_status, server_delay};

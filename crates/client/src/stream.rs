@@ -11,7 +11,7 @@ use crate::attempt::{Attempt, AttemptOutcome, Retrier};
 use crate::error::{Error, RestartReason};
 use crate::key::IdempotencyKey;
 use crate::policy::{Delay, DelaySource};
-use crate::response::{IDEMPOTENT_REPLAYED, replayed};
+use crate::headers::{IDEMPOTENT_REPLAYED, replayed};
 use crate::send::{Prepared, keep_head, sendable_id};
 use crate::sse::{Event, Parser};
 

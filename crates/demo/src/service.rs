@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use idemgate_engine::{Engine, Policy};
-use idemgate_layer::{IdempotencyLayer, InflightMode, LayerConfig};
+use idemgate_layer::{IdempotencyLayer, OnInflight, LayerConfig};
 use idemgate_llm_sim::{LATENCY_HEADER, SimHandle};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
@@ -170,7 +170,7 @@ pub(crate) async fn run_once(
                 LayerConfig {
                     // A retry that meets the running first attempt waits
                     // for its result instead of running it again.
-                    on_inflight: InflightMode::Wait(Duration::from_secs(30)),
+                    on_inflight: OnInflight::Wait(Duration::from_secs(30)),
                     completion_timeout: Duration::from_secs(60),
                     ..LayerConfig::new("reports")
                 },

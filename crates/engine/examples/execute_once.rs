@@ -60,7 +60,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 answer = Some(done.value);
                 break;
             }
-            Ok(Ok(Err(ExecuteError::InFlight(_)))) => {
+            Ok(Ok(Err(ExecuteError::Inflight(_)))) => {
                 println!("attempt {attempt}: still in flight elsewhere, retrying");
             }
             Ok(Ok(Err(e))) => return Err(e.into()),

@@ -31,7 +31,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::guard::{LeaseGuard, attempt, record_best_effort};
-use crate::inflight::{InFlight, Settled};
+use crate::inflight::{Inflight, Settled};
 use crate::policy::{OnInflight, Policy};
 use crate::record::now_ms;
 use crate::renewals::Renewals;
@@ -106,7 +106,7 @@ pub enum ExecuteError<E> {
     /// Another run holds the key (and the policy did not wait, or the wait
     /// ran out).
     #[error("another request with this idempotency key is in flight")]
-    InFlight(InFlight),
+    Inflight(Inflight),
     /// The store failed before the work ran; nothing was executed.
     #[error(transparent)]
     Store(StoreError),
@@ -136,7 +136,7 @@ pub enum Begin {
     /// The key is DONE: here is the stored record.
     Done(Record),
     /// Someone else holds the key.
-    InFlight(InFlight),
+    Inflight(Inflight),
 }
 
 /// The idempotency engine: a store plus a policy.
@@ -202,7 +202,7 @@ impl Engine {
     /// Claims the key or reports what holds it, without waiting.
     ///
     /// Replays and mismatches are added to the key's timeline here; a
-    /// conflict is added by whoever gives up on it ([`InFlight::record_conflict`]).
+    /// conflict is added by whoever gives up on it ([`Inflight::record_conflict`]).
     ///
     /// # Errors
     /// [`BeginError::Mismatch`] for a different fingerprint, or a store error.
@@ -225,7 +225,7 @@ impl Engine {
                     .await;
                 Ok(Begin::Done(record))
             }
-            Claim::Existing(record) => Ok(Begin::InFlight(InFlight {
+            Claim::Existing(record) => Ok(Begin::Inflight(Inflight {
                 store: Arc::clone(&self.store),
                 key: key.clone(),
                 record,
@@ -252,17 +252,17 @@ impl Engine {
         let deadline = Instant::now() + max_wait;
         loop {
             match self.begin(key, fingerprint).await? {
-                Begin::InFlight(inflight) => {
+                Begin::Inflight(inflight) => {
                     let remaining = deadline.saturating_duration_since(Instant::now());
                     if remaining.is_zero() {
-                        return Ok(Begin::InFlight(inflight));
+                        return Ok(Begin::Inflight(inflight));
                     }
                     match inflight.settled(remaining).await? {
                         Settled::Done(record) if record.fingerprint == *fingerprint => {
                             inflight.note(AttemptOutcome::Attached, None).await;
                             return Ok(Begin::Done(record));
                         }
-                        Settled::StillPending => return Ok(Begin::InFlight(inflight)),
+                        Settled::StillPending => return Ok(Begin::Inflight(inflight)),
                         // Released, expired, or replaced: claim again.
                         Settled::Done(_) | Settled::Free => {}
                     }
@@ -293,8 +293,10 @@ impl Engine {
         Fut: Future<Output = Result<T, E>>,
     {
         let begin = match self.policy.on_inflight {
-            OnInflight::Wait(max) => self.begin_waiting(key, fingerprint, max).await?,
-            OnInflight::Reject | OnInflight::Notify => self.begin(key, fingerprint).await?,
+            OnInflight::Wait(max) | OnInflight::Attach(max) => {
+                self.begin_waiting(key, fingerprint, max).await?
+            }
+            OnInflight::Reject => self.begin(key, fingerprint).await?,
         };
         let guard = match begin {
             Begin::Owner(guard) => guard,
@@ -306,11 +308,9 @@ impl Engine {
                     origin: Origin::Replayed,
                 });
             }
-            Begin::InFlight(inflight) => {
-                if self.policy.on_inflight != OnInflight::Notify {
-                    inflight.record_conflict().await;
-                }
-                return Err(ExecuteError::InFlight(inflight));
+            Begin::Inflight(inflight) => {
+                inflight.record_conflict().await;
+                return Err(ExecuteError::Inflight(inflight));
             }
         };
         let outcome = AssertUnwindSafe(work()).catch_unwind().await;

@@ -105,9 +105,9 @@ impl LeaseGuard {
     /// locks the row for the rest of the transaction).
     pub async fn pause_heartbeat(&mut self) {
         let run = Arc::clone(&self.run);
-        let in_flight = run.renewing.lock().await;
+        let inflight = run.renewing.lock().await;
         self.stop_heartbeat();
-        drop(in_flight);
+        drop(inflight);
     }
 
     /// The lease held.

@@ -1,4 +1,4 @@
-//! The waiter's side of a key found PENDING: [`InFlight`] (who holds it,
+//! The waiter's side of a key found PENDING: [`Inflight`] (who holds it,
 //! how long to wait) and how the wait [`Settled`].
 //!
 //! Apart from [`crate::execute`] because a waiter needs none of the
@@ -24,7 +24,7 @@ pub enum Settled {
 
 /// A key found PENDING: who holds it, and a way to wait for it.
 #[derive(Debug)]
-pub struct InFlight {
+pub struct Inflight {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) key: ScopedKey,
     pub(crate) record: Record,
@@ -34,7 +34,7 @@ pub struct InFlight {
     pub(crate) started: Instant,
 }
 
-impl InFlight {
+impl Inflight {
     /// The PENDING record as it was found.
     pub fn record(&self) -> &Record {
         &self.record

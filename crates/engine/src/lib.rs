@@ -18,7 +18,7 @@
 //!   [`Engine::begin`].
 //! - `guard`: [`LeaseGuard`], the owner's side of a claimed key (heartbeat,
 //!   fenced completion, release on drop).
-//! - `inflight`: [`InFlight`], the waiter's side of a key found PENDING,
+//! - `inflight`: [`Inflight`], the waiter's side of a key found PENDING,
 //!   and how the wait [`Settled`].
 //! - `policy`: [`Policy`], lease and record lifetimes, and [`OnInflight`].
 //! - [`notify`]: per-key wake-ups used by stores for waiters.
@@ -58,7 +58,7 @@ pub use cache::CachedStore;
 pub use execute::{Begin, BeginError, Engine, ExecuteError, Executed, Origin, Unstored};
 pub use fingerprint::Fingerprint;
 pub use guard::LeaseGuard;
-pub use inflight::{InFlight, Settled};
+pub use inflight::{Inflight, Settled};
 pub use key::{ClientKey, DerivedKey, KeyError, ScopedKey, natural_key};
 pub use layered::LayeredStore;
 pub use memory::{Clock, ManualClock, MemoryStore, MonotonicClock, SystemClock};

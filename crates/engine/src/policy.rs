@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 /// TTLs and in-flight behaviour of an [`Engine`](crate::Engine).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Policy {
@@ -26,7 +28,7 @@ impl Default for Policy {
             pending_ttl,
             done_ttl: Duration::from_secs(24 * 3600),
             heartbeat: Some(pending_ttl / 3),
-            on_inflight: OnInflight::Reject,
+            on_inflight: OnInflight::default(),
         }
     }
 }
@@ -52,15 +54,50 @@ impl Policy {
     }
 }
 
-/// What to do when the key is PENDING (someone else is running the work).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What a request gets when its key is PENDING (another request holds
+/// it). One concept for the engine, the tower layer and the gateway's
+/// routes (`on_inflight = "reject" | "wait" | "attach"`, bounded by
+/// `inflight_wait`).
+///
+/// The default everywhere is [`OnInflight::Attach`] with
+/// [`DEFAULT_INFLIGHT_WAIT`]: a duplicate of a streaming request joins
+/// the live stream, any other duplicate waits for the stored result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum OnInflight {
-    /// Refuse at once ([`ExecuteError::InFlight`](crate::ExecuteError::InFlight)); the caller retries later.
+    /// Refuse at once: [`ExecuteError::Inflight`](crate::ExecuteError::Inflight)
+    /// from the engine (whose [`Inflight`](crate::Inflight) handle can
+    /// still be waited on), 409 with `Retry-After` from the layer.
     Reject,
     /// Wait up to the bound for the other run to finish, then return its
-    /// result (or take the key over if that run failed).
+    /// result (or take the key over if that run failed; refuse as
+    /// [`Self::Reject`] if it is still running).
     Wait(Duration),
-    /// Return at once with an [`InFlight`](crate::InFlight) handle whose
-    /// [`settled`](crate::InFlight::settled) resolves when the key is DONE or free.
-    Notify,
+    /// As [`Self::Wait`], except that a duplicate of a streaming response
+    /// whose owner runs in this process (or publishes its events through
+    /// a shared live channel) joins the live stream: the events so far,
+    /// then live ones. The engine's own [`Engine::execute`](crate::Engine::execute)
+    /// has no stream to join and waits.
+    Attach(Duration),
+}
+
+/// The bound of the default [`OnInflight`]: 30 s.
+pub const DEFAULT_INFLIGHT_WAIT: Duration = Duration::from_secs(30);
+
+impl Default for OnInflight {
+    fn default() -> Self {
+        Self::Attach(DEFAULT_INFLIGHT_WAIT)
+    }
+}
+
+impl OnInflight {
+    /// How long a duplicate may wait for the running request: zero for
+    /// [`Self::Reject`].
+    pub fn wait_bound(self) -> Duration {
+        match self {
+            Self::Reject => Duration::ZERO,
+            Self::Wait(max) | Self::Attach(max) => max,
+        }
+    }
 }

@@ -183,10 +183,10 @@ async fn heartbeat(run: Arc<Run>, first: tokio::time::Instant, every: Duration) 
     let mut lease = run.lease.clone();
     tokio::time::sleep_until(first).await;
     loop {
-        let in_flight = run.renewing.lock().await;
+        let inflight = run.renewing.lock().await;
         let sent = run.started.elapsed();
         let renewed = run.store.renew(&mut lease, run.pending_ttl).await;
-        drop(in_flight);
+        drop(inflight);
         match renewed {
             Ok(Fenced::Applied) => {
                 let ms = u64::try_from(sent.as_millis()).unwrap_or(u64::MAX);

@@ -182,7 +182,7 @@ async fn overlapping_runs_on_two_workers_keep_their_keys() {
                     tokio::time::sleep(length - Duration::from_millis(100)).await;
                     let contender = engine.begin(&k, &fp("renewals")).await.expect("begin");
                     assert!(
-                        matches!(contender, Begin::InFlight(_)),
+                        matches!(contender, Begin::Inflight(_)),
                         "a run of {length:?} lost its key: {contender:?}"
                     );
                     tokio::time::sleep(Duration::from_millis(100)).await;

@@ -120,7 +120,7 @@
     }
   }
 
-  const KINDS = { in_flight: "in flight", conflicts: "conflict", fenced: "fenced", most_retried: "retried" };
+  const KINDS = { inflight: "in flight", conflicts: "conflict", fenced: "fenced", most_retried: "retried" };
 
   function ago(ms) {
     const s = Math.max(0, Math.round(ms / 1000));
@@ -130,7 +130,7 @@
   }
 
   function whenText(kind, row, now) {
-    if (kind === "in_flight") return "running for " + ago(now - row.running_since_ms).replace(" ago", "");
+    if (kind === "inflight") return "running for " + ago(now - row.running_since_ms).replace(" ago", "");
     if (kind === "conflicts") return ago(now - row.last_conflict_ms);
     if (kind === "fenced") return ago(now - row.last_fenced_ms);
     return ago(now - row.last_seen_ms);
@@ -181,7 +181,7 @@
           [row.tenant.length > 12 ? row.tenant.slice(0, 12) + "…" : row.tenant, ""],
           [String(row.requests), ""],
           // A key running now: its execution has no outcome yet.
-          kind === "in_flight" ? ["running", "outcome-running"]
+          kind === "inflight" ? ["running", "outcome-running"]
             : [row.last_outcome || "running", "outcome-" + (row.last_outcome || "running")],
           [whenText(kind, row, r.time_ms), "when"],
         ];

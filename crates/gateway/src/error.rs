@@ -90,6 +90,7 @@ fn refusal(findings: &[Finding]) -> String {
 pub struct ProxyBuildError {
     /// The route id.
     pub(crate) route: String,
+    /// Why (the HTTP client's own error).
     #[source]
-    pub(crate) source: crate::proxy::ClientBuildError,
+    pub(crate) source: Box<dyn std::error::Error + Send + Sync>,
 }

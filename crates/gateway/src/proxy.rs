@@ -159,7 +159,7 @@ impl Proxy {
         let client =
             client::build(&label, route.timeouts.connect).map_err(|source| ProxyBuildError {
                 route: route.id.clone(),
-                source,
+                source: Box::new(source),
             })?;
         Ok(Self {
             inner: Arc::new(Inner {

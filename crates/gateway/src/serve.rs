@@ -25,7 +25,7 @@ use axum::Router;
 use axum::body::Body;
 use http::{Request, Response};
 use idemgate_check::{Finding, Severity};
-use idemgate_engine::{AggregatingStore, CachedStore, Engine, OnInflight, Policy, Store};
+use idemgate_engine::{AggregatingStore, CachedStore, Engine, Policy, Store};
 use idemgate_telemetry::{InstrumentedStore, Telemetry};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -48,7 +48,6 @@ pub fn engine(store: Arc<dyn Store>, route: &RouteConfig) -> Engine {
         ..Policy::default()
             .pending_ttl(route.pending_ttl)
             .done_ttl(route.done_ttl)
-            .on_inflight(OnInflight::Reject)
     })
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use figment::Jail;
 use idemgate_check::{Jitter, RetryPolicy};
 use idemgate_gateway::config::{
-    DerivePart, InflightMode, KeyMode, RawKeyMode, StoreErrorMode, StreamDialect, Timeouts,
+    DerivePart, OnInflight, KeyMode, RawKeyMode, StoreErrorMode, StreamDialect, Timeouts,
 };
 use idemgate_gateway::{ConfigError, GatewayConfig, Overrides, StoreUrl};
 
@@ -40,7 +40,7 @@ fn only_an_upstream_gives_the_documented_defaults() {
         assert_eq!(r.prefix, "/");
         assert_eq!(r.methods, vec![http::Method::POST]);
         assert_eq!(r.key_mode, KeyMode::Optional);
-        assert!(matches!(r.on_inflight, InflightMode::Attach(_)));
+        assert!(matches!(r.on_inflight, OnInflight::Attach(_)));
         assert_eq!(r.upstream.as_str(), "http://127.0.0.1:9/");
         assert_eq!(r.upstream_key_header.as_str(), "idempotency-key");
         assert_eq!(r.timeouts, Timeouts::default());
@@ -120,7 +120,7 @@ fn toml_file_is_read_whole() {
         assert_eq!(chat.key_mode, KeyMode::Require);
         assert_eq!(
             chat.on_inflight,
-            InflightMode::Wait(Duration::from_secs(45))
+            OnInflight::Wait(Duration::from_secs(45))
         );
         assert_eq!(
             chat.pending_ttl,
@@ -155,7 +155,7 @@ fn toml_file_is_read_whole() {
         );
         let root = &c.routes[1];
         assert_eq!(root.prefix, "/");
-        assert_eq!(root.on_inflight, InflightMode::Reject);
+        assert_eq!(root.on_inflight, OnInflight::Reject);
         match &root.key_mode {
             KeyMode::Derive(t) => {
                 assert_eq!(t.parts.len(), 4);

@@ -215,7 +215,7 @@ async fn the_dashboard_shows_recent_keys_the_alert_threshold_and_timelines() {
     });
     for _ in 0..300 {
         let recent = admin_json(&client, format!("{admin_url}/admin/recent")).await;
-        if recent["in_flight"]
+        if recent["inflight"]
             .as_array()
             .is_some_and(|a| !a.is_empty())
         {
@@ -357,7 +357,7 @@ async fn the_dashboard_shows_recent_keys_the_alert_threshold_and_timelines() {
     );
 
     // Clicking the in-flight row opens that key's timeline: still running.
-    page.find_element("tr.recent-row[data-kind='in_flight']")
+    page.find_element("tr.recent-row[data-kind='inflight']")
         .await
         .expect("the in-flight row")
         .click()

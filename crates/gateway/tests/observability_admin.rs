@@ -298,7 +298,7 @@ async fn admin_data_endpoints_need_the_token_probes_and_metrics_do_not() {
             assert_eq!(alert["source"], "shipped", "{v}");
         } else {
             assert!(
-                v["in_flight"].is_array() && v["most_retried"].is_array(),
+                v["inflight"].is_array() && v["most_retried"].is_array(),
                 "{v}"
             );
             assert_eq!(v["capacity"], 500, "{v}");

@@ -19,6 +19,14 @@ use std::time::Duration;
 use http::{HeaderName, Method};
 use serde::{Deserialize, Serialize};
 
+/// What a duplicate of an in-flight request gets: the engine's concept,
+/// used as it is.
+pub use idemgate_engine::OnInflight;
+
+/// The request header that carries the key, unless a route names another
+/// ([`LayerConfig::key_header`]).
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
 /// Where the idempotency key of a request comes from.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -163,21 +171,6 @@ impl DeriveTemplate {
         }
         out
     }
-}
-
-/// What a request gets when its key is PENDING (another request holds it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum InflightMode {
-    /// 409 at once, with `Retry-After` and `x-should-retry: true`.
-    Reject,
-    /// Wait up to the bound for the other request's result, then return it
-    /// (or 409 if it is still running).
-    Wait(Duration),
-    /// Streaming responses: join the live stream (events so far, then live
-    /// ones) when the owner runs in this process; otherwise as [`Self::Wait`].
-    Attach(Duration),
 }
 
 /// Whose records a request may see: the tenant is a hash of the first
@@ -327,7 +320,7 @@ pub struct LayerConfig {
     /// Where the key comes from.
     pub key_mode: KeyMode,
     /// What a duplicate of an in-flight request gets.
-    pub on_inflight: InflightMode,
+    pub on_inflight: OnInflight,
     /// Methods that are protected; others pass through untouched.
     pub methods: Vec<Method>,
     /// Largest accepted request body, in bytes (413 beyond).
@@ -375,7 +368,7 @@ impl Default for LayerConfig {
         Self {
             namespace: "default".to_owned(),
             key_mode: KeyMode::Require,
-            on_inflight: InflightMode::Attach(Duration::from_secs(30)),
+            on_inflight: OnInflight::default(),
             methods: vec![Method::POST],
             body_limit: 10 * 1024 * 1024,
             tenant: TenantSource::Credential,
@@ -389,7 +382,7 @@ impl Default for LayerConfig {
             max_stored_body: 32 * 1024 * 1024,
             operations_path: "/idemgate/operations/".to_owned(),
             stream_dialect: None,
-            key_header: crate::key::IDEMPOTENCY_KEY,
+            key_header: IDEMPOTENCY_KEY,
             store_body: true,
         }
     }

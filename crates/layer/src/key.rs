@@ -16,10 +16,8 @@ use idemgate_engine::fingerprint::BodyDigest;
 use idemgate_engine::{ClientKey, KeyError, natural_key};
 use sha2::{Digest, Sha256};
 
+pub use crate::config::IDEMPOTENCY_KEY;
 use crate::config::{DerivePart, DeriveTemplate, TenantSource};
-
-/// The request header that carries the key.
-pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
 /// Tenant of requests without a credential.
 pub const ANONYMOUS: &str = "anonymous";

@@ -95,7 +95,7 @@ pub mod telemetry;
 
 pub use body_timeout::{BodyDeadline, BodyTimeout, BodyTimeouts, with_timeouts};
 pub use config::{
-    CompletionClock, DerivePart, DeriveTemplate, InflightMode, KeyMode, LayerConfig,
+    CompletionClock, DerivePart, DeriveTemplate, OnInflight, KeyMode, LayerConfig,
     OutcomeUnknownMode, StoreErrorMode, StreamDialect, TenantSource,
 };
 pub use live::{InProcessLive, LiveEvents};

@@ -163,7 +163,7 @@ impl Problem {
     }
 
     /// 409 `in-flight`, with `Retry-After` and `x-should-retry: true`.
-    pub fn in_flight(retry_after: Duration) -> Self {
+    pub fn inflight(retry_after: Duration) -> Self {
         let mut p = Self::new(
             StatusCode::CONFLICT,
             "in-flight",
@@ -402,7 +402,7 @@ mod tests {
 
     #[tokio::test]
     async fn in_flight_carries_retry_headers_and_a_stable_type() {
-        let res = Problem::in_flight(Duration::from_secs(3)).into_response();
+        let res = Problem::inflight(Duration::from_secs(3)).into_response();
         assert_eq!(res.status(), StatusCode::CONFLICT);
         assert_eq!(res.headers()[header::RETRY_AFTER], "3");
         assert_eq!(res.headers()[SHOULD_RETRY], "true");
@@ -424,7 +424,7 @@ mod tests {
     #[test]
     fn retry_after_rounds_up_and_never_to_zero() {
         let headers = |d: Duration| {
-            let res = Problem::in_flight(d).into_response();
+            let res = Problem::inflight(d).into_response();
             let get = |n: &HeaderName| {
                 res.headers()
                     .get(n)
@@ -497,7 +497,7 @@ mod tests {
             Problem::request_body_timeout(crate::BodyDeadline::Idle),
             Problem::ambiguous_body("x"),
             Problem::key_mismatch(),
-            Problem::in_flight(Duration::ZERO),
+            Problem::inflight(Duration::ZERO),
             Problem::store_unavailable(),
             Problem::upstream_timeout("connect"),
             Problem::upstream_unavailable("x"),

@@ -33,7 +33,7 @@ use idemgate_engine::{Begin, BeginError, Engine, StoreError};
 use tower::{Layer, Service};
 use tracing::Instrument;
 
-use crate::config::{InflightMode, LayerConfig, StoreErrorMode};
+use crate::config::{OnInflight, LayerConfig, StoreErrorMode};
 use crate::live::{InProcessLive, LiveEvents};
 use crate::operations;
 use crate::problem::Problem;
@@ -202,7 +202,7 @@ async fn dispatch<S: Inner>(shared: Arc<Shared>, inner: S, keyed: Keyed) -> Resp
     match shared.engine.begin(&keyed.scoped, &keyed.fingerprint).await {
         Ok(Begin::Owner(guard)) => detached::own(shared, inner, keyed, guard).await,
         Ok(Begin::Done(record)) => keyed.replay(&shared, &record, Outcome::Replayed),
-        Ok(Begin::InFlight(inflight)) => {
+        Ok(Begin::Inflight(inflight)) => {
             // Counted once per request that meets its key in flight,
             // whatever happens next: the route's overload signal (clients
             // retrying work that is still running).
@@ -214,12 +214,10 @@ async fn dispatch<S: Inner>(shared: Arc<Shared>, inner: S, keyed: Keyed) -> Resp
                 return operations::accepted_for(cfg, &keyed.scoped.key, &keyed.fingerprint);
             }
             match cfg.on_inflight {
+                OnInflight::Reject => attach::conflict(&shared, &keyed, &inflight).await,
                 // Without a live stream of this process to join (only Attach
                 // publishes them), attaching is waiting for the result.
-                InflightMode::Attach(max) | InflightMode::Wait(max) => {
-                    attach::attach(shared, inner, keyed, inflight, max).await
-                }
-                InflightMode::Reject => attach::conflict(&shared, &keyed, &inflight).await,
+                mode => attach::attach(shared, inner, keyed, inflight, mode.wait_bound()).await,
             }
         }
         Err(BeginError::Mismatch) => keyed.mismatch(&shared),

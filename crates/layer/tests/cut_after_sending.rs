@@ -20,7 +20,7 @@ use axum::routing::post;
 use idemgate_engine::{ClientKey, Engine, MemoryStore, Policy, ScopedKey};
 use idemgate_layer::key::tenant_id;
 use idemgate_layer::{
-    CompletionClock, IdempotencyLayer, InflightMode, LayerConfig, OutcomeUnknownMode, SendSignal,
+    CompletionClock, IdempotencyLayer, OnInflight, LayerConfig, OutcomeUnknownMode, SendSignal,
     StoredResponse,
 };
 use tokio::sync::watch;
@@ -63,7 +63,7 @@ impl Harness {
         let engine = Engine::new(Arc::new(MemoryStore::new()))
             .with_policy(Policy::default().pending_ttl(Duration::from_secs(5)));
         let config = LayerConfig {
-            on_inflight: InflightMode::Reject,
+            on_inflight: OnInflight::Reject,
             completion_clock: CompletionClock::Sent,
             on_outcome_unknown: mode,
             ..LayerConfig::new("test")

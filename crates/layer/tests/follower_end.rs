@@ -27,7 +27,7 @@ use idemgate_engine::{
     Attempt, AttemptOutcome, BoxFuture, Engine, Fenced, Lease, MemoryStore, Policy, Store,
     StoreError, StoreErrorKind,
 };
-use idemgate_layer::{IdempotencyLayer, InflightMode, LayerConfig};
+use idemgate_layer::{IdempotencyLayer, OnInflight, LayerConfig};
 use tokio::sync::{mpsc, watch};
 
 /// What the next `complete` does.
@@ -143,7 +143,7 @@ impl Harness {
         let engine =
             Engine::new(store).with_policy(Policy::default().pending_ttl(Duration::from_secs(5)));
         let config = LayerConfig {
-            on_inflight: InflightMode::Attach(Duration::from_secs(20)),
+            on_inflight: OnInflight::Attach(Duration::from_secs(20)),
             ..LayerConfig::new("test")
         };
         let layer = IdempotencyLayer::new(engine, config);

@@ -19,7 +19,7 @@ use bytes::Bytes;
 use idemgate_engine::{ClientKey, Engine, MemoryStore, Policy, ScopedKey, Store};
 use idemgate_layer::key::tenant_id;
 use idemgate_layer::{
-    DeriveTemplate, IdempotencyContext, IdempotencyLayer, InflightMode, KeyMode, LayerConfig,
+    DeriveTemplate, IdempotencyContext, IdempotencyLayer, OnInflight, KeyMode, LayerConfig,
     OutcomeUnknownMode, StoreErrorMode,
 };
 use reqwest::header::HeaderValue;
@@ -299,7 +299,7 @@ impl Harness {
     }
 }
 
-fn config(mode: InflightMode) -> LayerConfig {
+fn config(mode: OnInflight) -> LayerConfig {
     LayerConfig {
         on_inflight: mode,
         ..LayerConfig::new("test")
@@ -395,7 +395,7 @@ fn last_id(b: &[u8]) -> String {
 
 #[tokio::test]
 async fn first_request_runs_and_a_retry_replays_byte_for_byte() {
-    let h = Harness::start(config(InflightMode::Reject)).await;
+    let h = Harness::start(config(OnInflight::Reject)).await;
     let first = send(h.post("/json", Some("k-1"), r#"{"a":1}"#)).await;
     assert_eq!(first.status, StatusCode::CREATED);
     assert_eq!(first.replayed(), Some("false"));
@@ -416,7 +416,7 @@ async fn first_request_runs_and_a_retry_replays_byte_for_byte() {
 
 #[tokio::test]
 async fn a_replayed_202_keeps_where_the_job_is() {
-    let h = Harness::start(config(InflightMode::Reject)).await;
+    let h = Harness::start(config(OnInflight::Reject)).await;
     let first = send(h.post("/json", Some("job"), "{}").header("x-accepted", "1")).await;
     let replay = send(h.post("/json", Some("job"), "{}").header("x-accepted", "1")).await;
     assert_eq!(first.status, StatusCode::ACCEPTED);
@@ -432,7 +432,7 @@ async fn a_replayed_202_keeps_where_the_job_is() {
 
 #[tokio::test]
 async fn same_key_with_another_body_is_refused_with_422() {
-    let h = Harness::start(config(InflightMode::Reject)).await;
+    let h = Harness::start(config(OnInflight::Reject)).await;
     send(h.post("/json", Some("k"), r#"{"a":1}"#)).await;
     let other = send(h.post("/json", Some("k"), r#"{"a":2}"#)).await;
     assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
@@ -442,7 +442,7 @@ async fn same_key_with_another_body_is_refused_with_422() {
 
 #[tokio::test]
 async fn a_duplicate_in_flight_is_rejected_with_409_and_retry_headers() {
-    let h = Harness::start(config(InflightMode::Reject)).await;
+    let h = Harness::start(config(OnInflight::Reject)).await;
     let first = tokio::spawn(send(h.post("/json", Some("k"), "{}").header("x-gate", "1")));
     h.until("the first request runs", |h| h.executions() == 1)
         .await;
@@ -461,7 +461,7 @@ async fn a_duplicate_in_flight_is_rejected_with_409_and_retry_headers() {
 
 #[tokio::test]
 async fn a_waiting_duplicate_gets_the_result() {
-    let h = Harness::start(config(InflightMode::Wait(Duration::from_secs(20)))).await;
+    let h = Harness::start(config(OnInflight::Wait(Duration::from_secs(20)))).await;
     let first = tokio::spawn(send(h.post("/json", Some("k"), "{}").header("x-gate", "1")));
     h.until("the first request runs", |h| h.executions() == 1)
         .await;
@@ -477,7 +477,7 @@ async fn a_waiting_duplicate_gets_the_result() {
 
 #[tokio::test]
 async fn an_attached_duplicate_joins_the_live_stream() {
-    let h = Harness::start(config(InflightMode::Attach(Duration::from_secs(20)))).await;
+    let h = Harness::start(config(OnInflight::Attach(Duration::from_secs(20)))).await;
     let mut owner = h
         .post("/sse", Some("s"), "{}")
         .header("x-gate", "1")
@@ -545,7 +545,7 @@ async fn attaching_on_another_replica_waits_for_done_and_replays() {
     // Two replicas (two layers, two servers) sharing one store: the second
     // has no live entry for the stream, so it waits for DONE.
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let mode = config(InflightMode::Attach(Duration::from_secs(20)));
+    let mode = config(OnInflight::Attach(Duration::from_secs(20)));
     let a = Harness::start_with(Arc::clone(&store), mode.clone()).await;
     let b = Harness::start_with(store, mode).await;
     let mut owner = a
@@ -568,7 +568,7 @@ async fn attaching_on_another_replica_waits_for_done_and_replays() {
 
 #[tokio::test]
 async fn a_wait_that_runs_out_answers_409() {
-    let h = Harness::start(config(InflightMode::Wait(Duration::from_millis(50)))).await;
+    let h = Harness::start(config(OnInflight::Wait(Duration::from_millis(50)))).await;
     let first = tokio::spawn(send(h.post("/json", Some("k"), "{}").header("x-gate", "1")));
     h.until("the first request runs", |h| h.executions() == 1)
         .await;
@@ -603,7 +603,7 @@ async fn duplicates(h: &Harness, path: &'static str, key: String, n: usize) -> V
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_duplicates_under_reject_execute_once() {
-    let h = Harness::start(config(InflightMode::Reject)).await;
+    let h = Harness::start(config(OnInflight::Reject)).await;
     for round in 0..5 {
         let answers = duplicates(&h, "/json", format!("race-{round}"), 32).await;
         assert_eq!(h.executions(), round + 1);
@@ -629,7 +629,7 @@ async fn concurrent_duplicates_under_reject_execute_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_duplicates_under_wait_execute_once_and_all_get_the_result() {
-    let h = Harness::start(config(InflightMode::Wait(Duration::from_secs(30)))).await;
+    let h = Harness::start(config(OnInflight::Wait(Duration::from_secs(30)))).await;
     for round in 0..5 {
         let answers = duplicates(&h, "/json", format!("race-{round}"), 32).await;
         assert_eq!(h.executions(), round + 1);
@@ -649,7 +649,7 @@ async fn concurrent_duplicates_under_wait_execute_once_and_all_get_the_result() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_duplicates_under_attach_execute_once_and_all_get_the_stream() {
-    let h = Harness::start(config(InflightMode::Attach(Duration::from_secs(30)))).await;
+    let h = Harness::start(config(OnInflight::Attach(Duration::from_secs(30)))).await;
     for round in 0..5 {
         let answers = duplicates(&h, "/sse", format!("race-{round}"), 32).await;
         assert_eq!(h.executions(), 2 * round + 1);
@@ -670,7 +670,7 @@ async fn concurrent_duplicates_under_attach_execute_once_and_all_get_the_stream(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_duplicates_across_two_replicas_execute_once() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let mode = config(InflightMode::Attach(Duration::from_secs(30)));
+    let mode = config(OnInflight::Attach(Duration::from_secs(30)));
     let a = Harness::start_with(Arc::clone(&store), mode.clone()).await;
     let b = Harness::start_with(store, mode).await;
     for round in 0..5 {
@@ -703,7 +703,7 @@ async fn concurrent_duplicates_across_two_replicas_execute_once() {
 
 #[tokio::test]
 async fn a_client_that_times_out_does_not_cancel_the_work() {
-    let h = Harness::start(config(InflightMode::Reject)).await;
+    let h = Harness::start(config(OnInflight::Reject)).await;
     let gone = h
         .post("/json", Some("slow"), "{}")
         .header("x-gate", "1")
@@ -730,7 +730,7 @@ async fn a_client_that_times_out_does_not_cancel_the_work() {
 #[tokio::test]
 async fn a_dropped_request_does_not_cancel_the_work() {
     use tower::ServiceExt;
-    let app = App::new(Arc::new(MemoryStore::new()), config(InflightMode::Reject));
+    let app = App::new(Arc::new(MemoryStore::new()), config(OnInflight::Reject));
     let dropped = tokio::time::timeout(
         Duration::from_millis(100),
         app.router.clone().oneshot(gated_request(true)),
@@ -762,7 +762,7 @@ async fn a_dropped_request_does_not_cancel_the_work() {
 
 #[tokio::test]
 async fn a_retry_while_the_abandoned_work_runs_waits_for_it() {
-    let h = Harness::start(config(InflightMode::Attach(Duration::from_secs(20)))).await;
+    let h = Harness::start(config(OnInflight::Attach(Duration::from_secs(20)))).await;
     let gone = h
         .post("/json", Some("slow"), "{}")
         .header("x-gate", "1")
@@ -781,7 +781,7 @@ async fn a_retry_while_the_abandoned_work_runs_waits_for_it() {
 
 #[tokio::test]
 async fn a_stream_client_that_drops_resumes_with_last_event_id() {
-    let h = Harness::start(config(InflightMode::Reject)).await;
+    let h = Harness::start(config(OnInflight::Reject)).await;
     let mut owner = h.post("/sse", Some("resume"), "{}").send().await.unwrap();
     let first_part = read_events(&mut owner, 3).await;
     drop(owner);
@@ -812,7 +812,7 @@ async fn a_stream_client_that_drops_resumes_with_last_event_id() {
 
 #[tokio::test]
 async fn a_retryable_status_releases_the_key() {
-    let h = Harness::start(config(InflightMode::Reject)).await;
+    let h = Harness::start(config(OnInflight::Reject)).await;
     let failed = send(h.post("/json", Some("f"), "{}").header("x-fail", "500")).await;
     assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(failed.body, "failure 1");
@@ -830,7 +830,7 @@ async fn a_retryable_status_releases_the_key() {
 
 #[tokio::test]
 async fn a_stream_broken_midway_is_not_stored() {
-    let h = Harness::start(config(InflightMode::Reject)).await;
+    let h = Harness::start(config(OnInflight::Reject)).await;
     let mut res = h
         .post("/sse", Some("b"), "{}")
         .header("x-break-after", "2")
@@ -888,7 +888,7 @@ async fn a_stream_broken_midway_is_not_stored() {
 
 #[tokio::test]
 async fn an_attached_client_sees_the_owner_stream_break() {
-    let h = Harness::start(config(InflightMode::Attach(Duration::from_secs(20)))).await;
+    let h = Harness::start(config(OnInflight::Attach(Duration::from_secs(20)))).await;
     let mut owner = h
         .post("/sse", Some("b"), "{}")
         .header("x-gate", "1")
@@ -922,7 +922,7 @@ async fn an_attached_client_sees_the_owner_stream_break() {
 async fn an_error_event_reaches_owner_and_attached_then_the_key_is_released() {
     let h = Harness::start(LayerConfig {
         stream_dialect: Some(idemgate_layer::StreamDialect::Openai),
-        ..config(InflightMode::Attach(Duration::from_secs(20)))
+        ..config(OnInflight::Attach(Duration::from_secs(20)))
     })
     .await;
     let mut owner = h
@@ -970,7 +970,7 @@ async fn an_error_event_reaches_owner_and_attached_then_the_key_is_released() {
 async fn an_event_that_never_ends_breaks_the_stream_at_the_limit() {
     let h = Harness::start(LayerConfig {
         max_stored_body: 16 * 1024,
-        ..config(InflightMode::Reject)
+        ..config(OnInflight::Reject)
     })
     .await;
     let mut res = h
@@ -998,7 +998,7 @@ async fn an_event_that_never_ends_breaks_the_stream_at_the_limit() {
 
 #[tokio::test]
 async fn a_panicking_handler_answers_500_and_releases_the_key() {
-    let h = Harness::start(config(InflightMode::Reject)).await;
+    let h = Harness::start(config(OnInflight::Reject)).await;
     let a = send(h.post("/json", Some("p"), "{}").header("x-panic", "1")).await;
     assert_eq!(a.status, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(a.problem_type(), problem("internal"));
@@ -1042,7 +1042,7 @@ async fn work_past_the_completion_timeout_is_abandoned_and_released() {
         Arc::new(MemoryStore::new()),
         LayerConfig {
             completion_timeout: Duration::from_secs(30),
-            ..config(InflightMode::Reject)
+            ..config(OnInflight::Reject)
         },
     );
     let request = gated_request;
@@ -1082,7 +1082,7 @@ async fn a_charging_completion_timeout_keeps_outcome_unknown() {
         LayerConfig {
             completion_timeout: Duration::from_secs(30),
             on_outcome_unknown: OutcomeUnknownMode::Store,
-            ..config(InflightMode::Reject)
+            ..config(OnInflight::Reject)
         },
     );
     let request = gated_request;
@@ -1121,7 +1121,7 @@ async fn a_charging_completion_timeout_keeps_outcome_unknown() {
 async fn a_response_too_large_to_store_is_delivered_but_not_stored() {
     let h = Harness::start(LayerConfig {
         max_stored_body: 1024,
-        ..config(InflightMode::Reject)
+        ..config(OnInflight::Reject)
     })
     .await;
     let a = send(h.post("/json", Some("big"), "{}").header("x-pad", "1")).await;
@@ -1137,7 +1137,7 @@ async fn a_response_too_large_to_store_is_delivered_but_not_stored() {
 
 #[tokio::test]
 async fn tenants_never_share_records() {
-    let h = Harness::start(config(InflightMode::Reject)).await;
+    let h = Harness::start(config(OnInflight::Reject)).await;
     let a = send(h.post("/json", Some("same"), "{}")).await;
     let b = send(h.post_as("Bearer tenant-b", "/json", Some("same"), "{}")).await;
     assert_eq!(a.replayed(), Some("false"));
@@ -1156,7 +1156,7 @@ async fn tenants_never_share_records() {
 
 #[tokio::test]
 async fn malformed_and_missing_keys_are_refused() {
-    let h = Harness::start(config(InflightMode::Reject)).await;
+    let h = Harness::start(config(OnInflight::Reject)).await;
     let long = "k".repeat(256);
     let bad: Vec<HeaderValue> = vec![
         HeaderValue::from_static(""),
@@ -1197,7 +1197,7 @@ async fn malformed_and_missing_keys_are_refused() {
 async fn optional_routes_pass_unkeyed_requests_through_unmerged() {
     let h = Harness::start(LayerConfig {
         key_mode: KeyMode::Optional,
-        ..config(InflightMode::Reject)
+        ..config(OnInflight::Reject)
     })
     .await;
     let a = send(h.post("/json", None, "{}")).await;
@@ -1224,7 +1224,7 @@ async fn optional_routes_pass_unkeyed_requests_through_unmerged() {
 async fn derived_keys_need_their_dimensions() {
     let h = Harness::start(LayerConfig {
         key_mode: KeyMode::Derive(DeriveTemplate::default()),
-        ..config(InflightMode::Reject)
+        ..config(OnInflight::Reject)
     })
     .await;
     let missing = send(h.post("/json", None, "{}").header("x-user-id", "u1")).await;
@@ -1248,7 +1248,7 @@ async fn derived_keys_need_their_dimensions() {
 async fn bodies_over_the_limit_are_refused_before_the_handler() {
     let h = Harness::start(LayerConfig {
         body_limit: 64,
-        ..config(InflightMode::Reject)
+        ..config(OnInflight::Reject)
     })
     .await;
     let big = format!("{{\"x\":\"{}\"}}", "y".repeat(100));
@@ -1264,7 +1264,7 @@ async fn bodies_over_the_limit_are_refused_before_the_handler() {
 
 #[tokio::test]
 async fn respond_async_returns_an_operation_to_poll() {
-    let h = Harness::start(config(InflightMode::Reject)).await;
+    let h = Harness::start(config(OnInflight::Reject)).await;
     let accepted = send(
         h.post("/json", Some("op"), "{}")
             .header("prefer", "respond-async")
@@ -1328,7 +1328,7 @@ async fn respond_async_returns_an_operation_to_poll() {
 
 #[tokio::test]
 async fn a_store_outage_fails_closed_by_default() {
-    let h = Harness::start_with(Arc::new(DownStore), config(InflightMode::Reject)).await;
+    let h = Harness::start_with(Arc::new(DownStore), config(OnInflight::Reject)).await;
     let a = send(h.post("/json", Some("k"), "{}")).await;
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(a.problem_type(), problem("store-unavailable"));
@@ -1341,7 +1341,7 @@ async fn a_store_outage_passes_through_when_failing_open() {
         Arc::new(DownStore),
         LayerConfig {
             on_store_error: StoreErrorMode::FailOpen,
-            ..config(InflightMode::Reject)
+            ..config(OnInflight::Reject)
         },
     )
     .await;
@@ -1359,7 +1359,7 @@ async fn a_store_outage_passes_through_when_failing_open() {
 
 #[tokio::test]
 async fn shutdown_waits_then_cancels_and_releases_the_key() {
-    let h = Harness::start(config(InflightMode::Reject)).await;
+    let h = Harness::start(config(OnInflight::Reject)).await;
     let _gone = h
         .post("/json", Some("stuck"), "{}")
         .header("x-gate", "1")
@@ -1382,7 +1382,7 @@ async fn shutdown_waits_then_cancels_and_releases_the_key() {
 
 #[tokio::test]
 async fn shutdown_lets_finishing_work_store_its_result() {
-    let h = Harness::start(config(InflightMode::Reject)).await;
+    let h = Harness::start(config(OnInflight::Reject)).await;
     let _gone = h
         .post("/json", Some("finishing"), "{}")
         .header("x-sleep-ms", "200")

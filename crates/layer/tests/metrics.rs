@@ -10,7 +10,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::post;
 use idemgate_engine::{Engine, MemoryStore};
-use idemgate_layer::{IdempotencyLayer, InflightMode, KeyMode, LayerConfig, StoreErrorMode};
+use idemgate_layer::{IdempotencyLayer, OnInflight, KeyMode, LayerConfig, StoreErrorMode};
 
 mod support;
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
@@ -67,7 +67,7 @@ async fn replays_count_hits_and_saved_tokens_conflicts_and_outcomes() {
     let layer = IdempotencyLayer::new(
         engine,
         LayerConfig {
-            on_inflight: InflightMode::Reject,
+            on_inflight: OnInflight::Reject,
             ..LayerConfig::new("metrics")
         },
     );

@@ -110,7 +110,7 @@ pub async fn run(cfg: &Config) -> Result<Outcome, BoxError> {
             let payload = record.payload().cloned().unwrap_or_default();
             return Ok(Outcome::Replayed(String::from_utf8(payload.to_vec())?));
         }
-        Begin::InFlight(_) => return Err("another run still holds the key".into()),
+        Begin::Inflight(_) => return Err("another run still holds the key".into()),
     };
 
     let at_ms = idemgate_engine::record::now_ms();

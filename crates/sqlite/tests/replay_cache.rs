@@ -142,15 +142,15 @@ async fn a_forget_on_another_replica_holds_everywhere_once_it_returns() {
         let k = k.clone();
         racers.spawn(async move { engine.begin(&k, &fp("q")).await.expect("begin") });
     }
-    let (mut owners, mut in_flight) = (Vec::new(), 0);
+    let (mut owners, mut inflight) = (Vec::new(), 0);
     while let Some(begun) = racers.join_next().await {
         match begun.expect("racer") {
             Begin::Owner(guard) => owners.push(guard),
-            Begin::InFlight(_) => in_flight += 1,
+            Begin::Inflight(_) => inflight += 1,
             Begin::Done(r) => panic!("answered from the forgotten record: {r:?}"),
         }
     }
-    assert_eq!((owners.len(), in_flight), (1, 15));
+    assert_eq!((owners.len(), inflight), (1, 15));
     for guard in owners {
         guard.release(None).await.map(|_| ()).expect("release");
     }

@@ -66,7 +66,7 @@ pub struct RecentSnapshot {
     /// The most keys ever held.
     pub capacity: usize,
     /// Keys executing now, longest running first.
-    pub in_flight: Vec<RecentKey>,
+    pub inflight: Vec<RecentKey>,
     /// Keys sent more than once, most requests first.
     pub most_retried: Vec<RecentKey>,
     /// Keys that met an in-flight execution, latest first.
@@ -210,7 +210,7 @@ impl RecentKeys {
         RecentSnapshot {
             tracked: self.entries.len(),
             capacity: self.capacity,
-            in_flight: list(&|r| r.running_since_ms.is_some(), &|a, b| {
+            inflight: list(&|r| r.running_since_ms.is_some(), &|a, b| {
                 a.running_since_ms.cmp(&b.running_since_ms)
             }),
             most_retried: list(&|r| r.requests >= 2, &|a, b| b.requests.cmp(&a.requests)),
@@ -251,15 +251,15 @@ mod tests {
         assert_eq!(s.tracked, 5);
         assert_eq!(names(&s.most_retried), ["three", "two"]);
         assert_eq!(s.most_retried[0].requests, 3);
-        assert_eq!(names(&s.in_flight), ["slow"]);
-        assert_eq!(s.in_flight[0].running_since_ms, Some(20));
+        assert_eq!(names(&s.inflight), ["slow"]);
+        assert_eq!(s.inflight[0].running_since_ms, Some(20));
         assert_eq!(names(&s.conflicts), ["slow"]);
         assert_eq!(s.conflicts[0].last_outcome, Some(Outcome::Conflict));
         assert_eq!(names(&s.fenced), ["stale"]);
         assert_eq!(s.fenced[0].last_fenced_ms, Some(30));
 
         t.ended(&key("slow"));
-        assert!(t.snapshot(10).in_flight.is_empty());
+        assert!(t.snapshot(10).inflight.is_empty());
         assert_eq!(t.snapshot(1).most_retried.len(), 1, "lists are cut");
     }
 
@@ -274,7 +274,7 @@ mod tests {
         t.request(&key("new"), Outcome::Executed, 5);
         let mut held: Vec<String> = t
             .snapshot(10)
-            .in_flight
+            .inflight
             .iter()
             .chain(&t.snapshot(10).most_retried)
             .map(|r| r.key.key.as_str().to_owned())
@@ -286,7 +286,7 @@ mod tests {
             t.request(&key(&format!("k{i}")), Outcome::Executed, 10 + i);
         }
         assert_eq!(t.len(), 3, "bounded");
-        assert_eq!(names(&t.snapshot(10).in_flight), ["running"]);
+        assert_eq!(names(&t.snapshot(10).inflight), ["running"]);
     }
 
     #[test]
@@ -320,7 +320,7 @@ mod tests {
         t.started(&key("a"), 1);
         t.request(&key("b"), Outcome::Executed, 2);
         assert_eq!(t.len(), 1);
-        assert_eq!(names(&t.snapshot(10).in_flight), ["a"]);
+        assert_eq!(names(&t.snapshot(10).inflight), ["a"]);
         assert!(!t.is_empty());
     }
 }

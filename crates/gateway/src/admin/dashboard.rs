@@ -145,7 +145,7 @@ pub(super) async fn recent(State(s): State<AdminState>, headers: HeaderMap) -> R
         "time_ms": idemgate_engine::record::now_ms(),
         "tracked": snap.tracked,
         "capacity": snap.capacity,
-        "in_flight": rows(&snap.in_flight),
+        "inflight": rows(&snap.inflight),
         "most_retried": rows(&snap.most_retried),
         "conflicts": rows(&snap.conflicts),
         "fenced": rows(&snap.fenced),

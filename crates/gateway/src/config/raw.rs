@@ -150,9 +150,10 @@ pub struct RawRoute {
     pub key_template: Option<Vec<String>>,
     /// For `key = "derive"`: the time window (e.g. `10m`).
     pub key_window: Option<String>,
-    /// `reject` (default), `wait` or `attach`.
+    /// `reject`, `wait` or `attach` (default).
     pub on_inflight: Option<RawInflightMode>,
-    /// How long `wait`/`attach` hold a duplicate.
+    /// How long `wait`/`attach` hold a duplicate (default: the route's
+    /// total timeout).
     pub inflight_wait: Option<String>,
     /// Lease length for this route.
     pub pending_ttl: Option<String>,
@@ -223,16 +224,16 @@ pub enum RawKeyMode {
 }
 
 /// A route's `on_inflight` as written: the name of an
-/// [`idemgate_layer::InflightMode`], whose bound is the sibling field
+/// [`idemgate_layer::OnInflight`], whose bound is the sibling field
 /// `inflight_wait`.
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum RawInflightMode {
-    /// [`idemgate_layer::InflightMode::Reject`].
+    /// [`idemgate_layer::OnInflight::Reject`].
     Reject,
-    /// [`idemgate_layer::InflightMode::Wait`].
+    /// [`idemgate_layer::OnInflight::Wait`].
     Wait,
-    /// [`idemgate_layer::InflightMode::Attach`].
+    /// [`idemgate_layer::OnInflight::Attach`].
     Attach,
 }
 

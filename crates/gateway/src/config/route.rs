@@ -2,7 +2,7 @@
 //! made from a [`RawRoute`] with the top-level values as defaults.
 //!
 //! The route's behaviour is said in the layer's own types ([`KeyMode`],
-//! [`InflightMode`], [`StoreErrorMode`], …), so what the file asks for is
+//! [`OnInflight`], [`StoreErrorMode`], …), so what the file asks for is
 //! what the idempotency layer is given ([`RouteConfig::layer_config`]),
 //! with no translation in between; the mode names were already read by
 //! serde ([`super::raw`]). A value that is malformed is refused
@@ -16,7 +16,7 @@ use http::{HeaderName, Method};
 use idemgate_check::RetryPolicy;
 use idemgate_layer::config::default_retryable_statuses;
 use idemgate_layer::{
-    CompletionClock, DerivePart, DeriveTemplate, InflightMode, KeyMode, LayerConfig,
+    CompletionClock, DerivePart, DeriveTemplate, OnInflight, KeyMode, LayerConfig,
     OutcomeUnknownMode, StoreErrorMode, StreamDialect, TenantSource,
 };
 use url::Url;
@@ -83,7 +83,7 @@ pub struct RouteConfig {
     /// How the key is found.
     pub key_mode: KeyMode,
     /// What a duplicate of a PENDING key gets.
-    pub on_inflight: InflightMode,
+    pub on_inflight: OnInflight,
     /// Lease length.
     pub pending_ttl: Duration,
     /// DONE lifetime.
@@ -263,10 +263,10 @@ pub(super) fn route(at: &str, r: RawRoute, d: &RouteDefaults) -> Result<RouteCon
         r.inflight_wait.as_deref(),
         timeouts.total,
     )?;
-    let on_inflight = match r.on_inflight.unwrap_or(RawInflightMode::Reject) {
-        RawInflightMode::Reject => InflightMode::Reject,
-        RawInflightMode::Wait => InflightMode::Wait(inflight_wait),
-        RawInflightMode::Attach => InflightMode::Attach(inflight_wait),
+    let on_inflight = match r.on_inflight.unwrap_or(RawInflightMode::Attach) {
+        RawInflightMode::Reject => OnInflight::Reject,
+        RawInflightMode::Wait => OnInflight::Wait(inflight_wait),
+        RawInflightMode::Attach => OnInflight::Attach(inflight_wait),
     };
     let pending_ttl = duration(
         &field("pending_ttl"),

@@ -92,7 +92,7 @@ fn key_parts_are_written_as_text() {
 fn modes_round_trip_through_serde_in_snake_case() {
     assert_eq!(json(&StoreErrorMode::FailOpen), r#""fail_open""#);
     assert_eq!(json(&KeyMode::Require), r#""require""#);
-    assert_eq!(json(&InflightMode::Reject), r#""reject""#);
+    assert_eq!(json(&OnInflight::Reject), r#""reject""#);
     assert_eq!(json(&TenantSource::Credential), r#""credential""#);
     let custom = TenantSource::Headers(vec![
         HeaderName::from_static("x-tenant"),
@@ -110,9 +110,9 @@ fn modes_round_trip_through_serde_in_snake_case() {
     );
     let back: KeyMode = serde_json::from_str(&text).expect("valid JSON");
     assert_eq!(back, derive);
-    let wait: InflightMode =
+    let wait: OnInflight =
         serde_json::from_str(r#"{"wait":{"secs":5,"nanos":0}}"#).expect("valid JSON");
-    assert_eq!(wait, InflightMode::Wait(Duration::from_secs(5)));
+    assert_eq!(wait, OnInflight::Wait(Duration::from_secs(5)));
     let bad = serde_json::from_str::<StoreErrorMode>(r#""ignore""#);
     assert!(bad.is_err());
 }

@@ -15,7 +15,7 @@ use axum::response::Response;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use idemgate_engine::{
-    AttemptOutcome, Begin, BeginError, Fingerprint, InFlight, RecordState, ScopedKey, Settled,
+    AttemptOutcome, Begin, BeginError, Fingerprint, Inflight, RecordState, ScopedKey, Settled,
 };
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
@@ -40,7 +40,7 @@ pub(super) async fn attach<S: Inner>(
     shared: Arc<Shared>,
     inner: S,
     keyed: Keyed,
-    mut inflight: InFlight,
+    mut inflight: Inflight,
     max: Duration,
 ) -> Response {
     let deadline = Instant::now() + max;
@@ -109,7 +109,7 @@ pub(super) async fn attach<S: Inner>(
                     Ok(Begin::Done(record)) => {
                         return keyed.replay(&shared, &record, Outcome::Replayed);
                     }
-                    Ok(Begin::InFlight(next)) => inflight = next,
+                    Ok(Begin::Inflight(next)) => inflight = next,
                     Err(BeginError::Mismatch) => return keyed.mismatch(&shared),
                     Err(e) => return store_failed(&shared, &keyed, &e),
                 }
@@ -127,13 +127,13 @@ pub(super) async fn attach<S: Inner>(
 
 /// Gives up on a key in flight (refused, or the wait ran out). The meeting
 /// itself was counted when it happened.
-pub(super) async fn conflict(shared: &Shared, keyed: &Keyed, inflight: &InFlight) -> Response {
+pub(super) async fn conflict(shared: &Shared, keyed: &Keyed, inflight: &Inflight) -> Response {
     inflight.record_conflict().await;
     keyed.refuse(
         shared,
         Outcome::Conflict,
         Log::Info("idempotency key in flight; request refused"),
-        Problem::in_flight(shared.latency.poll_interval(inflight.retry_after())),
+        Problem::inflight(shared.latency.poll_interval(inflight.retry_after())),
     )
 }
 

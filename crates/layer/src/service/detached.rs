@@ -38,7 +38,7 @@ use super::inner::{self, Inner, OutcomeUnknown, RetryableFailure, SendSignal};
 use super::listeners::{Attachers, Client};
 use super::record::kept_headers;
 use super::traceparent::continue_trace;
-use crate::config::{CompletionClock, InflightMode, OutcomeUnknownMode};
+use crate::config::{CompletionClock, OnInflight, OutcomeUnknownMode};
 use crate::held::Held;
 use crate::live::LiveStream;
 use crate::operations;
@@ -61,7 +61,7 @@ pub(super) async fn own<S: Inner>(
     guard: LeaseGuard,
 ) -> Response {
     let cfg = &shared.config;
-    let publisher = matches!(cfg.on_inflight, InflightMode::Attach(_)).then(|| {
+    let publisher = matches!(cfg.on_inflight, OnInflight::Attach(_)).then(|| {
         shared.live.publish(LiveStream {
             key: keyed.scoped.clone(),
             fence: guard.lease().fence,

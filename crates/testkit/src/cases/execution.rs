@@ -148,29 +148,22 @@ pub async fn cancel_releases_key(store: Arc<dyn Store>) {
     assert!(released, "cancelled work left the key PENDING");
 }
 
-/// `Notify`: a caller meeting a PENDING key gets a handle that resolves when
-/// the owner finishes; `Reject` refuses with a Retry-After hint.
+/// `Reject`: a caller meeting a PENDING key is refused with a Retry-After
+/// hint, and the handle it gets resolves when the owner finishes.
 pub async fn inflight_reject_and_notify(store: Arc<dyn Store>) {
     let key = fresh_key();
-    let engine = Engine::new(Arc::clone(&store));
+    let engine = Engine::new(Arc::clone(&store))
+        .with_policy(Policy::default().on_inflight(OnInflight::Reject));
     let Begin::Owner(guard) = engine.begin(&key, &fp("a")).await.unwrap() else {
         panic!("first begin must own the key");
     };
     let rejected = engine
         .execute(&key, &fp("a"), || async { Ok::<_, std::io::Error>(0u8) })
         .await;
-    let Err(ExecuteError::InFlight(inflight)) = rejected else {
-        panic!("expected InFlight, got {rejected:?}");
+    let Err(ExecuteError::Inflight(handle)) = rejected else {
+        panic!("expected Inflight, got {rejected:?}");
     };
-    assert!(inflight.retry_after() >= Duration::from_secs(1));
-    let notify = Engine::new(Arc::clone(&store))
-        .with_policy(Policy::default().on_inflight(OnInflight::Notify));
-    let Err(ExecuteError::InFlight(handle)) = notify
-        .execute(&key, &fp("a"), || async { Ok::<_, std::io::Error>(0u8) })
-        .await
-    else {
-        panic!("expected a notify handle");
-    };
+    assert!(handle.retry_after() >= Duration::from_secs(1));
     let waiter = tokio::spawn(async move { handle.settled(Duration::from_secs(10)).await });
     tokio::time::sleep(Duration::from_millis(50)).await;
     let w = guard.complete(payload(b"5"), Some(200)).await.unwrap();
@@ -201,7 +194,7 @@ pub async fn heartbeat_outlives_pending_ttl(store: Arc<dyn Store>) {
     let dup = engine
         .execute(&key, &fp("a"), || async { Ok::<_, std::io::Error>(2u8) })
         .await;
-    assert!(matches!(dup, Err(ExecuteError::InFlight(_))), "{dup:?}");
+    assert!(matches!(dup, Err(ExecuteError::Inflight(_))), "{dup:?}");
     assert_eq!(long.await.unwrap().unwrap().value, 1);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
