@@ -65,7 +65,7 @@ pub fn sqlite_row(data: &[u8]) {
 
 fn check_sqlite_record(cols: &[Column; 5], record: &Record) {
     if let Column::Blob(fp) = &cols[0] {
-        assert_eq!(&record.fingerprint.0[..], &fp[..], "fingerprint");
+        assert_eq!(&record.fingerprint.as_bytes()[..], &fp[..], "fingerprint");
     }
     let expires = int(&cols[3]).map(|e| u64::try_from(e).ok());
     match (&record.state, int(&cols[2])) {
@@ -126,7 +126,7 @@ pub fn redis_record(data: &[u8]) {
         Err(e) => return assert_corrupt(&e, "redis record"),
         Ok(r) => r,
     };
-    assert_eq!(&record.fingerprint.0[..], &raw[1..33]);
+    assert_eq!(&record.fingerprint.as_bytes()[..], &raw[1..33]);
     let exp = digits(&raw[85..HEADER]);
     match record.state {
         RecordState::Pending {
@@ -195,7 +195,7 @@ pub fn postgres_row(data: &[u8]) {
         Err(e) => return assert_corrupt(&e, "postgres record"),
         Ok(r) => r,
     };
-    assert_eq!(&record.fingerprint.0[..], fingerprint);
+    assert_eq!(&record.fingerprint.as_bytes()[..], fingerprint);
     match record.state {
         RecordState::Pending {
             fence: f,

@@ -2,10 +2,8 @@
 //! multipart, raw bytes) and the `Prefer` and `Last-Event-ID` headers.
 
 use http::{HeaderMap, HeaderName, HeaderValue};
-use idemgate_engine::fingerprint::{
-    BodyDigest, BodyError, MAX_JSON_DEPTH, canonical_json, digest_body,
-};
-use idemgate_engine::key::MAX_KEY_LEN;
+use idemgate_engine::MAX_KEY_LEN;
+use idemgate_engine::{BodyDigest, BodyError, MAX_JSON_DEPTH, canonical_json, digest_body};
 use idemgate_engine::{ClientKey, DerivedKey, Fingerprint, ScopedKey, natural_key};
 use idemgate_layer::key::{IDEMPOTENCY_KEY, KeyRefusal, client_key};
 use idemgate_layer::operations::{operation_id, parse_operation_id};
@@ -33,7 +31,7 @@ pub fn key(data: &[u8]) {
         assert!(s.bytes().all(|b| (0x20..=0x7e).contains(&b)), "{s:?}");
         assert_eq!(ClientKey::parse(&quoted(s)).as_ref(), Ok(k), "quoted {s:?}");
         for ns in ["chat/completions", "", "ns|1:x"] {
-            let fp = Fingerprint([data.len() as u8; 32]);
+            let fp = Fingerprint::from_bytes([data.len() as u8; 32]);
             let id = operation_id(ns, k, &fp);
             let op = parse_operation_id(&id).expect("an id we wrote reads back");
             assert_eq!((op.namespace.as_str(), &op.key), (ns, k));
@@ -57,7 +55,7 @@ pub fn key(data: &[u8]) {
         if let Some(op) = parse_operation_id(text) {
             let mut fp = [0u8; 32];
             fp[..16].copy_from_slice(&op.fingerprint);
-            let again = operation_id(&op.namespace, &op.key, &Fingerprint(fp));
+            let again = operation_id(&op.namespace, &op.key, &Fingerprint::from_bytes(fp));
             assert_eq!(parse_operation_id(&again), Some(op));
         }
         let _ = natural_key(text.split('\0'));

@@ -48,8 +48,8 @@ fn fixture() -> Fixture {
     let a = key("t-a", "key-a");
     let b = key("t-a", "key-b");
     let c = key("t-b", "key-a");
-    let fp = Fingerprint([1; 32]);
-    let fp2 = Fingerprint([2; 32]);
+    let fp = Fingerprint::from_bytes([1; 32]);
+    let fp2 = Fingerprint::from_bytes([2; 32]);
     let mut sealed = Vec::new();
     for (ring, k, f, plain) in [
         (&ring, &a, fp, &b"the answer for A"[..]),
@@ -103,7 +103,7 @@ pub fn sealed(data: &[u8]) {
         let fingerprint = match flags % 3 {
             0 => f.fingerprints[0],
             1 => f.fingerprints[1],
-            _ => Fingerprint([flags; 32]),
+            _ => Fingerprint::from_bytes([flags; 32]),
         };
         if flags & 0x40 != 0 && !candidate.is_empty() {
             let at = usize::from(u16::from_be_bytes([input.byte(), input.byte()]));

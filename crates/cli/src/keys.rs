@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use idemgate_engine::record::now_ms;
+use idemgate_engine::backend::now_ms;
 use idemgate_engine::{Attempt, AttemptOutcome, ClientKey, Record, ScopedKey, Store};
 use idemgate_gateway::config::{self, RawConfig, RouteConfig, StoreUrl};
 use idemgate_gateway::{GatewayConfig, Overrides};

@@ -17,7 +17,7 @@
 use std::error::Error;
 use std::time::Duration;
 
-use idemgate_client::{Attempt, Client, Delay, DelaySource};
+use idemgate_client::{Client, ClientAttempt, Delay, DelaySource};
 use idemgate_gateway::GatewayConfig;
 use idemgate_gateway::config::{RawConfig, RawInflightMode, RawRoute};
 use idemgate_llm_sim::{SimConfig, SimHandle};
@@ -103,7 +103,7 @@ fn body() -> serde_json::Value {
     })
 }
 
-fn print_attempts(attempts: &[Attempt]) {
+fn print_attempts(attempts: &[ClientAttempt]) {
     for a in attempts {
         match a.delay {
             Some(Delay {
@@ -111,14 +111,14 @@ fn print_attempts(attempts: &[Attempt]) {
             }) => println!(
                 "  attempt {}: {}; retry in {} ms ({})",
                 a.number,
-                a.outcome,
+                a.end,
                 duration.as_millis(),
                 match source {
                     DelaySource::Backoff => "backoff",
                     _ => "server's delay",
                 }
             ),
-            None => println!("  attempt {}: {}", a.number, a.outcome),
+            None => println!("  attempt {}: {}", a.number, a.end),
         }
     }
 }

@@ -13,12 +13,12 @@ use crate::policy::{Delay, DelaySource, RetryPolicy};
 /// waited before the next one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct Attempt {
+pub struct ClientAttempt {
     /// 1 for the first attempt, counting every attempt of the operation
     /// (stream resumptions included).
     pub number: u32,
     /// What the attempt ended with.
-    pub outcome: AttemptOutcome,
+    pub end: AttemptEnd,
     /// The wait before the next attempt; `None` for the last one.
     pub delay: Option<Delay>,
 }
@@ -26,7 +26,7 @@ pub struct Attempt {
 /// How one attempt ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum AttemptOutcome {
+pub enum AttemptEnd {
     /// A response arrived with this status (for a stream: its head).
     Status(StatusCode),
     /// The attempt timeout elapsed first.
@@ -48,7 +48,7 @@ pub enum AttemptOutcome {
     },
 }
 
-impl fmt::Display for AttemptOutcome {
+impl fmt::Display for AttemptEnd {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Status(s) => write!(f, "status {s}"),
@@ -91,7 +91,7 @@ pub(crate) struct Retrier {
     started: Instant,
     /// Failed attempts since the start or the last progress.
     failures: u32,
-    log: Vec<Attempt>,
+    log: Vec<ClientAttempt>,
 }
 
 impl Retrier {
@@ -119,7 +119,7 @@ impl Retrier {
     }
 
     /// Logs an attempt that ends the operation (success or final status).
-    pub(crate) fn last(&mut self, outcome: AttemptOutcome) {
+    pub(crate) fn last(&mut self, outcome: AttemptEnd) {
         self.push(outcome, None);
     }
 
@@ -128,7 +128,7 @@ impl Retrier {
     /// `max_server_delay`, else the backoff), or why there is none.
     pub(crate) fn failed(
         &mut self,
-        outcome: AttemptOutcome,
+        outcome: AttemptEnd,
         asked: Option<Delay>,
     ) -> Result<Duration, GiveUpReason> {
         self.failures = self.failures.saturating_add(1);
@@ -163,7 +163,7 @@ impl Retrier {
         self.started = Instant::now();
     }
 
-    pub(crate) fn log(&self) -> &[Attempt] {
+    pub(crate) fn log(&self) -> &[ClientAttempt] {
         &self.log
     }
 
@@ -171,15 +171,15 @@ impl Retrier {
         u32::try_from(self.log.len()).unwrap_or(u32::MAX)
     }
 
-    pub(crate) fn into_log(self) -> Vec<Attempt> {
+    pub(crate) fn into_log(self) -> Vec<ClientAttempt> {
         self.log
     }
 
-    fn push(&mut self, outcome: AttemptOutcome, delay: Option<Delay>) {
+    fn push(&mut self, outcome: AttemptEnd, delay: Option<Delay>) {
         let number = self.attempts().saturating_add(1);
-        self.log.push(Attempt {
+        self.log.push(ClientAttempt {
             number,
-            outcome,
+            end: outcome,
             delay,
         });
     }
@@ -204,17 +204,17 @@ mod tests {
     fn attempts_are_bounded_and_logged() {
         let mut r = Retrier::new(policy());
         assert_eq!(
-            r.failed(AttemptOutcome::Timeout, None),
+            r.failed(AttemptEnd::Timeout, None),
             Ok(Duration::from_millis(100))
         );
         let asked = Delay::new(Duration::from_secs(7), DelaySource::RetryAfterSeconds);
         assert_eq!(
-            r.failed(AttemptOutcome::Status(StatusCode::CONFLICT), Some(asked)),
+            r.failed(AttemptEnd::Status(StatusCode::CONFLICT), Some(asked)),
             Ok(Duration::from_secs(7)),
             "a server's delay is honoured whole, beyond the backoff cap, up to max_server_delay"
         );
         assert_eq!(
-            r.failed(AttemptOutcome::Connect, None),
+            r.failed(AttemptEnd::Connect, None),
             Err(GiveUpReason::Attempts(3))
         );
         let log = r.log();
@@ -232,13 +232,13 @@ mod tests {
         });
         for _ in 0..5 {
             assert!(
-                r.failed(AttemptOutcome::StreamBroken { events: 1 }, None)
+                r.failed(AttemptEnd::StreamBroken { events: 1 }, None)
                     .is_ok()
             );
             r.progress();
         }
-        assert!(r.failed(AttemptOutcome::Timeout, None).is_ok());
-        assert!(r.failed(AttemptOutcome::Timeout, None).is_err());
+        assert!(r.failed(AttemptEnd::Timeout, None).is_ok());
+        assert!(r.failed(AttemptEnd::Timeout, None).is_err());
         assert_eq!(r.attempts(), 7);
     }
 
@@ -259,17 +259,17 @@ mod tests {
             });
             let huge = Delay::new(Duration::from_secs(1_000_000_000), source);
             assert_eq!(
-                r.failed(AttemptOutcome::Timeout, Some(huge)),
+                r.failed(AttemptEnd::Timeout, Some(huge)),
                 Ok(Duration::from_secs(60))
             );
             let max = Delay::new(Duration::MAX, source);
             assert_eq!(
-                r.failed(AttemptOutcome::Timeout, Some(max)),
+                r.failed(AttemptEnd::Timeout, Some(max)),
                 Ok(Duration::from_secs(60))
             );
             let within = Delay::new(Duration::from_secs(59), source);
             assert_eq!(
-                r.failed(AttemptOutcome::Timeout, Some(within)),
+                r.failed(AttemptEnd::Timeout, Some(within)),
                 Ok(Duration::from_secs(59))
             );
             let log = r.log();
@@ -294,7 +294,7 @@ mod tests {
         );
         assert_eq!(
             r.failed(
-                AttemptOutcome::Status(StatusCode::SERVICE_UNAVAILABLE),
+                AttemptEnd::Status(StatusCode::SERVICE_UNAVAILABLE),
                 Some(huge)
             ),
             Err(GiveUpReason::Deadline(Duration::from_secs(30 * 60)))
@@ -319,7 +319,7 @@ mod tests {
         let asked = Delay::new(Duration::from_secs(3), DelaySource::RetryAfterSeconds);
         assert_eq!(
             r.failed(
-                AttemptOutcome::Status(StatusCode::TOO_MANY_REQUESTS),
+                AttemptEnd::Status(StatusCode::TOO_MANY_REQUESTS),
                 Some(asked)
             ),
             Err(GiveUpReason::Deadline(Duration::from_secs(10)))

@@ -19,7 +19,6 @@ use crate::response::Response;
 use crate::send::{Prepared, keep_head, read_whole, sendable_id};
 use crate::stream::EventStream;
 
-
 /// Headers whose values are credentials: marked sensitive, never shown.
 const SENSITIVE: [&str; 7] = [
     "authorization",

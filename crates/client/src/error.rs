@@ -6,8 +6,8 @@ use bytes::Bytes;
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, HeaderMap};
 
-use crate::attempt::{Attempt, GiveUpReason};
-use crate::key::{IdempotencyKey, KeyError};
+use crate::attempt::{ClientAttempt, GiveUpReason};
+use crate::key::{IdempotencyKey, InvalidKey};
 use crate::sse::MAX_EVENT_BYTES;
 
 /// Most bytes of a failed response's body the client reads: past them it
@@ -72,7 +72,7 @@ pub enum Error {
     },
     /// The caller's natural key is not a valid key.
     #[error("invalid idempotency key: {0}")]
-    InvalidKey(#[from] KeyError),
+    InvalidKey(#[from] InvalidKey),
     /// The base URL or path does not make a valid URL.
     #[error("invalid URL `{url}`: {reason}")]
     Url {
@@ -117,7 +117,7 @@ impl Error {
 
     /// The attempts made before the error (empty for errors raised before
     /// any attempt, or while reading a stream).
-    pub fn attempts(&self) -> &[Attempt] {
+    pub fn attempts(&self) -> &[ClientAttempt] {
         match self {
             Self::KeyReused(r) | Self::Rejected(r) => &r.attempts,
             Self::GaveUp(g) => &g.attempts,
@@ -185,7 +185,7 @@ pub struct Rejected {
     /// The response.
     pub response: ErrorResponse,
     /// Every attempt, the final one last.
-    pub attempts: Vec<Attempt>,
+    pub attempts: Vec<ClientAttempt>,
 }
 
 impl fmt::Display for Rejected {
@@ -213,7 +213,7 @@ pub struct GaveUp {
     /// Why the client stopped.
     pub reason: GiveUpReason,
     /// Every attempt, the last one last.
-    pub attempts: Vec<Attempt>,
+    pub attempts: Vec<ClientAttempt>,
     /// The last attempt's response, if it got one.
     pub last_response: Option<ErrorResponse>,
     /// The last attempt's transport error, if it ended in one.
@@ -230,7 +230,7 @@ impl fmt::Display for GaveUp {
             self.reason
         )?;
         if let Some(last) = self.attempts.last() {
-            write!(f, "; last: {}", last.outcome)?;
+            write!(f, "; last: {}", last.end)?;
         }
         if let Some(r) = &self.last_response {
             r.describe(f)?;
@@ -270,7 +270,7 @@ pub struct ErrorResponse {
     /// the rest was never read.
     pub truncated: bool,
     /// The body as an RFC 9457 problem, if it is one.
-    pub problem: Option<Problem>,
+    pub problem: Option<ProblemDetails>,
     /// What `x-should-retry` said, if anything.
     pub should_retry: Option<bool>,
     /// `Idempotent-Replayed: true`: a stored final answer (the gateway
@@ -285,7 +285,7 @@ impl ErrorResponse {
         body: Bytes,
         truncated: bool,
     ) -> Self {
-        let problem = Problem::parse(&headers, &body);
+        let problem = ProblemDetails::parse(&headers, &body);
         let should_retry = crate::policy::should_retry(&headers);
         let replayed = crate::headers::replayed(&headers);
         Self {
@@ -336,7 +336,7 @@ impl ErrorResponse {
 /// sends for its own refusals.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct Problem {
+pub struct ProblemDetails {
     /// The `type` URI, e.g. `https://idemgate.dev/problems/in-flight`.
     pub type_uri: String,
     /// The `title`.
@@ -345,7 +345,7 @@ pub struct Problem {
     pub detail: Option<String>,
 }
 
-impl Problem {
+impl ProblemDetails {
     /// The last path segment of the type URI (`in-flight`,
     /// `key-mismatch`, …).
     pub fn slug(&self) -> &str {
@@ -387,11 +387,11 @@ mod tests {
             HeaderValue::from_static("application/problem+json"),
         );
         let body = br#"{"type":"https://idemgate.dev/problems/key-mismatch","title":"Idempotency key reused","status":422,"detail":"used with a different request"}"#;
-        let p = Problem::parse(&h, body).unwrap();
+        let p = ProblemDetails::parse(&h, body).unwrap();
         assert_eq!(p.slug(), KEY_MISMATCH);
         assert_eq!(p.detail.as_deref(), Some("used with a different request"));
-        assert_eq!(Problem::parse(&h, b"not json"), None);
-        assert_eq!(Problem::parse(&HeaderMap::new(), body), None);
+        assert_eq!(ProblemDetails::parse(&h, b"not json"), None);
+        assert_eq!(ProblemDetails::parse(&HeaderMap::new(), body), None);
     }
 
     #[test]

@@ -48,26 +48,26 @@ impl IdempotencyKey {
     /// saw the first attempt.
     ///
     /// # Errors
-    /// [`KeyError`] unless the key is 1 to [`MAX_KEY_LEN`] printable ASCII
+    /// [`InvalidKey`] unless the key is 1 to [`MAX_KEY_LEN`] printable ASCII
     /// characters without a double quote and without leading or trailing
     /// spaces (what the gateway accepts as a bare key, with no room for a
     /// second reading).
-    pub fn new(key: impl Into<String>) -> Result<Self, KeyError> {
+    pub fn new(key: impl Into<String>) -> Result<Self, InvalidKey> {
         let key = key.into();
         if key.is_empty() {
-            return Err(KeyError::Empty);
+            return Err(InvalidKey::Empty);
         }
         if key.len() > MAX_KEY_LEN {
-            return Err(KeyError::TooLong { len: key.len() });
+            return Err(InvalidKey::TooLong { len: key.len() });
         }
         if let Some(position) = key.bytes().position(|b| !(0x20..=0x7e).contains(&b)) {
-            return Err(KeyError::NotPrintable { position });
+            return Err(InvalidKey::NotPrintable { position });
         }
         if let Some(position) = key.bytes().position(|b| b == b'"') {
-            return Err(KeyError::Quote { position });
+            return Err(InvalidKey::Quote { position });
         }
         if key.starts_with(' ') || key.ends_with(' ') {
-            return Err(KeyError::Padded);
+            return Err(InvalidKey::Padded);
         }
         Ok(Self(key.into()))
     }
@@ -99,7 +99,7 @@ impl AsRef<str> for IdempotencyKey {
 }
 
 impl std::str::FromStr for IdempotencyKey {
-    type Err = KeyError;
+    type Err = InvalidKey;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Self::new(s)
@@ -107,7 +107,7 @@ impl std::str::FromStr for IdempotencyKey {
 }
 
 impl TryFrom<String> for IdempotencyKey {
-    type Error = KeyError;
+    type Error = InvalidKey;
 
     fn try_from(s: String) -> Result<Self, Self::Error> {
         Self::new(s)
@@ -115,7 +115,7 @@ impl TryFrom<String> for IdempotencyKey {
 }
 
 impl TryFrom<&str> for IdempotencyKey {
-    type Error = KeyError;
+    type Error = InvalidKey;
 
     fn try_from(s: &str) -> Result<Self, Self::Error> {
         Self::new(s)
@@ -125,7 +125,7 @@ impl TryFrom<&str> for IdempotencyKey {
 /// Why a natural key was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum KeyError {
+pub enum InvalidKey {
     /// The key is empty.
     #[error("idempotency key is empty")]
     Empty,
@@ -183,25 +183,25 @@ mod tests {
             IdempotencyKey::new("order-81:summary").unwrap().as_str(),
             "order-81:summary"
         );
-        assert_eq!(IdempotencyKey::new(""), Err(KeyError::Empty));
+        assert_eq!(IdempotencyKey::new(""), Err(InvalidKey::Empty));
         assert_eq!(
             IdempotencyKey::new("x".repeat(256)),
-            Err(KeyError::TooLong { len: 256 })
+            Err(InvalidKey::TooLong { len: 256 })
         );
         assert!(IdempotencyKey::new("x".repeat(255)).is_ok());
         assert_eq!(
             IdempotencyKey::new("caf\u{e9}"),
-            Err(KeyError::NotPrintable { position: 3 })
+            Err(InvalidKey::NotPrintable { position: 3 })
         );
         assert_eq!(
             IdempotencyKey::new("a\nb"),
-            Err(KeyError::NotPrintable { position: 1 })
+            Err(InvalidKey::NotPrintable { position: 1 })
         );
         assert_eq!(
             IdempotencyKey::new("\"k\""),
-            Err(KeyError::Quote { position: 0 })
+            Err(InvalidKey::Quote { position: 0 })
         );
-        assert_eq!(IdempotencyKey::new(" k"), Err(KeyError::Padded));
+        assert_eq!(IdempotencyKey::new(" k"), Err(InvalidKey::Padded));
         assert!("a b".parse::<IdempotencyKey>().is_ok());
     }
 }

@@ -131,17 +131,18 @@ mod send;
 mod sse;
 mod stream;
 
-pub use attempt::{Attempt, AttemptOutcome, GiveUpReason};
+pub use attempt::{AttemptEnd, ClientAttempt, GiveUpReason};
 pub use client::{Client, ClientBuilder, RequestBuilder};
 pub use error::{
-    Error, ErrorResponse, GaveUp, KEY_MISMATCH, MAX_ERROR_BODY, Problem, Rejected, RestartReason,
+    Error, ErrorResponse, GaveUp, KEY_MISMATCH, MAX_ERROR_BODY, ProblemDetails, Rejected,
+    RestartReason,
 };
-pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
+pub use headers::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, LAST_EVENT_ID};
+pub use key::{IdempotencyKey, InvalidKey, MAX_KEY_LEN};
 pub use policy::{
     DEFAULT_DEADLINE, DEFAULT_MAX_SERVER_DELAY, Delay, DelaySource, Jitter, RETRY_AFTER_MS,
     RetryPolicy, SHOULD_RETRY,
 };
-pub use headers::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, LAST_EVENT_ID};
 pub use response::Response;
 pub use sse::Event;
 pub use stream::EventStream;

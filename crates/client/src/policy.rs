@@ -166,7 +166,7 @@ pub struct Delay {
 
 impl Delay {
     /// A wait of `duration`, from `source` (to compare with
-    /// [`Attempt::delay`](crate::Attempt::delay)).
+    /// [`Attempt::delay`](crate::ClientAttempt::delay)).
     pub const fn new(duration: Duration, source: DelaySource) -> Self {
         Self {
             duration,
@@ -176,7 +176,7 @@ impl Delay {
     }
 
     /// A server's delay cut to `max`, marked [`Delay::capped`] (to compare
-    /// with [`Attempt::delay`](crate::Attempt::delay)).
+    /// with [`Attempt::delay`](crate::ClientAttempt::delay)).
     pub const fn capped(max: Duration, source: DelaySource) -> Self {
         Self {
             duration: max,

@@ -7,7 +7,7 @@ use reqwest::StatusCode;
 use reqwest::header::HeaderMap;
 use serde::de::DeserializeOwned;
 
-use crate::attempt::Attempt;
+use crate::attempt::ClientAttempt;
 use crate::error::Error;
 use crate::headers::replayed;
 use crate::key::IdempotencyKey;
@@ -19,7 +19,7 @@ pub struct Response {
     pub(crate) headers: HeaderMap,
     pub(crate) body: Bytes,
     pub(crate) key: IdempotencyKey,
-    pub(crate) attempts: Vec<Attempt>,
+    pub(crate) attempts: Vec<ClientAttempt>,
 }
 
 impl Response {
@@ -47,7 +47,7 @@ impl Response {
     }
 
     /// Every attempt, this response's last.
-    pub fn attempts(&self) -> &[Attempt] {
+    pub fn attempts(&self) -> &[ClientAttempt] {
         &self.attempts
     }
 

@@ -11,9 +11,9 @@ use bytes::{Bytes, BytesMut};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, StatusCode, Url};
 
-use crate::attempt::{AttemptOutcome, GiveUpReason, Retrier};
-use crate::headers::LAST_EVENT_ID;
+use crate::attempt::{AttemptEnd, GiveUpReason, Retrier};
 use crate::error::{Error, ErrorResponse, GaveUp, KEY_MISMATCH, MAX_ERROR_BODY, Rejected};
+use crate::headers::LAST_EVENT_ID;
 use crate::key::IdempotencyKey;
 use crate::policy::{retryable_status, server_delay};
 
@@ -76,11 +76,11 @@ impl Prepared {
             let (outcome, asked, response, error) =
                 match self.attempt(timeout, last_event_id, &finish).await {
                     Attempted::Success(status, got) => {
-                        retrier.last(AttemptOutcome::Status(status));
+                        retrier.last(AttemptEnd::Status(status));
                         return Ok(got);
                     }
                     Attempted::Failed(response) => {
-                        let outcome = AttemptOutcome::Status(response.status);
+                        let outcome = AttemptEnd::Status(response.status);
                         if !retryable_status(response.status, &response.headers) {
                             retrier.last(outcome);
                             return Err(self.rejected(response, retrier));
@@ -88,14 +88,11 @@ impl Prepared {
                         let asked = server_delay(&response.headers, SystemTime::now());
                         (outcome, asked, Some(response), None)
                     }
-                    Attempted::Timeout => (AttemptOutcome::Timeout, None, None, None),
-                    Attempted::Connect(e) => (AttemptOutcome::Connect, None, None, Some(e)),
-                    Attempted::Transport(e) => (
-                        AttemptOutcome::Transport(e.to_string()),
-                        None,
-                        None,
-                        Some(e),
-                    ),
+                    Attempted::Timeout => (AttemptEnd::Timeout, None, None, None),
+                    Attempted::Connect(e) => (AttemptEnd::Connect, None, None, Some(e)),
+                    Attempted::Transport(e) => {
+                        (AttemptEnd::Transport(e.to_string()), None, None, Some(e))
+                    }
                     Attempted::Unusable(e) => return Err(Error::Build(e)),
                 };
             match retrier.failed(outcome, asked) {

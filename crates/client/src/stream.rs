@@ -7,11 +7,11 @@ use futures_util::Stream;
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, HeaderMap};
 
-use crate::attempt::{Attempt, AttemptOutcome, Retrier};
+use crate::attempt::{AttemptEnd, ClientAttempt, Retrier};
 use crate::error::{Error, RestartReason};
+use crate::headers::{IDEMPOTENT_REPLAYED, replayed};
 use crate::key::IdempotencyKey;
 use crate::policy::{Delay, DelaySource};
-use crate::headers::{IDEMPOTENT_REPLAYED, replayed};
 use crate::send::{Prepared, keep_head, sendable_id};
 use crate::sse::{Event, Parser};
 
@@ -211,13 +211,13 @@ impl EventStream {
                     continue;
                 }
                 Some(Err(e)) => (
-                    AttemptOutcome::StreamBroken {
+                    AttemptEnd::StreamBroken {
                         events: self.on_connection,
                     },
                     Some(e),
                 ),
                 None => (
-                    AttemptOutcome::StreamIdle {
+                    AttemptEnd::StreamIdle {
                         events: self.on_connection,
                     },
                     None,
@@ -286,7 +286,7 @@ impl EventStream {
 
     /// Every attempt so far: the first request (and its retries), then
     /// each interruption and resumption.
-    pub fn attempts(&self) -> &[Attempt] {
+    pub fn attempts(&self) -> &[ClientAttempt] {
         self.retrier.log()
     }
 
@@ -325,7 +325,7 @@ impl EventStream {
     /// Drops the connection and requests the rest of the stream.
     async fn resume(
         &mut self,
-        outcome: AttemptOutcome,
+        outcome: AttemptEnd,
         error: Option<reqwest::Error>,
     ) -> Result<(), Error> {
         // Called only with the queue drained: what the caller holds is

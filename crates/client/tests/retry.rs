@@ -9,7 +9,7 @@ use idemgate_gateway::config::RawInflightMode;
 use std::time::Duration;
 
 use idemgate_client::{
-    AttemptOutcome, Client, Delay, DelaySource, Error, GiveUpReason, IdempotencyKey, Jitter,
+    AttemptEnd, Client, Delay, DelaySource, Error, GiveUpReason, IdempotencyKey, Jitter,
     KEY_MISMATCH,
 };
 use reqwest::StatusCode;
@@ -39,10 +39,10 @@ async fn a_timeout_shorter_than_the_generation_is_retried_with_the_same_key_and_
 
     let attempts = response.attempts();
     assert!(attempts.len() >= 2, "{attempts:?}");
-    assert_eq!(attempts[0].outcome, AttemptOutcome::Timeout);
+    assert_eq!(attempts[0].end, AttemptEnd::Timeout);
     assert_eq!(
-        attempts.last().map(|a| &a.outcome),
-        Some(&AttemptOutcome::Status(StatusCode::OK))
+        attempts.last().map(|a| &a.end),
+        Some(&AttemptEnd::Status(StatusCode::OK))
     );
     assert_eq!(
         response.key(),
@@ -116,13 +116,10 @@ async fn a_409_for_a_key_in_flight_is_retried_after_the_servers_delay() {
     let attempts = response.attempts();
     let conflicts: Vec<_> = attempts
         .iter()
-        .filter(|a| a.outcome == AttemptOutcome::Status(StatusCode::CONFLICT))
+        .filter(|a| a.end == AttemptEnd::Status(StatusCode::CONFLICT))
         .collect();
     assert!(!conflicts.is_empty(), "{attempts:?}");
-    assert_eq!(
-        attempts[0].outcome,
-        AttemptOutcome::Status(StatusCode::CONFLICT)
-    );
+    assert_eq!(attempts[0].end, AttemptEnd::Status(StatusCode::CONFLICT));
     for a in &conflicts {
         assert_eq!(
             a.delay,
@@ -231,26 +228,26 @@ async fn backoff_honours_retry_after_ms_through_the_gateway() {
     let seen: Vec<_> = response
         .attempts()
         .iter()
-        .map(|a| (a.outcome.clone(), a.delay))
+        .map(|a| (a.end.clone(), a.delay))
         .collect();
     assert_eq!(
         seen,
         vec![
             (
-                AttemptOutcome::Status(StatusCode::TOO_MANY_REQUESTS),
+                AttemptEnd::Status(StatusCode::TOO_MANY_REQUESTS),
                 Some(Delay::new(
                     Duration::from_millis(120),
                     DelaySource::RetryAfterMs
                 ))
             ),
             (
-                AttemptOutcome::Status(StatusCode::SERVICE_UNAVAILABLE),
+                AttemptEnd::Status(StatusCode::SERVICE_UNAVAILABLE),
                 Some(Delay::new(
                     Duration::from_millis(80),
                     DelaySource::RetryAfterMs
                 ))
             ),
-            (AttemptOutcome::Status(StatusCode::OK), None),
+            (AttemptEnd::Status(StatusCode::OK), None),
         ]
     );
     let key = response.key().as_str().to_owned();
@@ -299,16 +296,12 @@ async fn x_should_retry_overrides_the_status() {
     let Error::Rejected(rejected) = &err else {
         panic!("{err:?}");
     };
-    let outcomes: Vec<_> = rejected
-        .attempts
-        .iter()
-        .map(|a| a.outcome.clone())
-        .collect();
+    let outcomes: Vec<_> = rejected.attempts.iter().map(|a| a.end.clone()).collect();
     assert_eq!(
         outcomes,
         vec![
-            AttemptOutcome::Status(StatusCode::BAD_REQUEST),
-            AttemptOutcome::Status(StatusCode::SERVICE_UNAVAILABLE),
+            AttemptEnd::Status(StatusCode::BAD_REQUEST),
+            AttemptEnd::Status(StatusCode::SERVICE_UNAVAILABLE),
         ],
         "a 400 retried because the server said so; a 503 final because it said not to"
     );

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use idemgate_client::{AttemptOutcome, Client, Error, Event, RestartReason};
+use idemgate_client::{AttemptEnd, Client, Error, Event, RestartReason};
 use support::{Gateway, chat, config, cutting_relay, drain, ids, sim};
 
 fn addr(base: &str) -> SocketAddr {
@@ -68,7 +68,7 @@ async fn a_stream_cut_mid_way_resumes_after_the_last_whole_event() {
     assert_whole(&events);
     assert_eq!(stream.resumes(), 1);
     assert_eq!(connections.load(Ordering::SeqCst), 2);
-    let AttemptOutcome::StreamBroken { events: before } = stream.attempts()[0].outcome else {
+    let AttemptEnd::StreamBroken { events: before } = stream.attempts()[0].end else {
         panic!("{:?}", stream.attempts());
     };
     assert!(
@@ -200,7 +200,7 @@ async fn a_silent_stream_is_dropped_and_resumed_until_its_end() {
         stream
             .attempts()
             .iter()
-            .any(|a| matches!(a.outcome, AttemptOutcome::StreamIdle { .. })),
+            .any(|a| matches!(a.end, AttemptEnd::StreamIdle { .. })),
         "{:?}",
         stream.attempts()
     );

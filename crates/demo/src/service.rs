@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use idemgate_engine::{Engine, Policy};
-use idemgate_layer::{IdempotencyLayer, OnInflight, LayerConfig};
+use idemgate_layer::{IdempotencyLayer, LayerConfig, OnInflight};
 use idemgate_llm_sim::{LATENCY_HEADER, SimHandle};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;

@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use idemgate_engine::{
     AggregatingStore, CachedStore, ClientKey, Engine, Fingerprint, MemoryStore, ScopedKey, Store,
-    cache,
 };
 
 const CALLERS: u64 = 64;
@@ -124,7 +123,10 @@ fn memory(c: &mut Criterion) {
     let gathered: Arc<dyn Store> =
         Arc::new(rt.block_on(async { AggregatingStore::new(Arc::new(MemoryStore::new())) }));
     let gathering = Engine::new(Arc::clone(&gathered));
-    let cached = Engine::new(Arc::new(CachedStore::new(gathered, cache::DEFAULT_BYTES)));
+    let cached = Engine::new(Arc::new(CachedStore::new(
+        gathered,
+        CachedStore::DEFAULT_BYTES,
+    )));
     rt.block_on(run(&cached, &hot, &fp));
     g.bench_function("replay_gathered/1", |b| {
         b.to_async(&rt).iter(|| async {

@@ -37,10 +37,10 @@ use tokio::sync::Notify;
 use crate::{Attempt, AttemptOutcome, BoxFuture, Repeated, ScopedKey, Store, StoreError};
 
 /// How often gathered replays are written.
-pub const FLUSH_EVERY: Duration = Duration::from_millis(200);
+pub(crate) const FLUSH_EVERY: Duration = Duration::from_millis(200);
 
 /// Most keys gathered between two flushes.
-pub const MAX_PENDING: usize = 65_536;
+pub(crate) const MAX_PENDING: usize = 65_536;
 
 /// The replays of one (key, replica, status) since the last flush.
 #[derive(Debug)]
@@ -145,7 +145,7 @@ impl std::fmt::Debug for AggregatingStore {
 }
 
 impl AggregatingStore {
-    /// Wraps `inner`, flushing every [`FLUSH_EVERY`].
+    /// Wraps `inner`, flushing every 200 ms.
     pub fn new(inner: Arc<dyn Store>) -> Self {
         Self::with_interval(inner, FLUSH_EVERY)
     }

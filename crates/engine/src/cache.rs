@@ -55,14 +55,14 @@ use crate::{
 
 /// How long a copy is trusted after the read that brought it was sent;
 /// also how long a forget waits before it reports success.
-pub const TRUST: Duration = Duration::from_secs(1);
+pub(crate) const TRUST: Duration = Duration::from_secs(1);
 
 /// A record with less than this (plus [`TRUST`]) to live is not cached: it
 /// absorbs clock differences between this process and the store.
-pub const EXPIRY_MARGIN: Duration = Duration::from_secs(10);
+pub(crate) const EXPIRY_MARGIN: Duration = Duration::from_secs(10);
 
 /// Default bound of the bytes held.
-pub const DEFAULT_BYTES: usize = 64 * 1024 * 1024;
+pub(crate) const DEFAULT_BYTES: usize = 64 * 1024 * 1024;
 
 /// Bytes counted per entry on top of its payload and key.
 const ENTRY_OVERHEAD: usize = 160;
@@ -158,6 +158,15 @@ impl std::fmt::Debug for CachedStore {
 }
 
 impl CachedStore {
+    /// The default bound of the bytes held: 64 MiB.
+    pub const DEFAULT_BYTES: usize = DEFAULT_BYTES;
+    /// How long a copy is trusted after the read that brought it was
+    /// sent; also how long a forget waits before it reports success.
+    pub const TRUST: Duration = TRUST;
+    /// A record with less than this (plus [`Self::TRUST`]) to live is not
+    /// cached: it absorbs clock differences between processes and store.
+    pub const EXPIRY_MARGIN: Duration = EXPIRY_MARGIN;
+
     /// Caches `inner`'s DONE records, holding at most `max_bytes` (0: cache
     /// nothing, every call goes to `inner`).
     pub fn new(inner: Arc<dyn Store>, max_bytes: usize) -> Self {

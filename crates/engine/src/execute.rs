@@ -30,7 +30,7 @@ use futures_util::future::BoxFuture;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::guard::{LeaseGuard, attempt, record_best_effort};
+use crate::guard::{Completion, LeaseGuard, attempt, record_best_effort};
 use crate::inflight::{Inflight, Settled};
 use crate::policy::{OnInflight, Policy};
 use crate::record::now_ms;
@@ -332,7 +332,10 @@ impl Engine {
                 return Err(ExecuteError::Encode(e));
             }
         };
-        let origin = match guard.complete(Bytes::from(payload), None).await {
+        let origin = match guard
+            .complete(Bytes::from(payload), Completion::result(None))
+            .await
+        {
             Ok(Fenced::Applied) => Origin::Fresh,
             Ok(Fenced::Stale) => Origin::Unstored(Unstored::Fenced),
             Err(e) => Origin::Unstored(Unstored::Store(e)),

@@ -40,7 +40,7 @@ use canonical::{Failure, Pointers};
 
 /// SHA-256 of a request's method, path and canonical body.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Fingerprint(#[serde(with = "hex_bytes")] pub [u8; 32]);
+pub struct Fingerprint(#[serde(with = "hex_bytes")] [u8; 32]);
 
 impl Fingerprint {
     /// The fingerprint of a request from its method, path and body digest.
@@ -87,6 +87,11 @@ impl Fingerprint {
     /// The fingerprint's bytes.
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
+    }
+
+    /// A fingerprint from its bytes, as a store kept them.
+    pub fn from_bytes(bytes: [u8; 32]) -> Self {
+        Self(bytes)
     }
 
     /// Parses the hex form.

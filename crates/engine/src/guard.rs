@@ -126,29 +126,27 @@ impl LeaseGuard {
         self.run.started
     }
 
-    /// Stores the result (PENDING → DONE). `status` goes into the timeline.
+    /// Stores the result (PENDING → DONE), fenced by this guard's lease:
+    /// `how` says what the payload is (the work's result, or an answer
+    /// saying its outcome is unknown), the status the timeline records,
+    /// and whether a temporary store error is held and retried
+    /// ([`Completion::holding`]).
+    ///
+    /// A retry after a write whose reply was lost is safe: the store
+    /// acknowledges the DONE record this lease wrote with the same payload.
     ///
     /// # Errors
-    /// A store error; the guard then releases the key on drop.
-    pub async fn complete(self, payload: Bytes, status: Option<u16>) -> Result<Fenced, StoreError> {
-        self.complete_as(AttemptOutcome::Executed, payload, status)
-            .await
-    }
-
-    /// Stores an answer that says the work's outcome is unknown (it failed
-    /// after being handed on, and may have run), as the key's final answer:
-    /// like [`LeaseGuard::complete`], with the attempt recorded as
-    /// [`AttemptOutcome::OutcomeUnknown`] so the timeline says why.
-    ///
-    /// # Errors
-    /// A store error; the guard then releases the key on drop.
-    pub async fn complete_unknown(
-        self,
-        payload: Bytes,
-        status: Option<u16>,
-    ) -> Result<Fenced, StoreError> {
-        self.complete_as(AttemptOutcome::OutcomeUnknown, payload, status)
-            .await
+    /// A store error (a permanent one, or for a holding completion a
+    /// temporary one once the lease has no time left for another try);
+    /// the guard then releases the key on drop.
+    pub async fn complete(self, payload: Bytes, how: Completion<'_>) -> Result<Fenced, StoreError> {
+        match how.on_held {
+            Some(on_held) => {
+                self.hold_as(how.outcome, payload, how.status, on_held)
+                    .await
+            }
+            None => self.complete_as(how.outcome, payload, how.status).await,
+        }
     }
 
     async fn complete_as(
@@ -178,51 +176,12 @@ impl LeaseGuard {
         Ok(written)
     }
 
-    /// Stores the result like [`LeaseGuard::complete`], but a temporary
-    /// store error does not lose it: the result stays in memory, the
-    /// heartbeat keeps the lease, and the write is tried again with backoff
-    /// (50 ms doubling to 1 s, never past the lease) while the lease has
-    /// time left ([`LeaseGuard::lease_time_left`]). `held` is
-    /// called with each temporary error before its retry, so the caller can
-    /// count and log it (and serve the held result meanwhile).
-    ///
-    /// A retry after a write whose reply was lost is safe: the store
-    /// acknowledges the DONE record this lease wrote with the same payload.
-    ///
-    /// # Errors
-    /// A permanent store error, or a temporary one once the lease has no
-    /// time left for another try; the guard then releases the key on drop.
-    pub async fn complete_or_hold(
-        self,
-        payload: Bytes,
-        status: Option<u16>,
-        held: impl FnMut(&StoreError),
-    ) -> Result<Fenced, StoreError> {
-        self.hold_as(AttemptOutcome::Executed, payload, status, held)
-            .await
-    }
-
-    /// [`LeaseGuard::complete_unknown`] with the holding and retrying of
-    /// [`LeaseGuard::complete_or_hold`].
-    ///
-    /// # Errors
-    /// As [`LeaseGuard::complete_or_hold`].
-    pub async fn complete_unknown_or_hold(
-        self,
-        payload: Bytes,
-        status: Option<u16>,
-        held: impl FnMut(&StoreError),
-    ) -> Result<Fenced, StoreError> {
-        self.hold_as(AttemptOutcome::OutcomeUnknown, payload, status, held)
-            .await
-    }
-
     async fn hold_as(
         mut self,
         outcome: AttemptOutcome,
         payload: Bytes,
         status: Option<u16>,
-        mut held: impl FnMut(&StoreError),
+        held: &mut (dyn FnMut(&StoreError) + Send),
     ) -> Result<Fenced, StoreError> {
         let a = attempt(&self.replica, outcome, status, self.at_ms, self.run.started);
         let mut backoff = Duration::from_millis(50);
@@ -319,5 +278,68 @@ impl Drop for LeaseGuard {
                 tracing::warn!(error = %e, "release of a dropped lease failed");
             }
         });
+    }
+}
+
+/// How [`LeaseGuard::complete`] writes a result.
+///
+/// ```
+/// # use idemgate_engine::Completion;
+/// // The work's result, answered 200; a store error fails the write.
+/// let plain = Completion::result(Some(200));
+/// // An answer saying the work may have run (it failed after it was
+/// // handed on); temporary store errors are held and retried.
+/// let mut held = 0;
+/// let mut on_held = |_: &idemgate_engine::StoreError| held += 1;
+/// let kept = Completion::outcome_unknown(Some(504)).holding(&mut on_held);
+/// # let _ = (plain, kept);
+/// ```
+pub struct Completion<'a> {
+    outcome: AttemptOutcome,
+    status: Option<u16>,
+    on_held: Option<&'a mut (dyn FnMut(&StoreError) + Send)>,
+}
+
+impl<'a> Completion<'a> {
+    /// The work's result. `status` goes into the timeline.
+    pub fn result(status: Option<u16>) -> Self {
+        Self {
+            outcome: AttemptOutcome::Executed,
+            status,
+            on_held: None,
+        }
+    }
+
+    /// An answer saying the work's outcome is unknown (it failed after
+    /// being handed on, and may have run), stored as the key's final
+    /// answer; the timeline records the attempt as
+    /// [`AttemptOutcome::OutcomeUnknown`] so it says why.
+    pub fn outcome_unknown(status: Option<u16>) -> Self {
+        Self {
+            outcome: AttemptOutcome::OutcomeUnknown,
+            status,
+            on_held: None,
+        }
+    }
+
+    /// A temporary store error does not lose the result: it stays in
+    /// memory, the heartbeat keeps the lease, and the write is tried again
+    /// with backoff (50 ms doubling to 1 s, never past the lease) while
+    /// the lease has time left ([`LeaseGuard::lease_time_left`]).
+    /// `on_held` is called with each temporary error before its retry, so
+    /// the caller can count and log it.
+    pub fn holding(mut self, on_held: &'a mut (dyn FnMut(&StoreError) + Send)) -> Self {
+        self.on_held = Some(on_held);
+        self
+    }
+}
+
+impl std::fmt::Debug for Completion<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Completion")
+            .field("outcome", &self.outcome)
+            .field("status", &self.status)
+            .field("holding", &self.on_held.is_some())
+            .finish()
     }
 }

@@ -6,28 +6,34 @@
 //! so), or must run now (claim the key first, atomically).
 //!
 //! # Layout
-//! - [`key`]: client keys (parsing, validation, minting), scoped keys, and
+//! The modules are private; the types a caller needs are re-exported here,
+//! once each, and what only a store's implementation needs is in
+//! [`backend`].
+//!
+//! - `key`: client keys (parsing, validation, minting), scoped keys, and
 //!   builders for keys that stay stable across retries.
-//! - [`fingerprint`]: what counts as "the same request" (canonical JSON).
-//! - [`record`]: the record, its lease, and the timeline of attempts.
-//! - [`store`]: the [`Store`] trait every backend implements.
-//! - [`memory`]: the in-memory store.
+//! - `fingerprint`: what counts as "the same request" (canonical JSON).
+//! - `record`: the record, its lease, and the timeline of attempts.
+//! - `store`: the [`Store`] trait every backend implements.
+//! - `memory`: the in-memory store, and the clocks it can run on.
 //! - `layered`: [`LayeredStore`], the base of store wrappers: every method
 //!   forwards to the wrapped store unless the wrapper overrides it.
-//! - [`execute`]: the [`Engine`]: [`Engine::execute`] and the lower-level
+//! - `execute`: the [`Engine`]: [`Engine::execute`] and the lower-level
 //!   [`Engine::begin`].
 //! - `guard`: [`LeaseGuard`], the owner's side of a claimed key (heartbeat,
-//!   fenced completion, release on drop).
+//!   fenced [`Completion`], release on drop).
 //! - `inflight`: [`Inflight`], the waiter's side of a key found PENDING,
 //!   and how the wait [`Settled`].
 //! - `policy`: [`Policy`], lease and record lifetimes, and [`OnInflight`].
-//! - [`notify`]: per-key wake-ups used by stores for waiters.
+//! - `notify`: per-key wake-ups used by stores for waiters.
 //! - `renewals`: lease renewals for the runs that outlive half a heartbeat
 //!   interval, without a task per claim.
-//! - [`cache`]: [`CachedStore`], a store wrapper that answers replays of
+//! - `cache`: [`CachedStore`], a store wrapper that answers replays of
 //!   hot keys from memory for a bounded time.
-//! - [`aggregate`]: [`AggregatingStore`], a store wrapper that writes the
+//! - `aggregate`: [`AggregatingStore`], a store wrapper that writes the
 //!   timeline entries of replays once per key and flush, with a count.
+//! - [`backend`]: what a [`Store`] implementation needs beside the trait
+//!   (the time base, per-key wake-ups, the clocks).
 //!
 //! # The key decision
 //! A record is **absent → PENDING → DONE**, and PENDING → absent. PENDING is
@@ -38,31 +44,34 @@
 //! owner that took over. Every store operation is one atomic step, one round
 //! trip on a networked store.
 
-pub mod aggregate;
-pub mod cache;
-pub mod execute;
-pub mod fingerprint;
-pub mod guard;
-pub mod inflight;
-pub mod key;
+mod aggregate;
+pub mod backend;
+mod cache;
+mod execute;
+mod fingerprint;
+mod guard;
+mod inflight;
+mod key;
 mod layered;
-pub mod memory;
-pub mod notify;
-pub mod policy;
-pub mod record;
+mod memory;
+mod notify;
+mod policy;
+mod record;
 mod renewals;
-pub mod store;
+mod store;
 
 pub use aggregate::AggregatingStore;
-pub use cache::CachedStore;
+pub use cache::{CacheStats, CachedStore, HitHook};
 pub use execute::{Begin, BeginError, Engine, ExecuteError, Executed, Origin, Unstored};
-pub use fingerprint::Fingerprint;
-pub use guard::LeaseGuard;
+pub use fingerprint::{
+    BodyDigest, BodyError, Fingerprint, MAX_JSON_DEPTH, canonical_json, digest_body,
+};
+pub use guard::{Completion, LeaseGuard};
 pub use inflight::{Inflight, Settled};
-pub use key::{ClientKey, DerivedKey, KeyError, ScopedKey, natural_key};
+pub use key::{ClientKey, DerivedKey, KeyError, MAX_KEY_LEN, ScopedKey, natural_key};
 pub use layered::LayeredStore;
-pub use memory::{Clock, ManualClock, MemoryStore, MonotonicClock, SystemClock};
-pub use policy::{OnInflight, Policy};
+pub use memory::MemoryStore;
+pub use policy::{DEFAULT_INFLIGHT_WAIT, OnInflight, Policy};
 pub use record::{
     Attempt, AttemptOutcome, Claim, Fenced, Lease, MAX_TIMELINE, Record, RecordState, Repeated,
 };

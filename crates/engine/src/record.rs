@@ -208,7 +208,7 @@ pub struct Attempt {
     pub latency_us: u64,
     /// Set when this entry stands for several attempts of the same outcome
     /// from the same replica (replays gathered over one flush of the
-    /// timeline, see [`crate::aggregate`]); `None` for a single attempt.
+    /// timeline, see [`AggregatingStore`](crate::AggregatingStore)); `None` for a single attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repeated: Option<Repeated>,
 }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use idemgate_engine::{AggregatingStore, CachedStore, MemoryStore, Store, cache};
+use idemgate_engine::{AggregatingStore, CachedStore, MemoryStore, Store};
 
 async fn make() -> Arc<dyn Store> {
     Arc::new(MemoryStore::new())
@@ -13,7 +13,7 @@ async fn make() -> Arc<dyn Store> {
 /// gathered: the wrappers keep every answer of the store they wrap.
 async fn make_wrapped() -> Arc<dyn Store> {
     let gathered = Arc::new(AggregatingStore::new(Arc::new(MemoryStore::new())));
-    Arc::new(CachedStore::new(gathered, cache::DEFAULT_BYTES))
+    Arc::new(CachedStore::new(gathered, CachedStore::DEFAULT_BYTES))
 }
 
 idemgate_testkit::conformance_suite!(conformance_memory, make);

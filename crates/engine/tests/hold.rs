@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idemgate_engine::{
-    Attempt, AttemptOutcome, Begin, BoxFuture, Claim, ClientKey, Engine, Fenced, Lease, LeaseGuard,
-    MemoryStore, Policy, ScopedKey, Store, StoreError, StoreErrorKind,
+    Attempt, AttemptOutcome, Begin, BoxFuture, Claim, ClientKey, Completion, Engine, Fenced, Lease,
+    LeaseGuard, MemoryStore, Policy, ScopedKey, Store, StoreError, StoreErrorKind,
 };
 use idemgate_testkit::fp;
 
@@ -140,12 +140,14 @@ async fn a_result_is_held_across_a_blink_longer_than_the_lease() {
     let held = Arc::new(AtomicUsize::new(0));
     let writing = {
         let held = Arc::clone(&held);
-        tokio::spawn(
-            guard.complete_or_hold(Bytes::from_static(b"r"), Some(200), move |e| {
+        tokio::spawn(async move {
+            let mut on_held = move |e: &StoreError| {
                 assert!(e.is_temporary());
                 held.fetch_add(1, Ordering::SeqCst);
-            }),
-        )
+            };
+            let how = Completion::result(Some(200)).holding(&mut on_held);
+            guard.complete(Bytes::from_static(b"r"), how).await
+        })
     };
     // Wait past twice the lease while the completion keeps failing.
     for _ in 0..200 {
@@ -185,7 +187,10 @@ async fn a_lost_reply_is_retried_into_one_completion() {
     s.faults.lose_next_reply.store(true, Ordering::SeqCst);
     let mut held = 0;
     let written = guard
-        .complete_or_hold(Bytes::from_static(b"once"), Some(200), |_| held += 1)
+        .complete(
+            Bytes::from_static(b"once"),
+            Completion::result(Some(200)).holding(&mut |_| held += 1),
+        )
         .await
         .expect("completed");
     assert_eq!(written, Fenced::Applied);
@@ -205,7 +210,10 @@ async fn the_owner_gives_up_before_the_lease_may_lapse() {
     s.faults.renew_down.store(true, Ordering::SeqCst);
     let mut held = 0;
     let err = guard
-        .complete_or_hold(Bytes::from_static(b"r"), Some(200), |_| held += 1)
+        .complete(
+            Bytes::from_static(b"r"),
+            Completion::result(Some(200)).holding(&mut |_| held += 1),
+        )
         .await
         .expect_err("completed while the store was down");
     assert!(err.is_temporary());
@@ -261,7 +269,10 @@ async fn a_permanent_error_is_not_retried() {
     };
     let mut held = 0;
     let err = guard
-        .complete_or_hold(Bytes::from_static(b"r"), None, |_| held += 1)
+        .complete(
+            Bytes::from_static(b"r"),
+            Completion::result(None).holding(&mut |_| held += 1),
+        )
         .await
         .expect_err("a refused completion");
     assert_eq!(err.kind(), StoreErrorKind::Rejected);

@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use idemgate_engine::backend::ManualClock;
 use idemgate_engine::{
-    Claim, ClientKey, Fenced, Fingerprint, Lease, ManualClock, MemoryStore, RecordState, ScopedKey,
-    Store,
+    Claim, ClientKey, Fenced, Fingerprint, Lease, MemoryStore, RecordState, ScopedKey, Store,
 };
 use idemgate_testkit::executed;
 use proptest::prelude::*;
@@ -70,7 +70,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
 
     rt.block_on(async {
         for op in ops {
-            let now = idemgate_engine::Clock::now_ms(&*clock);
+            let now = idemgate_engine::backend::Clock::now_ms(&*clock);
             match op {
                 Op::Advance(ms) => clock.advance(Duration::from_millis(ms)),
                 Op::Claim(a) => {
@@ -139,7 +139,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 }
             }
             // After every step the store's visible record matches the model.
-            let now = idemgate_engine::Clock::now_ms(&*clock);
+            let now = idemgate_engine::backend::Clock::now_ms(&*clock);
             let got = store.get(&key).await.map_err(|e| TestCaseError::fail(e.to_string()))?;
             match (&model, got) {
                 (Model::Pending { expires, .. }, Some(r)) if *expires > now => {

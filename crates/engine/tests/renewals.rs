@@ -14,7 +14,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idemgate_engine::{Begin, Engine, Fenced, LeaseGuard, MemoryStore, Policy, ScopedKey, Store};
+use idemgate_engine::{
+    Begin, Completion, Engine, Fenced, LeaseGuard, MemoryStore, Policy, ScopedKey, Store,
+};
 use idemgate_testkit::counting::{Calls, CountingStore};
 use idemgate_testkit::{fp, fresh_key};
 
@@ -58,7 +60,9 @@ async fn short_runs_spawn_nothing_and_send_no_renewal() {
             tokio::spawn(async move {
                 let guard = owner(&engine, &fresh_key()).await;
                 tokio::time::sleep(Duration::from_millis(i * 2)).await;
-                guard.complete(Bytes::from_static(b"ok"), Some(200)).await
+                guard
+                    .complete(Bytes::from_static(b"ok"), Completion::result(Some(200)))
+                    .await
             })
         })
         .collect();
@@ -91,7 +95,9 @@ async fn a_long_run_is_renewed_every_interval_until_it_completes() {
         assert_eq!(renewals(&calls), due as usize, "renewal {due} late");
     }
     tokio::time::sleep(EVERY / 2).await;
-    let written = guard.complete(Bytes::from_static(b"ok"), Some(200)).await;
+    let written = guard
+        .complete(Bytes::from_static(b"ok"), Completion::result(Some(200)))
+        .await;
     assert_eq!(written.expect("complete"), Fenced::Applied);
     tokio::time::sleep(EVERY * 10).await;
     assert_eq!(renewals(&calls), 3);
@@ -144,7 +150,9 @@ fn a_runtime_after_a_shut_down_one_gets_its_own_ticker() {
         .expect("runtime");
     first.block_on(async {
         let guard = owner(&engine, &fresh_key()).await;
-        let written = guard.complete(Bytes::from_static(b"ok"), None).await;
+        let written = guard
+            .complete(Bytes::from_static(b"ok"), Completion::result(None))
+            .await;
         assert_eq!(written.expect("complete"), Fenced::Applied);
     });
     drop(first);
@@ -157,7 +165,9 @@ fn a_runtime_after_a_shut_down_one_gets_its_own_ticker() {
         let guard = owner(&engine, &fresh_key()).await;
         tokio::time::sleep(EVERY * 5 / 2).await;
         assert_eq!(renewals(&calls), 2);
-        let written = guard.complete(Bytes::from_static(b"ok"), None).await;
+        let written = guard
+            .complete(Bytes::from_static(b"ok"), Completion::result(None))
+            .await;
         assert_eq!(written.expect("complete"), Fenced::Applied);
     });
 }
@@ -189,7 +199,9 @@ async fn overlapping_runs_on_two_workers_keep_their_keys() {
                 } else {
                     tokio::time::sleep(length).await;
                 }
-                guard.complete(Bytes::from_static(b"ok"), Some(200)).await
+                guard
+                    .complete(Bytes::from_static(b"ok"), Completion::result(Some(200)))
+                    .await
             })
         })
         .collect();

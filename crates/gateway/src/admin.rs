@@ -259,7 +259,7 @@ async fn forget(
         Err(refusal) => return *refusal,
     };
     let note = Attempt {
-        at_ms: idemgate_engine::record::now_ms(),
+        at_ms: idemgate_engine::backend::now_ms(),
         replica: "admin".to_owned(),
         outcome: AttemptOutcome::Forgotten,
         status: None,

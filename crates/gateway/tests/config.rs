@@ -10,7 +10,7 @@ use std::time::Duration;
 use figment::Jail;
 use idemgate_check::{Jitter, RetryPolicy};
 use idemgate_gateway::config::{
-    DerivePart, OnInflight, KeyMode, RawKeyMode, StoreErrorMode, StreamDialect, Timeouts,
+    DerivePart, KeyMode, OnInflight, RawKeyMode, StoreErrorMode, StreamDialect, Timeouts,
 };
 use idemgate_gateway::{ConfigError, GatewayConfig, Overrides, StoreUrl};
 
@@ -118,10 +118,7 @@ fn toml_file_is_read_whole() {
         assert_eq!(chat.prefix, "/v1/chat");
         assert_eq!(chat.methods, vec![http::Method::POST, http::Method::PUT]);
         assert_eq!(chat.key_mode, KeyMode::Require);
-        assert_eq!(
-            chat.on_inflight,
-            OnInflight::Wait(Duration::from_secs(45))
-        );
+        assert_eq!(chat.on_inflight, OnInflight::Wait(Duration::from_secs(45)));
         assert_eq!(
             chat.pending_ttl,
             Duration::from_secs(5),

@@ -215,10 +215,7 @@ async fn the_dashboard_shows_recent_keys_the_alert_threshold_and_timelines() {
     });
     for _ in 0..300 {
         let recent = admin_json(&client, format!("{admin_url}/admin/recent")).await;
-        if recent["inflight"]
-            .as_array()
-            .is_some_and(|a| !a.is_empty())
-        {
+        if recent["inflight"].as_array().is_some_and(|a| !a.is_empty()) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -5,7 +5,7 @@
 use http::HeaderMap;
 
 use crate::config::StreamDialect;
-use crate::outcome::{StreamJudge, StreamVerdict};
+use crate::verdict::{StreamJudge, StreamVerdict};
 
 /// Whether a request's `Prefer` headers ask for `respond-async`.
 pub fn prefers_async(headers: &HeaderMap) -> bool {

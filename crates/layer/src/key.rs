@@ -12,7 +12,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, HeaderName};
-use idemgate_engine::fingerprint::BodyDigest;
+use idemgate_engine::BodyDigest;
 use idemgate_engine::{ClientKey, KeyError, natural_key};
 use sha2::{Digest, Sha256};
 
@@ -322,7 +322,7 @@ mod tests {
     }
 
     fn digest(body: &[u8]) -> BodyDigest {
-        idemgate_engine::fingerprint::digest_body(None, body, &[]).unwrap()
+        idemgate_engine::digest_body(None, body, &[]).unwrap()
     }
 
     #[test]

@@ -41,7 +41,7 @@
 //!
 //! Private modules:
 //! - `shared`: the state every clone of the layer shares.
-//! - `outcome`: whether a 200 event stream succeeded, from its events.
+//! - `verdict`: whether a 200 event stream succeeded, from its events.
 //! - `refusal`: the one path of a refusal (count, log, problem).
 //! - `held`: results held in memory while the store cannot take them yet.
 //! - `latency`: how long a route's executions take, for the delay a 409
@@ -83,7 +83,6 @@ pub mod key;
 mod latency;
 pub mod live;
 pub mod operations;
-mod outcome;
 pub mod problem;
 mod refusal;
 mod replay;
@@ -92,10 +91,11 @@ mod shared;
 pub mod sse;
 pub mod stored;
 pub mod telemetry;
+mod verdict;
 
 pub use body_timeout::{BodyDeadline, BodyTimeout, BodyTimeouts, with_timeouts};
 pub use config::{
-    CompletionClock, DerivePart, DeriveTemplate, OnInflight, KeyMode, LayerConfig,
+    CompletionClock, DerivePart, DeriveTemplate, KeyMode, LayerConfig, OnInflight,
     OutcomeUnknownMode, StoreErrorMode, StreamDialect, TenantSource,
 };
 pub use live::{InProcessLive, LiveEvents};

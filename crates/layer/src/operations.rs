@@ -24,7 +24,7 @@ use crate::problem::Problem;
 use crate::replay::replay_stored;
 use crate::shared::Shared;
 use crate::sse::resume_of;
-use crate::telemetry::Outcome;
+use crate::telemetry::RequestOutcome;
 
 const ID_VERSION: u8 = 2;
 
@@ -138,7 +138,7 @@ pub(crate) async fn get(shared: &Shared, path: &str, headers: &HeaderMap) -> Opt
             &r,
             &scoped,
             resume_of(headers),
-            Outcome::OperationRead,
+            RequestOutcome::OperationRead,
         ),
         Some(r) => accepted_for(cfg, &scoped.key, &r.fingerprint),
     })
@@ -152,7 +152,7 @@ mod tests {
     #[test]
     fn ids_round_trip_and_are_url_safe() {
         let key = ClientKey::parse("a/b+c=d \"q\"").unwrap();
-        let fp = Fingerprint([7; 32]);
+        let fp = Fingerprint::from_bytes([7; 32]);
         let id = operation_id("chat/completions", &key, &fp);
         assert!(
             id.bytes()
@@ -182,7 +182,7 @@ mod tests {
             r#""a\"b\\ ""#,
         ] {
             let key = ClientKey::parse(header).unwrap();
-            let fp = Fingerprint([1; 32]);
+            let fp = Fingerprint::from_bytes([1; 32]);
             let id = operation_id("ns", &key, &fp);
             assert_eq!(
                 parse_operation_id(&id),
@@ -194,7 +194,7 @@ mod tests {
                 "{header}"
             );
         }
-        let fp = Fingerprint([1; 32]);
+        let fp = Fingerprint::from_bytes([1; 32]);
         assert_ne!(
             operation_id("ns", &ClientKey::parse(r#"" ab""#).unwrap(), &fp),
             operation_id("ns", &ClientKey::parse("ab").unwrap(), &fp)

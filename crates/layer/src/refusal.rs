@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use idemgate_engine::ScopedKey;
 
 use crate::problem::Problem;
-use crate::telemetry::{Metrics, Outcome};
+use crate::telemetry::{Metrics, RequestOutcome};
 
 /// How a refusal is logged.
 pub(crate) enum Log<'a> {
@@ -29,7 +29,7 @@ pub(crate) enum Log<'a> {
 /// one), logs as `log` says, and answers with `problem`.
 pub(crate) fn refuse(
     metrics: &Metrics,
-    outcome: Outcome,
+    outcome: RequestOutcome,
     key: Option<&ScopedKey>,
     log: Log<'_>,
     problem: Problem,

@@ -16,7 +16,7 @@ use crate::refusal::{Log, refuse};
 use crate::shared::Shared;
 use crate::sse::{Resume, STREAM_RESTARTED, run_of};
 use crate::stored::{DecodeError, StoredBody, StoredResponse};
-use crate::telemetry::Outcome;
+use crate::telemetry::RequestOutcome;
 
 /// Response header saying whether the response was replayed.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -38,7 +38,7 @@ pub(crate) fn replay_stored(
     record: &Record,
     key: &ScopedKey,
     resume: Resume,
-    outcome: Outcome,
+    outcome: RequestOutcome,
 ) -> Response {
     replay_payload(shared, record.payload(), key, resume, outcome)
 }
@@ -50,7 +50,7 @@ pub(crate) fn replay_payload(
     payload: Option<&Bytes>,
     key: &ScopedKey,
     resume: Resume,
-    outcome: Outcome,
+    outcome: RequestOutcome,
 ) -> Response {
     let decoded = payload
         .ok_or(DecodeError::Truncated)
@@ -67,7 +67,7 @@ pub(crate) fn replay_payload(
         }
         Err(e) => refuse(
             &shared.metrics,
-            Outcome::StoreError,
+            RequestOutcome::StoreError,
             Some(key),
             Log::Error("stored result cannot be decoded", &e),
             Problem::stored_result_unreadable(),

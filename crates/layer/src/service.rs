@@ -33,13 +33,13 @@ use idemgate_engine::{Begin, BeginError, Engine, StoreError};
 use tower::{Layer, Service};
 use tracing::Instrument;
 
-use crate::config::{OnInflight, LayerConfig, StoreErrorMode};
+use crate::config::{LayerConfig, OnInflight, StoreErrorMode};
 use crate::live::{InProcessLive, LiveEvents};
 use crate::operations;
 use crate::problem::Problem;
 use crate::refusal::Log;
 use crate::shared::Shared;
-use crate::telemetry::Outcome;
+use crate::telemetry::RequestOutcome;
 
 mod admit;
 mod attach;
@@ -196,12 +196,12 @@ async fn handle<S: Inner>(shared: Arc<Shared>, inner: S, req: Request<Body>) -> 
 /// owner's detached execution, a replay, or the in-flight handling.
 async fn dispatch<S: Inner>(shared: Arc<Shared>, inner: S, keyed: Keyed) -> Response {
     let cfg = &shared.config;
-    if let Some(res) = keyed.answer_held(&shared, Outcome::Replayed) {
+    if let Some(res) = keyed.answer_held(&shared, RequestOutcome::Replayed) {
         return res;
     }
     match shared.engine.begin(&keyed.scoped, &keyed.fingerprint).await {
         Ok(Begin::Owner(guard)) => detached::own(shared, inner, keyed, guard).await,
-        Ok(Begin::Done(record)) => keyed.replay(&shared, &record, Outcome::Replayed),
+        Ok(Begin::Done(record)) => keyed.replay(&shared, &record, RequestOutcome::Replayed),
         Ok(Begin::Inflight(inflight)) => {
             // Counted once per request that meets its key in flight,
             // whatever happens next: the route's overload signal (clients
@@ -210,7 +210,7 @@ async fn dispatch<S: Inner>(shared: Arc<Shared>, inner: S, keyed: Keyed) -> Resp
             if keyed.prefer_async {
                 shared
                     .metrics
-                    .request(Outcome::Accepted, Some(&keyed.scoped));
+                    .request(RequestOutcome::Accepted, Some(&keyed.scoped));
                 return operations::accepted_for(cfg, &keyed.scoped.key, &keyed.fingerprint);
             }
             match cfg.on_inflight {
@@ -224,7 +224,7 @@ async fn dispatch<S: Inner>(shared: Arc<Shared>, inner: S, keyed: Keyed) -> Resp
         Err(BeginError::Store(e)) => store_failed(&shared, inner, &keyed, &e).await,
         Err(other) => keyed.refuse(
             &shared,
-            Outcome::StoreError,
+            RequestOutcome::StoreError,
             Log::Error("unexpected engine error", &other),
             Problem::store_unavailable(),
         ),
@@ -247,7 +247,7 @@ async fn store_failed<S: Inner>(
             tracing::warn!(error = %e, "store unavailable; request forwarded unprotected");
             shared
                 .metrics
-                .request(Outcome::UnprotectedStoreError, Some(&keyed.scoped));
+                .request(RequestOutcome::UnprotectedStoreError, Some(&keyed.scoped));
             inner::call(inner, keyed.request()).await
         }
     }

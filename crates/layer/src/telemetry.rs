@@ -6,7 +6,7 @@
 //! [`Telemetry::shared`](idemgate_telemetry::Telemetry::shared), which never
 //! installs a recorder: the application picks the exporter (the gateway
 //! installs Prometheus). Every series carries the route (namespace) and, for
-//! requests, a fixed [`Outcome`]; never a key or a tenant. Keys feed the
+//! requests, a fixed [`RequestOutcome`]; never a key or a tenant. Keys feed the
 //! requests-per-key distribution, as a hash that is never exported, and the
 //! in-memory table of recent keys the admin dashboard lists (tenant id,
 //! route and key, as the key's timeline names them; see
@@ -20,86 +20,11 @@
 use idemgate_engine::ScopedKey;
 #[cfg(test)]
 use idemgate_telemetry::key_id;
-pub use idemgate_telemetry::{Outcome, names};
+pub use idemgate_telemetry::{ReleaseReason, RequestOutcome, names};
 use idemgate_telemetry::{RouteTelemetry, RunningKey, Telemetry};
 
 use crate::config::{LayerConfig, OutcomeUnknownMode};
 use crate::stored::Usage;
-
-/// Why a detached execution gave its key back instead of storing a result.
-/// Each reason is the `reason` label of the released counter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ReleaseReason {
-    /// The work ran past the route's `completion_timeout`.
-    CompletionTimeout,
-    /// The layer shut down before the work finished.
-    Shutdown,
-    /// The inner service marked its response a retryable failure
-    /// (`RetryableFailure`: connect error, connect or first-byte timeout).
-    RetryableFailure,
-    /// The inner service answered a status configured as retryable.
-    RetryableStatus,
-    /// The inner service marked its response `OutcomeUnknown` (the request
-    /// was sent, then failed) and the route releases such keys.
-    OutcomeUnknown,
-    /// The response was too large to store; the client still got it whole.
-    TooLarge,
-    /// The response body failed before its end.
-    BodyError,
-    /// The event stream failed before its end.
-    StreamError,
-    /// A 200 event stream carried an error event (its dialect's).
-    ErrorEvent,
-    /// A 200 event stream ended without its dialect's terminal event.
-    Unterminated,
-    /// One event of a stream grew past the limit without ending.
-    EventTooLarge,
-    /// The result could not be encoded for the store.
-    Encode,
-}
-
-impl ReleaseReason {
-    /// Every reason.
-    #[cfg(test)]
-    const ALL: [Self; 12] = [
-        Self::CompletionTimeout,
-        Self::Shutdown,
-        Self::RetryableFailure,
-        Self::RetryableStatus,
-        Self::OutcomeUnknown,
-        Self::TooLarge,
-        Self::BodyError,
-        Self::StreamError,
-        Self::ErrorEvent,
-        Self::Unterminated,
-        Self::EventTooLarge,
-        Self::Encode,
-    ];
-
-    /// The metric label (stable: dashboards and alerts match on it).
-    pub(crate) const fn as_str(self) -> &'static str {
-        match self {
-            Self::CompletionTimeout => "completion_timeout",
-            Self::Shutdown => "shutdown",
-            Self::RetryableFailure => "retryable_failure",
-            Self::RetryableStatus => "retryable_status",
-            Self::OutcomeUnknown => "outcome_unknown",
-            Self::TooLarge => "too_large",
-            Self::BodyError => "body_error",
-            Self::StreamError => "stream_error",
-            Self::ErrorEvent => "error_event",
-            Self::Unterminated => "unterminated_stream",
-            Self::EventTooLarge => "event_too_large",
-            Self::Encode => "encode",
-        }
-    }
-
-    /// Whether the client got the whole response despite the release (so
-    /// the request counts as executed and no stream events were lost).
-    pub(crate) const fn delivered(self) -> bool {
-        matches!(self, Self::TooLarge)
-    }
-}
 
 /// The route's metrics.
 #[derive(Debug, Clone)]
@@ -115,7 +40,7 @@ impl Metrics {
     }
 
     /// A request that ended with `outcome`; `key` when it had one.
-    pub(crate) fn request(&self, outcome: Outcome, key: Option<&ScopedKey>) {
+    pub(crate) fn request(&self, outcome: RequestOutcome, key: Option<&ScopedKey>) {
         match key {
             Some(k) => self.route.key_request(outcome, k),
             None => self.route.request(outcome, None),
@@ -124,7 +49,7 @@ impl Metrics {
 
     /// A request answered from a stored result: a hit, and the tokens its
     /// stored `usage` says a second execution would have billed.
-    pub(crate) fn replayed(&self, outcome: Outcome, key: &ScopedKey, usage: Option<Usage>) {
+    pub(crate) fn replayed(&self, outcome: RequestOutcome, key: &ScopedKey, usage: Option<Usage>) {
         self.request(outcome, Some(key));
         // Only a hit saved a call: an operation read is the asker's own
         // result, paid for once by its execution.
@@ -146,7 +71,7 @@ impl Metrics {
 
     /// An execution whose key was released instead of stored.
     pub(crate) fn released(&self, reason: ReleaseReason) {
-        self.route.released(reason.as_str());
+        self.route.released(reason);
     }
 
     /// An execution that failed after its request was sent (whether its key

@@ -20,7 +20,7 @@ use axum::routing::post;
 use idemgate_engine::{ClientKey, Engine, MemoryStore, Policy, ScopedKey};
 use idemgate_layer::key::tenant_id;
 use idemgate_layer::{
-    CompletionClock, IdempotencyLayer, OnInflight, LayerConfig, OutcomeUnknownMode, SendSignal,
+    CompletionClock, IdempotencyLayer, LayerConfig, OnInflight, OutcomeUnknownMode, SendSignal,
     StoredResponse,
 };
 use tokio::sync::watch;

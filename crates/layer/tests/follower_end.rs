@@ -27,7 +27,7 @@ use idemgate_engine::{
     Attempt, AttemptOutcome, BoxFuture, Engine, Fenced, Lease, MemoryStore, Policy, Store,
     StoreError, StoreErrorKind,
 };
-use idemgate_layer::{IdempotencyLayer, OnInflight, LayerConfig};
+use idemgate_layer::{IdempotencyLayer, LayerConfig, OnInflight};
 use tokio::sync::{mpsc, watch};
 
 /// What the next `complete` does.

@@ -19,7 +19,7 @@ use bytes::Bytes;
 use idemgate_engine::{ClientKey, Engine, MemoryStore, Policy, ScopedKey, Store};
 use idemgate_layer::key::tenant_id;
 use idemgate_layer::{
-    DeriveTemplate, IdempotencyContext, IdempotencyLayer, OnInflight, KeyMode, LayerConfig,
+    DeriveTemplate, IdempotencyContext, IdempotencyLayer, KeyMode, LayerConfig, OnInflight,
     OutcomeUnknownMode, StoreErrorMode,
 };
 use reqwest::header::HeaderValue;
@@ -1308,7 +1308,7 @@ async fn respond_async_returns_an_operation_to_poll() {
     let forged = idemgate_layer::operations::operation_id(
         &op.namespace,
         &op.key,
-        &idemgate_engine::Fingerprint([0; 32]),
+        &idemgate_engine::Fingerprint::from_bytes([0; 32]),
     );
     let forged = send(auth(
         h.client

@@ -10,7 +10,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::post;
 use idemgate_engine::{Engine, MemoryStore};
-use idemgate_layer::{IdempotencyLayer, OnInflight, KeyMode, LayerConfig, StoreErrorMode};
+use idemgate_layer::{IdempotencyLayer, KeyMode, LayerConfig, OnInflight, StoreErrorMode};
 
 mod support;
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};

@@ -78,7 +78,7 @@ async fn main() {
     let gathered = idemgate_engine::AggregatingStore::new(std::sync::Arc::new(store.clone()));
     let cached_engine = Engine::new(std::sync::Arc::new(idemgate_engine::CachedStore::new(
         std::sync::Arc::new(gathered),
-        idemgate_engine::cache::DEFAULT_BYTES,
+        idemgate_engine::CachedStore::DEFAULT_BYTES,
     )));
     let mut cached_replay = Vec::new();
     for i in 0..n + n / 10 {

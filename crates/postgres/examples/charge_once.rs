@@ -113,7 +113,7 @@ pub async fn run(cfg: &Config) -> Result<Outcome, BoxError> {
         Begin::Inflight(_) => return Err("another run still holds the key".into()),
     };
 
-    let at_ms = idemgate_engine::record::now_ms();
+    let at_ms = idemgate_engine::backend::now_ms();
     let started = Instant::now();
     let mut tx = pool.begin().await?;
     // First statement: the record is this transaction's until it ends, so

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use idemgate_engine::record::ms;
+use idemgate_engine::backend::ms;
 use idemgate_engine::{
     Attempt, Fenced, Fingerprint, Lease, Record, RecordState, StoreError, StoreErrorKind,
 };
@@ -65,7 +65,7 @@ pub(crate) fn record_from_columns(
     payload: Option<Vec<u8>>,
 ) -> Result<Record, StoreError> {
     let fingerprint = <[u8; 32]>::try_from(fingerprint)
-        .map(Fingerprint)
+        .map(Fingerprint::from_bytes)
         .map_err(|_| corrupt("record fingerprint is not 32 bytes"))?;
     let exp = to_u64(exp_ms, "expiry")?;
     let state = match state {
@@ -99,7 +99,7 @@ mod tests {
     fn columns_decode_to_the_record_they_say_and_anything_else_is_corrupt() {
         let fp = [7u8; 32];
         let pending = record_from_columns(&fp, "P", Some(9), 42, None).unwrap();
-        assert_eq!(pending.fingerprint, Fingerprint(fp));
+        assert_eq!(pending.fingerprint, Fingerprint::from_bytes(fp));
         assert_eq!(
             pending.state,
             RecordState::Pending {

@@ -11,7 +11,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
-use idemgate_engine::notify::KeyedNotify;
+use idemgate_engine::backend::KeyedNotify;
 use idemgate_engine::{
     Attempt, Fenced, Fingerprint, Lease, LeaseGuard, ScopedKey, StoreError, StoreErrorKind,
 };
@@ -402,7 +402,7 @@ impl PostgresStore {
                 .bind(&key.tenant)
                 .bind(&key.namespace)
                 .bind(key.key.as_str())
-                .bind(&fingerprint.0[..])
+                .bind(&fingerprint.as_bytes()[..])
                 .bind(token.to_be_bytes().to_vec())
                 .bind(ttl_param(pending_ttl))
                 .fetch_optional(&mut *c)

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
-use idemgate_engine::record::ms;
+use idemgate_engine::backend::ms;
 use idemgate_layer::live::{LivePublisher, LiveStream};
 use tokio::sync::mpsc;
 

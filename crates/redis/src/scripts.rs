@@ -34,15 +34,6 @@
 //! string the same record is one allocation the size of its value, written
 //! with its TTL in one call.
 //!
-//! Records written by earlier versions are hashes, for as long as their
-//! TTL runs. Every script reads a record through `load`, which finds such
-//! a hash (`GET` answers `WRONGTYPE`), rewrites it in this layout with its
-//! TTL kept, and goes on; `RedisStore::get` does the same through the
-//! script `GET` when its own `GET` meets a hash. Earlier versions cannot read
-//! the string layout: a replica of an earlier version sharing the store
-//! answers a store error for every key a newer one wrote (see the
-//! runbook's upgrade section).
-//!
 //! # Why the first timeline entry lives in the record
 //! Most keys run once and are never retried. Their timeline is the one
 //! entry of the completion, and a list of its own would be a third Redis
@@ -61,23 +52,12 @@ use redis::Script;
 
 /// The record's reader, prepended to every script.
 ///
-/// `load(rec)`: the record's value, or `false` when there is none. A hash
-/// written by an earlier version is rewritten in the string layout first,
-/// its TTL kept (`KEEPTTL`). Kept apart from [`FIELDS`] so that the claim,
-/// the script of every request, defines no function it does not call.
+/// `load(rec)`: the record's value, or `false` when there is none. Kept
+/// apart from [`FIELDS`] so that the claim, the script of every request,
+/// defines no function it does not call.
 const LOAD: &str = r"
 local function load(rec)
-  local raw = redis.pcall('GET', rec)
-  if type(raw) ~= 'table' then return raw end
-  local h = redis.call('HMGET', rec, 'st', 'fp', 'tok', 'fence', 'exp', 'att', 'body')
-  if not (h[1] and h[2] and h[3] and h[4] and h[5]) then
-    error('idemgate: a record hash without its fields')
-  end
-  local att = h[6] or ''
-  raw = h[1] .. h[2] .. h[3] .. string.rep('0', 20 - #h[4]) .. h[4]
-    .. string.rep('0', 20 - #h[5]) .. h[5] .. #att .. ':' .. att .. (h[7] or '')
-  redis.call('SET', rec, raw, 'KEEPTTL')
-  return raw
+  return redis.call('GET', rec)
 end
 ";
 
@@ -322,12 +302,6 @@ end
 return {att, redis.call('LRANGE', KEYS[2], 0, -1)}
 ";
 
-/// The record's value, or nil. KEYS: record. For `RedisStore::get` when
-/// its `GET` met a hash of an earlier version (which this rewrites).
-const GET: &str = r"
-return load(KEYS[1])
-";
-
 /// The compiled scripts (their SHA1s are computed once).
 #[derive(Debug)]
 pub(crate) struct Scripts {
@@ -339,7 +313,6 @@ pub(crate) struct Scripts {
     pub(crate) record: Script,
     pub(crate) record_many: Script,
     pub(crate) timeline: Script,
-    pub(crate) load: Script,
 }
 
 impl Scripts {
@@ -362,7 +335,6 @@ impl Scripts {
             record: appending(RECORD_ONE),
             record_many: appending(RECORD_MANY),
             timeline: reading(TIMELINE),
-            load: loading(GET),
         }
     }
 }

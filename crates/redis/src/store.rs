@@ -9,8 +9,8 @@ use std::fmt;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idemgate_engine::notify::KeyedNotify;
-use idemgate_engine::record::ms;
+use idemgate_engine::backend::KeyedNotify;
+use idemgate_engine::backend::ms;
 use idemgate_engine::{
     Attempt, BoxFuture, Claim, Fenced, Fingerprint, Lease, MAX_TIMELINE, Record, RecordState,
     ScopedKey, Store, StoreError, StoreErrorKind,
@@ -260,7 +260,7 @@ pub(crate) fn decode_record(raw: Vec<u8>) -> Result<Record, StoreError> {
             .ok_or_else(|| corrupt("record value is shorter than its header"))
     };
     let fingerprint = <[u8; 32]>::try_from(field(1..33)?)
-        .map(Fingerprint)
+        .map(Fingerprint::from_bytes)
         .map_err(|_| corrupt("record fingerprint is not 32 bytes"))?;
     let fence = digits(field(65..85)?).ok_or_else(|| corrupt("record fence is not a number"))?;
     let exp = digits(field(85..HEADER)?).ok_or_else(|| corrupt("record expiry is not a number"))?;
@@ -326,7 +326,7 @@ impl RedisStore {
                     .claim
                     .key(&k.rec)
                     .key(&k.fence)
-                    .arg(&fingerprint.0[..])
+                    .arg(&fingerprint.as_bytes()[..])
                     .arg(token_hex(token))
                     .arg(ttl_ms(pending_ttl))
                     .arg(ttl_ms(self.opts.fence_memory)),
@@ -419,7 +419,7 @@ impl Store for RedisStore {
                 payload: &payload,
                 done_ttl: ttl_ms(done_ttl),
                 attempt: attempt_json(attempt)?,
-                fingerprint: &lease.fingerprint.0,
+                fingerprint: lease.fingerprint.as_bytes(),
                 fence_memory: ttl_ms(self.opts.fence_memory),
             };
             let applied: i64 = if n == 0 {
@@ -511,14 +511,10 @@ impl Store for RedisStore {
             let mut cmd = redis::cmd("GET");
             cmd.arg(&k.rec);
             let mut conn = self.conn.clone();
-            let value = match self.bounded_raw("get", conn.query::<Value>(&cmd)).await? {
-                Ok(value) => value,
-                // A hash of an earlier version: the script rewrites it.
-                Err(e) if e.code() == Some("WRONGTYPE") => {
-                    self.invoke("get", &self.scripts.load.key(&k.rec)).await?
-                }
-                Err(e) => return Err(map_error(e)),
-            };
+            let value = self
+                .bounded_raw("get", conn.query::<Value>(&cmd))
+                .await?
+                .map_err(map_error)?;
             record_value(value)
         })
     }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use idemgate_engine::{
-    AggregatingStore, CachedStore, ClientKey, Engine, Fingerprint, ScopedKey, Store, cache,
+    AggregatingStore, CachedStore, ClientKey, Engine, Fingerprint, ScopedKey, Store,
 };
 use idemgate_sqlite::SqliteStore;
 
@@ -185,7 +185,7 @@ fn sqlite(c: &mut Criterion) {
     let gathered = Arc::new(AggregatingStore::new(Arc::new(store.clone())));
     let wrapped = Engine::new(Arc::new(CachedStore::new(
         gathered.clone(),
-        cache::DEFAULT_BYTES,
+        CachedStore::DEFAULT_BYTES,
     )));
     // Only the gathering (the cache off): every replay still reads the store.
     let gathered_only = Engine::new(gathered.clone() as Arc<dyn Store>);

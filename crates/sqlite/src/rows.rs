@@ -58,7 +58,7 @@ impl RawRecord {
     /// Decodes the row into a [`Record`].
     pub(crate) fn decode(self) -> Result<Record, StoreError> {
         let fingerprint = <[u8; 32]>::try_from(self.fingerprint.as_slice())
-            .map(Fingerprint)
+            .map(Fingerprint::from_bytes)
             .map_err(|_| corrupt("fingerprint is not 32 bytes"))?;
         let expires = uint(self.expires_at, "expiry")?;
         let state = if self.done != 0 {

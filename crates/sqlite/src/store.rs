@@ -13,8 +13,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idemgate_engine::notify::KeyedNotify;
-use idemgate_engine::record::{monotonic_ms, ms};
+use idemgate_engine::backend::KeyedNotify;
+use idemgate_engine::backend::{monotonic_ms, ms};
 use idemgate_engine::{
     Attempt, BoxFuture, Claim, Fenced, Fingerprint, Lease, Record, ScopedKey, Store, StoreError,
 };
@@ -405,7 +405,7 @@ impl Store for SqliteStore {
                 .inner
                 .write(|reply| Op::Claim {
                     id,
-                    fingerprint: fingerprint.0,
+                    fingerprint: *fingerprint.as_bytes(),
                     token,
                     ttl_ms: ms(pending_ttl),
                     reply,

@@ -36,8 +36,8 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use idemgate_engine::notify::KeyedNotify;
-use idemgate_engine::record::monotonic_ms;
+use idemgate_engine::backend::KeyedNotify;
+use idemgate_engine::backend::monotonic_ms;
 use idemgate_engine::{Attempt, Record, StoreError};
 use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::oneshot;

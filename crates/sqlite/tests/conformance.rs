@@ -128,7 +128,7 @@ async fn make_wrapped() -> Arc<dyn Store> {
     let gathered = Arc::new(idemgate_engine::AggregatingStore::new(store));
     Arc::new(idemgate_engine::CachedStore::new(
         gathered,
-        idemgate_engine::cache::DEFAULT_BYTES,
+        idemgate_engine::CachedStore::DEFAULT_BYTES,
     ))
 }
 

@@ -40,7 +40,7 @@ const HANG: Duration = Duration::from_secs(120);
 /// the timeline says which of the racing processes wrote each attempt.
 fn attempt() -> Attempt {
     Attempt {
-        at_ms: idemgate_engine::record::now_ms(),
+        at_ms: idemgate_engine::backend::now_ms(),
         replica: format!("pid-{}", std::process::id()),
         outcome: AttemptOutcome::Executed,
         status: Some(200),

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use idemgate_engine::cache::{EXPIRY_MARGIN, TRUST};
 use idemgate_engine::{
     AggregatingStore, AttemptOutcome, Begin, BeginError, CachedStore, Engine, Policy, ScopedKey,
     Store,
@@ -83,7 +82,7 @@ async fn a_record_close_to_its_expiry_is_read_from_the_store_and_expires() {
     let store = SqliteStore::open(dir.path().join("s.db")).expect("open");
     // Shorter than the margin: never trusted from memory.
     let ttl = Duration::from_secs(2);
-    assert!(ttl < EXPIRY_MARGIN);
+    assert!(ttl < CachedStore::EXPIRY_MARGIN);
     let r = replica(&store, 1 << 20, ttl);
     let k = key("short-lived");
     execute(&r.engine, &k, "answer").await;
@@ -124,7 +123,7 @@ async fn a_forget_on_another_replica_holds_everywhere_once_it_returns() {
     );
 
     let note = idemgate_engine::Attempt {
-        at_ms: idemgate_engine::record::now_ms(),
+        at_ms: idemgate_engine::backend::now_ms(),
         replica: "operator".into(),
         outcome: AttemptOutcome::Forgotten,
         status: None,
@@ -212,7 +211,7 @@ async fn a_trusted_copy_is_checked_again_after_the_window() {
     execute(&r.engine, &k, "answer").await;
     assert!(replayed(&r.engine, &k).await.is_some());
     let reads = r.calls.record_reads();
-    tokio::time::sleep(TRUST + Duration::from_millis(100)).await;
+    tokio::time::sleep(CachedStore::TRUST + Duration::from_millis(100)).await;
     assert!(replayed(&r.engine, &k).await.is_some());
     assert_eq!(r.calls.record_reads(), reads + 1);
 }

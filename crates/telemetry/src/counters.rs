@@ -14,20 +14,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use metrics::{Counter, Label};
 
-use crate::{Outcome, names};
+use crate::{RequestOutcome, names};
 
 /// Handles of the per-request counters of one label set.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     labels: Vec<Label>,
-    requests: [OnceLock<Counter>; Outcome::ALL.len()],
+    requests: [OnceLock<Counter>; RequestOutcome::ALL.len()],
     hit: OnceLock<Counter>,
     fenced: OnceLock<Counter>,
     conflict: OnceLock<Counter>,
     tokens_saved: OnceLock<Counter>,
     events_lost: OnceLock<Counter>,
     /// Requests by outcome, mirrored for the dashboard's per-route figures.
-    totals: [AtomicU64; Outcome::ALL.len()],
+    totals: [AtomicU64; RequestOutcome::ALL.len()],
 }
 
 impl Counters {
@@ -49,21 +49,21 @@ impl Counters {
     }
 
     /// Counts `outcome` in the mirrored totals.
-    pub(crate) fn count(&self, outcome: Outcome) {
+    pub(crate) fn count(&self, outcome: RequestOutcome) {
         if let Some(c) = self.totals.get(outcome.index()) {
             c.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     /// The mirrored total of `outcome`.
-    pub(crate) fn total(&self, outcome: Outcome) -> u64 {
+    pub(crate) fn total(&self, outcome: RequestOutcome) -> u64 {
         self.totals
             .get(outcome.index())
             .map_or(0, |c| c.load(Ordering::Relaxed))
     }
 
     /// `idempotency_requests_total{…, outcome}`.
-    pub(crate) fn request(&self, outcome: Outcome) -> Option<&Counter> {
+    pub(crate) fn request(&self, outcome: RequestOutcome) -> Option<&Counter> {
         // `None` is unreachable: every outcome has a slot.
         let cell = self.requests.get(outcome.index())?;
         Some(cell.get_or_init(|| {

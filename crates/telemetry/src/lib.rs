@@ -15,7 +15,8 @@
 //!   need state (the sliding hit ratio, requests-per-key histogram),
 //!   refreshed at each scrape; [`RouteTelemetry`] is its handle for one
 //!   route; [`Snapshot`] the figures a dashboard polls.
-//! - `outcome`: [`Outcome`], how a keyed request ended.
+//! - `outcome`: [`RequestOutcome`], how a keyed request ended.
+//! - `release`: [`ReleaseReason`], why an owner gave its key back.
 //! - `window`: the sliding hit ratio, its baseline, requests per key.
 //! - `route`: [`RouteTelemetry`], the handle that labels by route, and
 //!   [`RunningKey`].
@@ -51,6 +52,7 @@ pub mod names;
 pub mod otlp;
 mod outcome;
 mod recent;
+mod release;
 mod route;
 mod store;
 mod trace;
@@ -67,10 +69,11 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use idemgate_engine::ScopedKey;
-use idemgate_engine::record::now_ms;
+use idemgate_engine::backend::now_ms;
 
-pub use outcome::Outcome;
+pub use outcome::RequestOutcome;
 pub use recent::{RecentKey, RecentKeys, RecentSnapshot};
+pub use release::ReleaseReason;
 pub use route::{RouteTelemetry, RunningKey};
 pub use store::InstrumentedStore;
 pub use trace::{TraceContext, exported_trace_context};
@@ -119,7 +122,7 @@ struct Inner {
 /// without parsing the exposition text.
 #[derive(Debug, Default)]
 struct Totals {
-    by_outcome: [AtomicU64; Outcome::ALL.len()],
+    by_outcome: [AtomicU64; RequestOutcome::ALL.len()],
     hits: AtomicU64,
     conflicts: AtomicU64,
     tokens_saved: AtomicU64,
@@ -130,7 +133,7 @@ struct Totals {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Snapshot {
     /// Keyed requests by outcome, since start.
-    pub requests: Vec<(Outcome, u64)>,
+    pub requests: Vec<(RequestOutcome, u64)>,
     /// All keyed requests counted, since start.
     pub requests_total: u64,
     /// Hits (replayed or attached), since start.
@@ -254,7 +257,11 @@ impl Telemetry {
         }
         // The outcomes the shipped rules divide by or alert on; the others
         // appear with their first request.
-        for o in [Outcome::Executed, Outcome::Replayed, Outcome::Failed] {
+        for o in [
+            RequestOutcome::Executed,
+            RequestOutcome::Replayed,
+            RequestOutcome::Failed,
+        ] {
             if let Some(c) = counters.request(o) {
                 c.increment(0);
             }
@@ -268,7 +275,7 @@ impl Telemetry {
 
     /// Counts one request and its outcome. `key_id` identifies the scoped
     /// key (a hash; never exported) for the requests-per-key distribution.
-    pub fn request(&self, outcome: Outcome, key_id: Option<u64>) {
+    pub fn request(&self, outcome: RequestOutcome, key_id: Option<u64>) {
         self.count_request(&self.inner.unrouted, outcome, key_id);
     }
 
@@ -320,7 +327,7 @@ impl Telemetry {
         metrics::gauge!(names::CONNECTIONS_OPEN)
     }
 
-    fn count_request(&self, counters: &Counters, outcome: Outcome, key_id: Option<u64>) {
+    fn count_request(&self, counters: &Counters, outcome: RequestOutcome, key_id: Option<u64>) {
         counters.count(outcome);
         let totals = &self.inner.totals;
         if let Some(c) = totals.by_outcome.get(outcome.index()) {
@@ -330,7 +337,7 @@ impl Telemetry {
             totals.hits.fetch_add(1, Ordering::Relaxed);
             counters.hit().increment(1);
         }
-        if outcome == Outcome::Fenced {
+        if outcome == RequestOutcome::Fenced {
             counters.fenced().increment(1);
         }
         if let Some(c) = counters.request(outcome) {
@@ -340,7 +347,7 @@ impl Telemetry {
         // The ratio is over requests idempotency protects: an unkeyed
         // request on an optional route is neither a hit nor a miss, nor is
         // a read of an operation's result (not a retry).
-        if !outcome.is_unprotected() && outcome != Outcome::OperationRead {
+        if !outcome.is_unprotected() && outcome != RequestOutcome::OperationRead {
             self.inner
                 .ratio
                 .lock()
@@ -386,7 +393,7 @@ impl Telemetry {
     pub fn snapshot(&self) -> Snapshot {
         let now = Instant::now();
         let totals = &self.inner.totals;
-        let requests: Vec<(Outcome, u64)> = Outcome::ALL
+        let requests: Vec<(RequestOutcome, u64)> = RequestOutcome::ALL
             .iter()
             .zip(&totals.by_outcome)
             .map(|(o, c)| (*o, c.load(Ordering::Relaxed)))
@@ -427,9 +434,9 @@ impl Telemetry {
             .iter()
             .map(|(route, c)| RouteRequests {
                 route: route.to_string(),
-                requests: Outcome::ALL.iter().map(|o| c.total(*o)).sum(),
-                unprotected_no_key: c.total(Outcome::UnprotectedNoKey),
-                unprotected_store_error: c.total(Outcome::UnprotectedStoreError),
+                requests: RequestOutcome::ALL.iter().map(|o| c.total(*o)).sum(),
+                unprotected_no_key: c.total(RequestOutcome::UnprotectedNoKey),
+                unprotected_store_error: c.total(RequestOutcome::UnprotectedStoreError),
             })
             .collect();
         Snapshot {

@@ -6,7 +6,7 @@
 /// How a keyed request ended, as counted in `idempotency_requests_total{outcome}`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum Outcome {
+pub enum RequestOutcome {
     /// Ran upstream now and was stored (or delivered when too large to store).
     Executed,
     /// Answered from a DONE record.
@@ -39,9 +39,9 @@ pub enum Outcome {
     OperationRead,
 }
 
-impl Outcome {
+impl RequestOutcome {
     /// Every outcome, in label order.
-    pub const ALL: [Outcome; 13] = [
+    pub const ALL: [RequestOutcome; 13] = [
         Self::Executed,
         Self::Replayed,
         Self::Attached,

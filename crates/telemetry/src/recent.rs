@@ -18,7 +18,7 @@ use std::collections::HashMap;
 
 use idemgate_engine::ScopedKey;
 
-use crate::Outcome;
+use crate::RequestOutcome;
 
 /// What the table holds for one key.
 #[derive(Debug, Clone, Default)]
@@ -26,7 +26,7 @@ struct Entry {
     requests: u32,
     conflicts: u32,
     fenced: u32,
-    last_outcome: Option<Outcome>,
+    last_outcome: Option<RequestOutcome>,
     last_seen_ms: u64,
     last_conflict_ms: Option<u64>,
     last_fenced_ms: Option<u64>,
@@ -47,7 +47,7 @@ pub struct RecentKey {
     /// Completions of this key refused because its lease was taken over.
     pub fenced: u32,
     /// How the last request ended (none yet while the first one runs).
-    pub last_outcome: Option<Outcome>,
+    pub last_outcome: Option<RequestOutcome>,
     /// When the key was last seen (wall clock, ms).
     pub last_seen_ms: u64,
     /// When the execution running now began, if one is.
@@ -130,11 +130,11 @@ impl RecentKeys {
     }
 
     /// A request with `key` ended with `outcome`.
-    pub fn request(&mut self, key: &ScopedKey, outcome: Outcome, now_ms: u64) {
+    pub fn request(&mut self, key: &ScopedKey, outcome: RequestOutcome, now_ms: u64) {
         if let Some(e) = self.entry(key, now_ms) {
             e.requests = e.requests.saturating_add(1);
             e.last_outcome = Some(outcome);
-            if outcome == Outcome::Fenced {
+            if outcome == RequestOutcome::Fenced {
                 e.fenced = e.fenced.saturating_add(1);
                 e.last_fenced_ms = Some(now_ms);
             }
@@ -237,15 +237,15 @@ mod tests {
     fn lists_retried_running_conflicting_and_fenced_keys() {
         let mut t = RecentKeys::new(100);
         for _ in 0..3 {
-            t.request(&key("three"), Outcome::Replayed, 10);
+            t.request(&key("three"), RequestOutcome::Replayed, 10);
         }
-        t.request(&key("two"), Outcome::Executed, 11);
-        t.request(&key("two"), Outcome::Replayed, 12);
-        t.request(&key("once"), Outcome::Executed, 13);
+        t.request(&key("two"), RequestOutcome::Executed, 11);
+        t.request(&key("two"), RequestOutcome::Replayed, 12);
+        t.request(&key("once"), RequestOutcome::Executed, 13);
         t.started(&key("slow"), 20);
         t.conflict(&key("slow"), 21);
-        t.request(&key("slow"), Outcome::Conflict, 21);
-        t.request(&key("stale"), Outcome::Fenced, 30);
+        t.request(&key("slow"), RequestOutcome::Conflict, 21);
+        t.request(&key("stale"), RequestOutcome::Fenced, 30);
 
         let s = t.snapshot(10);
         assert_eq!(s.tracked, 5);
@@ -254,7 +254,7 @@ mod tests {
         assert_eq!(names(&s.inflight), ["slow"]);
         assert_eq!(s.inflight[0].running_since_ms, Some(20));
         assert_eq!(names(&s.conflicts), ["slow"]);
-        assert_eq!(s.conflicts[0].last_outcome, Some(Outcome::Conflict));
+        assert_eq!(s.conflicts[0].last_outcome, Some(RequestOutcome::Conflict));
         assert_eq!(names(&s.fenced), ["stale"]);
         assert_eq!(s.fenced[0].last_fenced_ms, Some(30));
 
@@ -267,11 +267,11 @@ mod tests {
     fn a_full_table_forgets_the_least_recently_seen_key_never_a_running_one() {
         let mut t = RecentKeys::new(3);
         t.started(&key("running"), 1);
-        t.request(&key("old"), Outcome::Executed, 2);
-        t.request(&key("newer"), Outcome::Executed, 3);
-        t.request(&key("old"), Outcome::Replayed, 4);
+        t.request(&key("old"), RequestOutcome::Executed, 2);
+        t.request(&key("newer"), RequestOutcome::Executed, 3);
+        t.request(&key("old"), RequestOutcome::Replayed, 4);
         // Full: "newer" (seen at 3) goes; "running" (1) is kept.
-        t.request(&key("new"), Outcome::Executed, 5);
+        t.request(&key("new"), RequestOutcome::Executed, 5);
         let mut held: Vec<String> = t
             .snapshot(10)
             .inflight
@@ -283,7 +283,7 @@ mod tests {
         assert_eq!(held, ["old", "running"]);
         assert_eq!(t.len(), 3);
         for i in 0..1000 {
-            t.request(&key(&format!("k{i}")), Outcome::Executed, 10 + i);
+            t.request(&key(&format!("k{i}")), RequestOutcome::Executed, 10 + i);
         }
         assert_eq!(t.len(), 3, "bounded");
         assert_eq!(names(&t.snapshot(10).inflight), ["running"]);
@@ -294,11 +294,11 @@ mod tests {
         let mut t = RecentKeys::new(16);
         t.started(&key("running"), 0);
         for i in 0..15 {
-            t.request(&key(&format!("k{i:02}")), Outcome::Executed, 10 + i);
+            t.request(&key(&format!("k{i:02}")), RequestOutcome::Executed, 10 + i);
         }
         assert_eq!(t.len(), 16);
         // Full: the two least recently seen idle keys go, to make room.
-        t.request(&key("new"), Outcome::Executed, 100);
+        t.request(&key("new"), RequestOutcome::Executed, 100);
         assert_eq!(t.len(), 15);
         let held: Vec<String> = t
             .entries
@@ -310,7 +310,7 @@ mod tests {
         assert!(!held.iter().any(|k| k == "k00" || k == "k01"), "{held:?}");
         assert!(held.iter().any(|k| k == "k02"), "{held:?}");
         // The room made takes the next key without another pass.
-        t.request(&key("newer"), Outcome::Executed, 101);
+        t.request(&key("newer"), RequestOutcome::Executed, 101);
         assert_eq!(t.len(), 16);
     }
 
@@ -318,7 +318,7 @@ mod tests {
     fn a_full_table_of_running_keys_takes_no_new_key() {
         let mut t = RecentKeys::new(1);
         t.started(&key("a"), 1);
-        t.request(&key("b"), Outcome::Executed, 2);
+        t.request(&key("b"), RequestOutcome::Executed, 2);
         assert_eq!(t.len(), 1);
         assert_eq!(names(&t.snapshot(10).inflight), ["a"]);
         assert!(!t.is_empty());

@@ -6,11 +6,11 @@
 use std::sync::Arc;
 
 use idemgate_engine::ScopedKey;
-use idemgate_engine::record::now_ms;
+use idemgate_engine::backend::now_ms;
 use metrics::Label;
 
 use crate::counters::Counters;
-use crate::{Outcome, Telemetry, key_id, names};
+use crate::{ReleaseReason, RequestOutcome, Telemetry, key_id, names};
 
 /// [`Telemetry`] for one route: everything it records carries
 /// `route="<id>"` (a configured route id: low cardinality by construction).
@@ -47,7 +47,7 @@ impl RouteTelemetry {
     }
 
     /// As [`Telemetry::request`].
-    pub fn request(&self, outcome: Outcome, key_id: Option<u64>) {
+    pub fn request(&self, outcome: RequestOutcome, key_id: Option<u64>) {
         self.telemetry
             .count_request(&self.counters, outcome, key_id);
     }
@@ -59,7 +59,7 @@ impl RouteTelemetry {
 
     /// A request with `key` that ended with `outcome`: counted as
     /// [`RouteTelemetry::request`] does, and noted in the recent keys.
-    pub fn key_request(&self, outcome: Outcome, key: &ScopedKey) {
+    pub fn key_request(&self, outcome: RequestOutcome, key: &ScopedKey) {
         self.request(outcome, Some(key_id(key)));
         self.telemetry.recent().request(key, outcome, now_ms());
     }
@@ -99,9 +99,9 @@ impl RouteTelemetry {
     }
 
     /// Counts an execution whose key was released instead of stored.
-    pub fn released(&self, reason: &'static str) {
+    pub fn released(&self, reason: ReleaseReason) {
         let mut labels = self.labels();
-        labels.push(Label::new("reason", reason));
+        labels.push(Label::new("reason", reason.as_str()));
         metrics::counter!(names::RELEASED, labels).increment(1);
     }
 

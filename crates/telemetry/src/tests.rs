@@ -13,9 +13,9 @@ fn concurrent_recording_keeps_exact_totals() {
             s.spawn(move || {
                 for i in 0..per_thread {
                     let outcome = match i % 4 {
-                        0 => Outcome::Executed,
-                        1 | 2 => Outcome::Replayed,
-                        _ => Outcome::UnprotectedNoKey,
+                        0 => RequestOutcome::Executed,
+                        1 | 2 => RequestOutcome::Replayed,
+                        _ => RequestOutcome::UnprotectedNoKey,
                     };
                     t.request(outcome, Some(th * per_thread + i / 4));
                     if i % 10 == 0 {
@@ -33,14 +33,14 @@ fn concurrent_recording_keeps_exact_totals() {
     assert_eq!(snap.hits, n / 2);
     assert_eq!(snap.inflight_conflicts, threads * (per_thread / 10));
     assert_eq!(snap.tokens_saved, 3 * n);
-    let count = |o: Outcome| {
+    let count = |o: RequestOutcome| {
         snap.requests
             .iter()
             .find(|(x, _)| *x == o)
             .map_or(0, |(_, c)| *c)
     };
-    assert_eq!(count(Outcome::Executed), n / 4);
-    assert_eq!(count(Outcome::UnprotectedNoKey), n / 4);
+    assert_eq!(count(RequestOutcome::Executed), n / 4);
+    assert_eq!(count(RequestOutcome::UnprotectedNoKey), n / 4);
     // Unkeyed requests do not dilute the ratio: 2 hits per 3 keyed.
     assert!(
         (snap.hit_ratio - 2.0 / 3.0).abs() < 1e-9,
@@ -54,7 +54,7 @@ fn concurrent_recording_keeps_exact_totals() {
 #[test]
 fn outcome_labels_are_distinct_and_indexed() {
     let mut seen = std::collections::HashSet::new();
-    for (i, o) in Outcome::ALL.iter().enumerate() {
+    for (i, o) in RequestOutcome::ALL.iter().enumerate() {
         assert!(seen.insert(o.as_str()));
         assert_eq!(o.index(), i);
     }

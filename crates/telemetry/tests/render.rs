@@ -1,7 +1,7 @@
 //! The exported text for a scripted workload: exact counters and readable
 //! quantiles. (One test per binary: the recorder is process-wide.)
 
-use idemgate_telemetry::{Outcome, Telemetry};
+use idemgate_telemetry::{RequestOutcome, Telemetry};
 
 fn value(text: &str, series: &str) -> Option<f64> {
     text.lines()
@@ -15,16 +15,16 @@ fn scripted_workload_renders_exact_figures() {
     let t = Telemetry::global();
     // 10 keys x 3 sends: the first executes, the next two replay.
     for key in 0..10u64 {
-        t.request(Outcome::Executed, Some(key));
-        t.request(Outcome::Replayed, Some(key));
-        t.request(Outcome::Replayed, Some(key));
+        t.request(RequestOutcome::Executed, Some(key));
+        t.request(RequestOutcome::Replayed, Some(key));
+        t.request(RequestOutcome::Replayed, Some(key));
         t.tokens_saved(2 * 50);
     }
     // 5 concurrent duplicates in reject mode: 1 executes, 4 conflict.
-    t.request(Outcome::Executed, Some(100));
+    t.request(RequestOutcome::Executed, Some(100));
     for _ in 0..4 {
         t.inflight_conflict();
-        t.request(Outcome::Conflict, Some(100));
+        t.request(RequestOutcome::Conflict, Some(100));
     }
     // The keys end (as at shutdown): one histogram observation each.
     t.finish_keys();

@@ -115,7 +115,7 @@ pub(crate) fn payload(bytes: &[u8]) -> Bytes {
 /// An attempt with `outcome`, stamped now.
 pub fn attempt(outcome: AttemptOutcome) -> idemgate_engine::Attempt {
     idemgate_engine::Attempt {
-        at_ms: idemgate_engine::record::now_ms(),
+        at_ms: idemgate_engine::backend::now_ms(),
         replica: "conformance".into(),
         outcome,
         status: Some(200),

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, UNIX_EPOCH};
 
-use idemgate_engine::record::now_ms;
+use idemgate_engine::backend::now_ms;
 use idemgate_engine::{Record, RecordState};
 use idemgate_gateway::config::StoreUrl;
 use idemgate_layer::StoredResponse;

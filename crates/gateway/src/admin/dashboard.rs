@@ -63,7 +63,7 @@ pub(super) async fn stats(State(s): State<AdminState>, headers: HeaderMap) -> Re
         .iter()
         .map(|(o, n)| (o.as_str().to_owned(), (*n).into()))
         .collect();
-    let now_ms = idemgate_engine::record::now_ms();
+    let now_ms = idemgate_engine::backend::now_ms();
     let routes: Vec<serde_json::Value> = snap.routes.iter().map(route_row).collect();
     let body = serde_json::json!({
         "routes": routes,
@@ -142,7 +142,7 @@ pub(super) async fn recent(State(s): State<AdminState>, headers: HeaderMap) -> R
         list.iter().map(|r| recent_row(&s.routes, r)).collect()
     };
     let body = serde_json::json!({
-        "time_ms": idemgate_engine::record::now_ms(),
+        "time_ms": idemgate_engine::backend::now_ms(),
         "tracked": snap.tracked,
         "capacity": snap.capacity,
         "inflight": rows(&snap.inflight),
@@ -166,7 +166,7 @@ fn recent_row(routes: &[RouteName], r: &RecentKey) -> serde_json::Value {
         "requests": r.requests,
         "conflicts": r.conflicts,
         "fenced": r.fenced,
-        "last_outcome": r.last_outcome.map(idemgate_telemetry::Outcome::as_str),
+        "last_outcome": r.last_outcome.map(idemgate_telemetry::RequestOutcome::as_str),
         "last_seen_ms": r.last_seen_ms,
         "running_since_ms": r.running_since_ms,
         "last_conflict_ms": r.last_conflict_ms,

@@ -144,7 +144,7 @@ impl GatewayConfig {
             .as_ref()
             .map(|s| size_or_zero("replay_cache", s))
             .transpose()?
-            .unwrap_or(idemgate_engine::cache::DEFAULT_BYTES);
+            .unwrap_or(idemgate_engine::CachedStore::DEFAULT_BYTES);
         let workers = raw.workers.map(workers).transpose()?;
         let connections = connections(&raw.connections.unwrap_or_default())?;
         let encryption_key_file = match raw.encryption_key_file {

@@ -39,7 +39,7 @@ mod secret;
 pub use error::ConfigError;
 pub use gateway::{DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, DEFAULT_STORE, GatewayConfig};
 pub use idemgate_layer::{
-    DerivePart, DeriveTemplate, OnInflight, KeyMode, StoreErrorMode, StreamDialect, TenantSource,
+    DerivePart, DeriveTemplate, KeyMode, OnInflight, StoreErrorMode, StreamDialect, TenantSource,
 };
 pub use parse::StoreUrl;
 pub use raw::{

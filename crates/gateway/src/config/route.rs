@@ -16,7 +16,7 @@ use http::{HeaderName, Method};
 use idemgate_check::RetryPolicy;
 use idemgate_layer::config::default_retryable_statuses;
 use idemgate_layer::{
-    CompletionClock, DerivePart, DeriveTemplate, OnInflight, KeyMode, LayerConfig,
+    CompletionClock, DerivePart, DeriveTemplate, KeyMode, LayerConfig, OnInflight,
     OutcomeUnknownMode, StoreErrorMode, StreamDialect, TenantSource,
 };
 use url::Url;

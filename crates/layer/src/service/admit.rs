@@ -20,7 +20,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, HeaderName, Request, header};
 use http_body_util::BodyExt;
-use idemgate_engine::fingerprint::{BodyError, digest_body};
+use idemgate_engine::{BodyError, digest_body};
 use idemgate_engine::{ClientKey, Fingerprint, Record, ScopedKey};
 
 use super::inner::IdempotencyContext;
@@ -32,7 +32,7 @@ use crate::refusal::{Log, refuse};
 use crate::replay::{replay_payload, replay_stored};
 use crate::shared::Shared;
 use crate::sse::{Resume, resume_of};
-use crate::telemetry::Outcome;
+use crate::telemetry::RequestOutcome;
 
 const PREFER: HeaderName = HeaderName::from_static("prefer");
 
@@ -99,7 +99,9 @@ impl Keyed {
                 if declared_length(req.headers()).is_some_and(|n| exceeds(n, cfg.body_limit)) {
                     return Err(rejected(shared, Problem::body_too_large(cfg.body_limit)));
                 }
-                shared.metrics.request(Outcome::UnprotectedNoKey, None);
+                shared
+                    .metrics
+                    .request(RequestOutcome::UnprotectedNoKey, None);
                 return Err(NotKeyed::Forward(req));
             }
         };
@@ -186,13 +188,18 @@ impl Keyed {
     }
 
     /// Answers from a DONE record of this key.
-    pub(super) fn replay(&self, shared: &Shared, record: &Record, outcome: Outcome) -> Response {
+    pub(super) fn replay(
+        &self,
+        shared: &Shared,
+        record: &Record,
+        outcome: RequestOutcome,
+    ) -> Response {
         replay_stored(shared, record, &self.scoped, self.resume, outcome)
     }
 
     /// Answers from the result this process holds in memory for this key
     /// (its store write still pending), if it holds one.
-    pub(super) fn answer_held(&self, shared: &Shared, outcome: Outcome) -> Option<Response> {
+    pub(super) fn answer_held(&self, shared: &Shared, outcome: RequestOutcome) -> Option<Response> {
         let held = shared.held.get(&self.scoped)?;
         if held.fingerprint != self.fingerprint {
             return Some(self.mismatch(shared));
@@ -211,7 +218,7 @@ impl Keyed {
     pub(super) fn refuse(
         &self,
         shared: &Shared,
-        outcome: Outcome,
+        outcome: RequestOutcome,
         log: Log<'_>,
         problem: Problem,
     ) -> Response {
@@ -222,7 +229,7 @@ impl Keyed {
     pub(super) fn mismatch(&self, shared: &Shared) -> Response {
         self.refuse(
             shared,
-            Outcome::Mismatch,
+            RequestOutcome::Mismatch,
             Log::Info("idempotency key reused with a different request"),
             Problem::key_mismatch(),
         )
@@ -237,7 +244,7 @@ impl Keyed {
     ) -> Response {
         self.refuse(
             shared,
-            Outcome::StoreError,
+            RequestOutcome::StoreError,
             Log::Warn(message, error),
             Problem::store_unavailable(),
         )
@@ -248,7 +255,7 @@ impl Keyed {
 fn rejected(shared: &Shared, problem: Problem) -> NotKeyed {
     NotKeyed::Refused(refuse(
         &shared.metrics,
-        Outcome::Rejected,
+        RequestOutcome::Rejected,
         None,
         Log::Quiet,
         problem,

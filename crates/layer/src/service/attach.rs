@@ -31,7 +31,7 @@ use crate::replay::mark;
 use crate::shared::Shared;
 use crate::sse::STREAM_RESTARTED;
 use crate::stored::{StoredBody, StoredResponse};
-use crate::telemetry::Outcome;
+use crate::telemetry::RequestOutcome;
 
 /// Joins an execution in flight: its live stream if this process runs it
 /// and it streams, otherwise its stored result once DONE. Takes the key over
@@ -48,7 +48,7 @@ pub(super) async fn attach<S: Inner>(
     // keeps this duplicate waiting.
     let mut store_error: Option<idemgate_engine::StoreError> = None;
     loop {
-        if let Some(res) = keyed.answer_held(&shared, Outcome::Attached) {
+        if let Some(res) = keyed.answer_held(&shared, RequestOutcome::Attached) {
             inflight.note(AttemptOutcome::Attached, None).await;
             return res;
         }
@@ -72,7 +72,7 @@ pub(super) async fn attach<S: Inner>(
                 // replayed; a joined live stream has no stored usage yet.
                 shared
                     .metrics
-                    .request(Outcome::Attached, Some(&keyed.scoped));
+                    .request(RequestOutcome::Attached, Some(&keyed.scoped));
                 let head = Head {
                     status,
                     headers,
@@ -100,14 +100,14 @@ pub(super) async fn attach<S: Inner>(
             Ok(Settled::StillPending) => {}
             Ok(Settled::Done(record)) if record.fingerprint == keyed.fingerprint => {
                 inflight.note(AttemptOutcome::Attached, None).await;
-                return keyed.replay(&shared, &record, Outcome::Attached);
+                return keyed.replay(&shared, &record, RequestOutcome::Attached);
             }
             Ok(Settled::Done(_)) => return keyed.mismatch(&shared),
             Ok(Settled::Free) => {
                 match shared.engine.begin(&keyed.scoped, &keyed.fingerprint).await {
                     Ok(Begin::Owner(guard)) => return own(shared, inner, keyed, guard).await,
                     Ok(Begin::Done(record)) => {
-                        return keyed.replay(&shared, &record, Outcome::Replayed);
+                        return keyed.replay(&shared, &record, RequestOutcome::Replayed);
                     }
                     Ok(Begin::Inflight(next)) => inflight = next,
                     Err(BeginError::Mismatch) => return keyed.mismatch(&shared),
@@ -131,7 +131,7 @@ pub(super) async fn conflict(shared: &Shared, keyed: &Keyed, inflight: &Inflight
     inflight.record_conflict().await;
     keyed.refuse(
         shared,
-        Outcome::Conflict,
+        RequestOutcome::Conflict,
         Log::Info("idempotency key in flight; request refused"),
         Problem::inflight(shared.latency.poll_interval(inflight.retry_after())),
     )

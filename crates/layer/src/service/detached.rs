@@ -25,7 +25,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::future::Either;
 use futures_util::{FutureExt, StreamExt};
 use http::{Request, StatusCode, header};
-use idemgate_engine::{Fenced, Fingerprint, LeaseGuard, ScopedKey};
+use idemgate_engine::{Completion, Fenced, Fingerprint, LeaseGuard, ScopedKey};
 use idemgate_telemetry::RunningKey;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -47,7 +47,7 @@ use crate::replay::mark;
 use crate::shared::Shared;
 use crate::sse::{Resume, STREAM_RESTARTED, is_event_stream};
 use crate::stored::{StoredBody, StoredResponse, usage_of_json};
-use crate::telemetry::{Outcome, ReleaseReason};
+use crate::telemetry::{ReleaseReason, RequestOutcome};
 
 mod stream;
 
@@ -400,7 +400,7 @@ impl Detached {
                             fingerprint: self.fingerprint,
                             payload: payload.clone(),
                         };
-                        let held = |e: &idemgate_engine::StoreError| {
+                        let mut held = |e: &idemgate_engine::StoreError| {
                             metrics.completion_held();
                             // Retries on this replica are answered from here
                             // until the write lands.
@@ -411,11 +411,12 @@ impl Detached {
                                 "result not stored yet; held in memory, lease kept, retrying"
                             );
                         };
-                        let written = if unknown {
-                            guard.complete_unknown_or_hold(payload, status, held).await
+                        let how = if unknown {
+                            Completion::outcome_unknown(status)
                         } else {
-                            guard.complete_or_hold(payload, status, held).await
+                            Completion::result(status)
                         };
+                        let written = guard.complete(payload, how.holding(&mut held)).await;
                         shared.held.drop_held(&self.key);
                         stored_it = matches!(written, Ok(Fenced::Applied));
                         match written {
@@ -424,11 +425,11 @@ impl Detached {
                                     status,
                                     "outcome unknown; stored as the key's answer"
                                 );
-                                Outcome::Failed
+                                RequestOutcome::Failed
                             }
                             Ok(Fenced::Applied) => {
                                 tracing::info!(status, "executed; result stored");
-                                Outcome::Executed
+                                RequestOutcome::Executed
                             }
                             Ok(Fenced::Stale) => {
                                 tracing::warn!("lease lost before completion; result not stored");
@@ -438,7 +439,7 @@ impl Detached {
                                 self.client
                                     .replace_held(Problem::lease_lost().into_response());
                                 fenced = true;
-                                Outcome::Fenced
+                                RequestOutcome::Fenced
                             }
                             Err(e) => {
                                 tracing::warn!(
@@ -446,7 +447,7 @@ impl Detached {
                                     error = %e,
                                     "result not stored before the lease ran out; key released"
                                 );
-                                Outcome::StoreError
+                                RequestOutcome::StoreError
                             }
                         }
                     }
@@ -454,7 +455,7 @@ impl Detached {
                         tracing::warn!(error = %e, "result cannot be encoded; key released");
                         release(guard, status).await;
                         metrics.released(ReleaseReason::Encode);
-                        Outcome::Failed
+                        RequestOutcome::Failed
                     }
                 };
                 // Counted before the client hears the end.
@@ -487,9 +488,9 @@ impl Detached {
                 }
                 // A response too large to store was still delivered whole.
                 let outcome = if reason.delivered() {
-                    Outcome::Executed
+                    RequestOutcome::Executed
                 } else {
-                    Outcome::Failed
+                    RequestOutcome::Failed
                 };
                 metrics.request(outcome, Some(&self.key));
                 self.attachers.fail();

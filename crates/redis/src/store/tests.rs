@@ -54,7 +54,7 @@ fn value(state: u8, fence: u64, exp: u64, attempt: &[u8], body: &[u8]) -> Vec<u8
 #[test]
 fn a_record_value_decodes_to_its_state_fence_expiry_and_payload() {
     let pending = decode_record(value(b'P', 1_733_000_000_123_456, 42, b"", b"")).unwrap();
-    assert_eq!(pending.fingerprint, Fingerprint([7; 32]));
+    assert_eq!(pending.fingerprint, Fingerprint::from_bytes([7; 32]));
     assert_eq!(
         pending.state,
         RecordState::Pending {
@@ -112,7 +112,7 @@ fn a_damaged_record_value_is_a_corrupt_error_not_a_panic() {
 /// A timeline entry of `outcome`, now.
 fn entry(outcome: idemgate_engine::AttemptOutcome) -> Attempt {
     Attempt {
-        at_ms: idemgate_engine::record::now_ms(),
+        at_ms: idemgate_engine::backend::now_ms(),
         replica: "unit".into(),
         outcome,
         status: None,
@@ -142,7 +142,7 @@ async fn shared_redis() -> RedisStore {
 async fn a_claim_sent_again_with_its_token_gets_its_lease_back() {
     let store = shared_redis().await;
     let key = idemgate_testkit::fresh_key();
-    let fp = Fingerprint([3; 32]);
+    let fp = Fingerprint::from_bytes([3; 32]);
     let ttl = Duration::from_secs(30);
     let token = idemgate_engine::Lease::new_token();
     let Claim::Acquired(first) = store.claim_as(&key, &fp, ttl, token).await.unwrap() else {
@@ -157,7 +157,7 @@ async fn a_claim_sent_again_with_its_token_gets_its_lease_back() {
     assert!(matches!(other, Claim::Existing(_)), "{other:?}");
     // As does the same token with another fingerprint.
     let other = store
-        .claim_as(&key, &Fingerprint([4; 32]), ttl, token)
+        .claim_as(&key, &Fingerprint::from_bytes([4; 32]), ttl, token)
         .await
         .unwrap();
     assert!(matches!(other, Claim::Existing(_)), "{other:?}");
@@ -178,7 +178,10 @@ async fn a_forget_sent_again_answers_as_the_first() {
     let store = shared_redis().await;
     let key = idemgate_testkit::fresh_key();
     let ttl = Duration::from_secs(30);
-    let Claim::Acquired(lease) = store.claim(&key, &Fingerprint([5; 32]), ttl).await.unwrap()
+    let Claim::Acquired(lease) = store
+        .claim(&key, &Fingerprint::from_bytes([5; 32]), ttl)
+        .await
+        .unwrap()
     else {
         panic!("a fresh key is acquired");
     };

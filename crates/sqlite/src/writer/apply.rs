@@ -2,7 +2,7 @@
 //! claim, fenced complete and release, timeline entries, the store-wide
 //! fence counter, and the purge of expired rows.
 
-use idemgate_engine::record::monotonic_ms;
+use idemgate_engine::backend::monotonic_ms;
 use idemgate_engine::{Attempt, MAX_TIMELINE, StoreError};
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 

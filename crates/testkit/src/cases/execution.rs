@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idemgate_engine::{
-    AttemptOutcome, Begin, Claim, Engine, ExecuteError, Fenced, OnInflight, Policy, ScopedKey,
-    Settled, Store,
+    AttemptOutcome, Begin, Claim, Completion, Engine, ExecuteError, Fenced, OnInflight, Policy,
+    ScopedKey, Settled, Store,
 };
 
 use crate::{LONG, SHORT_TTL, acquired, attempt, eventually, fp, fresh_key, payload};
@@ -166,7 +166,10 @@ pub async fn inflight_reject_and_notify(store: Arc<dyn Store>) {
     assert!(handle.retry_after() >= Duration::from_secs(1));
     let waiter = tokio::spawn(async move { handle.settled(Duration::from_secs(10)).await });
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let w = guard.complete(payload(b"5"), Some(200)).await.unwrap();
+    let w = guard
+        .complete(payload(b"5"), Completion::result(Some(200)))
+        .await
+        .unwrap();
     assert_eq!(w, Fenced::Applied);
     match waiter.await.unwrap().unwrap() {
         Settled::Done(r) => assert_eq!(r.payload().map(|p| p.to_vec()), Some(b"5".to_vec())),

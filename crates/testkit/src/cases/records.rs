@@ -19,7 +19,7 @@ use crate::{
 pub async fn claim_on_absent(store: Arc<dyn Store>) {
     let key = fresh_key();
     assert_eq!(store.get(&key).await.unwrap(), None);
-    let before = idemgate_engine::record::now_ms();
+    let before = idemgate_engine::backend::now_ms();
     let lease = acquired(store.claim(&key, &fp("a"), LONG).await.unwrap());
     assert_eq!(lease.key, key);
     assert!(lease.fence >= 1);

@@ -10,12 +10,12 @@ use futures_util::StreamExt;
 
 use super::{Decision, Detached};
 use crate::config::{OutcomeUnknownMode, StreamDialect};
-use crate::outcome::{StreamJudge, StreamVerdict};
 use crate::problem::Problem;
 use crate::service::body::Chunk;
 use crate::service::record::{Recorded, Recording, kept_headers};
 use crate::sse::{EventId, EventScanner, rewrite_id};
 use crate::telemetry::ReleaseReason;
+use crate::verdict::{StreamJudge, StreamVerdict};
 
 impl Detached {
     /// Relays an event stream: each event gets a sequential id, is sent to
