@@ -30,6 +30,8 @@
 //!   interval, without a task per claim.
 //! - `cache`: [`CachedStore`], a store wrapper that answers replays of
 //!   hot keys from memory for a bounded time.
+//! - `observed`: [`ObservedStore`], a store wrapper that shows every
+//!   operation to a [`StoreObserver`] (metrics, call counts).
 //! - `aggregate`: [`AggregatingStore`], a store wrapper that writes the
 //!   timeline entries of replays once per key and flush, with a count.
 //! - [`backend`]: what a [`Store`] implementation needs beside the trait
@@ -55,6 +57,7 @@ mod key;
 mod layered;
 mod memory;
 mod notify;
+mod observed;
 mod policy;
 mod record;
 mod renewals;
@@ -71,6 +74,7 @@ pub use inflight::{Inflight, Settled};
 pub use key::{ClientKey, DerivedKey, KeyError, MAX_KEY_LEN, ScopedKey, natural_key};
 pub use layered::LayeredStore;
 pub use memory::MemoryStore;
+pub use observed::{ObservedStore, StoreObserver, StoreOp};
 pub use policy::{DEFAULT_INFLIGHT_WAIT, OnInflight, Policy};
 pub use record::{
     Attempt, AttemptOutcome, Claim, Fenced, Lease, MAX_TIMELINE, Record, RecordState, Repeated,

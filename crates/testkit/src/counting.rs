@@ -3,14 +3,9 @@
 //! gatherer of timeline entries) saved a round trip, with a real store
 //! underneath answering every call that does get through.
 
+use idemgate_engine::{LayeredStore, ObservedStore, Store, StoreObserver, StoreOp};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
-
-use bytes::Bytes;
-use idemgate_engine::{
-    Attempt, BoxFuture, Claim, Fenced, Fingerprint, Lease, Record, ScopedKey, Store, StoreError,
-};
 
 /// Calls that reached the wrapped store, by operation.
 #[derive(Debug, Default)]
@@ -45,107 +40,41 @@ impl Calls {
     }
 }
 
+impl StoreObserver for Calls {
+    fn started(&self, op: StoreOp) {
+        let n = match op {
+            StoreOp::Claim => &self.claim,
+            StoreOp::Renew => &self.renew,
+            StoreOp::Complete => &self.complete,
+            StoreOp::Release => &self.release,
+            StoreOp::Forget => &self.forget,
+            StoreOp::Get => &self.get,
+            StoreOp::RecordAttempt => &self.record_attempt,
+            StoreOp::Timeline => &self.timeline,
+            _ => return,
+        };
+        n.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
 /// Forwards every call to `inner` and counts it in [`CountingStore::calls`].
 #[derive(Debug)]
-pub struct CountingStore {
-    inner: Arc<dyn Store>,
-    calls: Arc<Calls>,
-}
+pub struct CountingStore(ObservedStore<Arc<Calls>>);
 
 impl CountingStore {
     /// Counts the calls made to `inner`.
     pub fn new(inner: Arc<dyn Store>) -> Self {
-        Self {
-            inner,
-            calls: Arc::new(Calls::default()),
-        }
+        Self(ObservedStore::new(inner, Arc::new(Calls::default())))
     }
 
     /// The counts so far (shared: keep it to read them later).
     pub fn calls(&self) -> Arc<Calls> {
-        Arc::clone(&self.calls)
+        Arc::clone(self.0.observer())
     }
 }
 
-fn count(n: &AtomicUsize) {
-    n.fetch_add(1, Ordering::SeqCst);
-}
-
-impl idemgate_engine::LayeredStore for CountingStore {
+impl LayeredStore for CountingStore {
     fn inner(&self) -> &dyn Store {
-        &*self.inner
-    }
-
-    fn claim<'a>(
-        &'a self,
-        key: &'a ScopedKey,
-        fingerprint: &'a Fingerprint,
-        pending_ttl: Duration,
-    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        count(&self.calls.claim);
-        self.inner.claim(key, fingerprint, pending_ttl)
-    }
-
-    fn renew<'a>(
-        &'a self,
-        lease: &'a mut Lease,
-        pending_ttl: Duration,
-    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-        count(&self.calls.renew);
-        self.inner.renew(lease, pending_ttl)
-    }
-
-    fn complete<'a>(
-        &'a self,
-        lease: &'a Lease,
-        payload: Bytes,
-        done_ttl: Duration,
-        attempt: &'a Attempt,
-    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-        count(&self.calls.complete);
-        self.inner.complete(lease, payload, done_ttl, attempt)
-    }
-
-    fn release<'a>(
-        &'a self,
-        lease: &'a Lease,
-        attempt: &'a Attempt,
-        timeline_ttl: Duration,
-    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-        count(&self.calls.release);
-        self.inner.release(lease, attempt, timeline_ttl)
-    }
-
-    fn forget<'a>(
-        &'a self,
-        key: &'a ScopedKey,
-        attempt: &'a Attempt,
-        timeline_ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        count(&self.calls.forget);
-        self.inner.forget(key, attempt, timeline_ttl)
-    }
-
-    fn get<'a>(&'a self, key: &'a ScopedKey) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
-        count(&self.calls.get);
-        self.inner.get(key)
-    }
-
-    fn record_attempt<'a>(
-        &'a self,
-        key: &'a ScopedKey,
-        attempt: &'a Attempt,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        count(&self.calls.record_attempt);
-        self.inner.record_attempt(key, attempt, ttl)
-    }
-
-    fn timeline<'a>(
-        &'a self,
-        key: &'a ScopedKey,
-    ) -> BoxFuture<'a, Result<Vec<Attempt>, StoreError>> {
-        count(&self.calls.timeline);
-        self.inner.timeline(key)
+        &self.0
     }
 }
