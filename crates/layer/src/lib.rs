@@ -42,6 +42,8 @@
 //! Private modules:
 //! - `shared`: the state every clone of the layer shares.
 //! - `outcome`: whether a 200 event stream succeeded, from its events.
+//! - `partial`: what a broken stream on a charging route keeps (its
+//!   events, then an `outcome-unknown` error event with the counts).
 //! - `refusal`: the one path of a refusal (count, log, problem).
 //! - `held`: results held in memory while the store cannot take them yet.
 //! - `latency`: how long a route's executions take, for the delay a 409
@@ -84,6 +86,7 @@ mod latency;
 pub mod live;
 pub mod operations;
 mod outcome;
+mod partial;
 pub mod problem;
 mod refusal;
 mod replay;
