@@ -174,8 +174,8 @@ async fn sigterm_mid_answer(
         // A stream: the code of the error its last event carries.
         Err(_) => String::from_utf8_lossy(&body)
             .lines()
-            .filter_map(|l| l.strip_prefix("data: "))
-            .last()
+            .rev()
+            .find_map(|l| l.strip_prefix("data: "))
             .and_then(|d| serde_json::from_str::<serde_json::Value>(d).ok())
             .and_then(|v| v["error"]["code"].as_str().map(str::to_owned)),
     };

@@ -171,8 +171,8 @@ fn events(body: &[u8]) -> Vec<Vec<u8>> {
 fn field<'a>(event: &'a str, name: &str) -> Option<&'a str> {
     event
         .lines()
-        .filter_map(|l| l.strip_prefix(name)?.strip_prefix(": "))
-        .last()
+        .rev()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(": "))
 }
 
 /// The run the body's events name, and checks they are `RUN-1 … RUN-n`.
