@@ -45,7 +45,6 @@
 //! - `partial`: what a broken stream on a charging route keeps (its
 //!   events, then an `outcome-unknown` error event with the counts).
 //! - `refusal`: the one path of a refusal (count, log, problem).
-//! - `held`: results held in memory while the store cannot take them yet.
 //! - `latency`: how long a route's executions take, for the delay a 409
 //!   tells the client to wait.
 //! - `replay`: answering from a stored result, and [`IDEMPOTENT_REPLAYED`].
@@ -80,7 +79,6 @@ pub mod config;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
-mod held;
 pub mod key;
 mod latency;
 pub mod live;
@@ -103,7 +101,7 @@ pub use config::{
 };
 pub use live::{InProcessLive, LiveEvents};
 pub use problem::Problem;
-pub use replay::IDEMPOTENT_REPLAYED;
+pub use replay::{IDEMPOTENT_REPLAYED, IDEMPOTENT_STORED};
 pub use service::{
     Idempotency, IdempotencyContext, IdempotencyLayer, OutcomeUnknown, RetryableFailure,
     SendSignal, ShutdownReport,

@@ -25,7 +25,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::future::Either;
 use futures_util::{FutureExt, StreamExt};
 use http::{Request, StatusCode, header};
-use idemgate_engine::{Fenced, Fingerprint, LeaseGuard, ScopedKey};
+use idemgate_engine::{Fenced, LeaseGuard, ScopedKey};
 use idemgate_telemetry::RunningKey;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -39,7 +39,6 @@ use super::listeners::{Attachers, Client};
 use super::record::kept_headers;
 use super::traceparent::continue_trace;
 use crate::config::{CompletionClock, InflightMode, OutcomeUnknownMode};
-use crate::held::Held;
 use crate::live::LiveStream;
 use crate::operations;
 use crate::problem::Problem;
@@ -73,7 +72,6 @@ pub(super) async fn own<S: Inner>(
         _running: shared.metrics.running(&keyed.scoped),
         shared: Arc::clone(&shared),
         key: keyed.scoped.clone(),
-        fingerprint: keyed.fingerprint,
         client: Client::new(reply),
         attachers: Attachers::new(publisher),
         run: guard.lease().fence,
@@ -154,8 +152,6 @@ struct Detached {
     shared: Arc<Shared>,
     /// The key this execution owns (for the requests-per-key count).
     key: ScopedKey,
-    /// The request it runs, for a result held in memory.
-    fingerprint: Fingerprint,
     /// Where the owner's client stands.
     client: Client,
     /// Duplicates following the execution live.
@@ -291,6 +287,7 @@ impl Detached {
                     let body = Body::from_stream(head.chain(data));
                     self.client
                         .hold(mark(Response::from_parts(parts, body), false));
+                    self.client.mark_not_stored();
                     tracing::warn!(max, "response body too large to store; key released");
                     return Decision::Release(ReleaseReason::TooLarge);
                 }
@@ -412,15 +409,11 @@ impl Detached {
                 let mut stored_it = false;
                 let outcome = match stored.encode() {
                     Ok(payload) => {
-                        let holding = Held {
-                            fingerprint: self.fingerprint,
-                            payload: payload.clone(),
-                        };
+                        // Held by this execution alone: the key stays
+                        // PENDING, and a retry meanwhile is one in flight
+                        // (wait, attach or 409), never answered from here.
                         let held = |e: &idemgate_engine::StoreError| {
                             metrics.completion_held();
-                            // Retries on this replica are answered from here
-                            // until the write lands.
-                            shared.held.hold(&self.key, holding.clone());
                             tracing::warn!(
                                 key = %self.key.key,
                                 error = %e,
@@ -432,7 +425,6 @@ impl Detached {
                         } else {
                             guard.complete_or_hold(payload, status, held).await
                         };
-                        shared.held.drop_held(&self.key);
                         stored_it = matches!(written, Ok(Fenced::Applied));
                         match written {
                             Ok(Fenced::Applied) if unknown => {
@@ -459,14 +451,18 @@ impl Detached {
                                 tracing::warn!(
                                     key = %self.key.key,
                                     error = %e,
-                                    "result not stored before the lease ran out; key released"
+                                    "result not stored before the lease ran out; key released, the result delivered marked not stored"
                                 );
+                                // Not discarded, and not passed off as the
+                                // key's answer: a retry may run again.
+                                self.client.mark_not_stored();
                                 Outcome::StoreError
                             }
                         }
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "result cannot be encoded; key released");
+                        self.client.mark_not_stored();
                         release(guard, status).await;
                         metrics.released(ReleaseReason::Encode);
                         Outcome::Failed
