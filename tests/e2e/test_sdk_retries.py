@@ -253,6 +253,64 @@ def test_anthropic_outcome_unknown_is_a_typed_error(routes, sim):
     assert sim.executions_for(key) == 1
 
 
+def _openai_stream_text(client, key):
+    """The text deltas a broken stream yields, and the error it ends with."""
+    texts = []
+    with pytest.raises(openai.APIError) as caught:
+        for chunk in ask_openai(client, {"x-sim-fail": "reset-after:3", HEADER: key}, stream=True):
+            if chunk.choices and chunk.choices[0].delta.content:
+                texts.append(chunk.choices[0].delta.content)
+    return texts, caught.value
+
+
+def test_openai_broken_stream_is_its_partial_answer(routes, sim):
+    # On a charging route the upstream cut the stream after 3 tokens: the
+    # generation may have run whole, and billed. The stored answer is the
+    # stream as relayed, then an error event naming outcome-unknown and the
+    # counts; the SDK yields the partial text, then raises it. The same
+    # call again gets the same text and error, and nothing runs again.
+    wire = Wire()
+    client = openai_client(f"{routes}/charging", wire, timeout=30, max_retries=2)
+    key = f"e2e-{uuid.uuid4()}"
+    texts, err = _openai_stream_text(client, key)
+    assert len(texts) == 3
+    assert err.code == "outcome-unknown"
+    assert err.type == "api_error"
+    assert err.body["events"] == 4 and err.body["tokens"] == 3
+    assert "may have run" in err.message
+    again, err2 = _openai_stream_text(client, key)
+    assert again == texts, "never the first half twice, never another run"
+    assert err2.body == err.body
+    assert wire.statuses() == [200, 200]
+    assert wire.answers[1][1]["idempotent-replayed"] == "true"
+    assert sim.executions_for(key) == 1
+
+
+def _anthropic_stream_text(client, key):
+    texts = []
+    with pytest.raises(anthropic.APIStatusError) as caught:
+        for event in ask_anthropic(client, {"x-sim-fail": "reset-after:3", HEADER: key}, stream=True):
+            if event.type == "content_block_delta":
+                texts.append(event.delta.text)
+    return texts, caught.value
+
+
+def test_anthropic_broken_stream_is_its_partial_answer(routes, sim):
+    wire = Wire()
+    client = anthropic_client(f"{routes}/charging", wire, timeout=30, max_retries=2)
+    key = f"e2e-{uuid.uuid4()}"
+    texts, err = _anthropic_stream_text(client, key)
+    assert len(texts) == 3
+    assert err.body["error"]["code"] == "outcome-unknown"
+    assert err.body["error"]["tokens"] == 3
+    again, err2 = _anthropic_stream_text(client, key)
+    assert again == texts
+    assert err2.body == err.body
+    assert wire.statuses() == [200, 200]
+    assert wire.answers[1][1]["idempotent-replayed"] == "true"
+    assert sim.executions_for(key) == 1
+
+
 def test_anthropic_raw_response_shows_the_replay(gateway, sim):
     key = f"e2e-{uuid.uuid4()}"
     client = anthropic.Anthropic(base_url=gateway, api_key="sk-ant-tenant-raw", max_retries=0)

@@ -44,6 +44,10 @@ pub struct Answer {
     pub status: Option<u16>,
     /// `Idempotent-Replayed`, when present.
     pub replayed: Option<bool>,
+    /// `Idempotent-Stored`, when present: `false` on a result delivered
+    /// although the store never took it (its lease ran out first).
+    #[serde(default)]
+    pub stored: Option<bool>,
     /// The problem slug of an `application/problem+json` answer.
     pub problem: Option<String>,
     /// The body was read to a clean end (no cut, no client timeout).
@@ -68,12 +72,14 @@ impl Answer {
     /// must repeat. A complete response that is neither a retryable
     /// refusal (408, 409, 425, 429, 5xx) nor a refusal of this request
     /// alone (422 `key-mismatch`, 400); an `outcome-unknown` problem is
-    /// final (it is stored as the key's answer).
+    /// final (it is stored as the key's answer). An answer marked
+    /// `Idempotent-Stored: false` is not: it was not stored, and a retry
+    /// may run the work again.
     pub fn is_final(&self) -> bool {
         let Some(status) = self.status else {
             return false;
         };
-        if !self.complete {
+        if !self.complete || self.stored == Some(false) {
             return false;
         }
         if self.problem.as_deref() == Some("outcome-unknown") {

@@ -361,6 +361,10 @@ async fn read(req: reqwest::RequestBuilder) -> Answer {
         .get("idempotent-replayed")
         .and_then(|v| v.to_str().ok())
         .map(|v| v == "true");
+    let stored = headers
+        .get("idempotent-stored")
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v == "true");
     let is_problem = headers
         .get("content-type")
         .and_then(|v| v.to_str().ok())
@@ -381,6 +385,7 @@ async fn read(req: reqwest::RequestBuilder) -> Answer {
     Answer {
         status: Some(status),
         replayed,
+        stored,
         problem,
         complete: error.is_none(),
         body_sha256: hex::encode(Sha256::digest(&body)),

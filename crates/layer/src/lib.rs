@@ -42,8 +42,9 @@
 //! Private modules:
 //! - `shared`: the state every clone of the layer shares.
 //! - `verdict`: whether a 200 event stream succeeded, from its events.
+//! - `partial`: what a broken stream on a charging route keeps (its
+//!   events, then an `outcome-unknown` error event with the counts).
 //! - `refusal`: the one path of a refusal (count, log, problem).
-//! - `held`: results held in memory while the store cannot take them yet.
 //! - `latency`: how long a route's executions take, for the delay a 409
 //!   tells the client to wait.
 //! - `replay`: answering from a stored result, and [`IDEMPOTENT_REPLAYED`].
@@ -78,11 +79,11 @@ pub mod config;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
-mod held;
 pub mod key;
 mod latency;
 pub mod live;
 pub mod operations;
+mod partial;
 pub mod problem;
 mod refusal;
 mod replay;
@@ -100,7 +101,7 @@ pub use config::{
 };
 pub use live::{InProcessLive, LiveEvents};
 pub use problem::Problem;
-pub use replay::IDEMPOTENT_REPLAYED;
+pub use replay::{IDEMPOTENT_REPLAYED, IDEMPOTENT_STORED};
 pub use service::{
     Idempotency, IdempotencyContext, IdempotencyLayer, OutcomeUnknown, RetryableFailure,
     SendSignal, ShutdownReport,

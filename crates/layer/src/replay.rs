@@ -21,6 +21,12 @@ use crate::telemetry::RequestOutcome;
 /// Response header saying whether the response was replayed.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
+/// Response header set (`false`) on an owner's result that the store never
+/// took (the lease ran out during a store outage before the write landed,
+/// or the store refused it): the answer is delivered rather than lost, but
+/// it is not the key's stored answer, and a retry may run the work again.
+pub const IDEMPOTENT_STORED: HeaderName = HeaderName::from_static("idempotent-stored");
+
 /// Marks `res` as replayed (`true`) or executed now (`false`).
 pub(crate) fn mark(mut res: Response, replayed: bool) -> Response {
     let value = if replayed { "true" } else { "false" };
@@ -43,8 +49,7 @@ pub(crate) fn replay_stored(
     replay_payload(shared, record.payload(), key, resume, outcome)
 }
 
-/// As [`replay_stored`], from an encoded result (a DONE record's payload,
-/// or a result held in memory).
+/// As [`replay_stored`], from an encoded result (a DONE record's payload).
 pub(crate) fn replay_payload(
     shared: &Shared,
     payload: Option<&Bytes>,

@@ -196,9 +196,6 @@ async fn handle<S: Inner>(shared: Arc<Shared>, inner: S, req: Request<Body>) -> 
 /// owner's detached execution, a replay, or the in-flight handling.
 async fn dispatch<S: Inner>(shared: Arc<Shared>, inner: S, keyed: Keyed) -> Response {
     let cfg = &shared.config;
-    if let Some(res) = keyed.answer_held(&shared, RequestOutcome::Replayed) {
-        return res;
-    }
     match shared.engine.begin(&keyed.scoped, &keyed.fingerprint).await {
         Ok(Begin::Owner(guard)) => detached::own(shared, inner, keyed, guard).await,
         Ok(Begin::Done(record)) => keyed.replay(&shared, &record, RequestOutcome::Replayed),

@@ -13,7 +13,6 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::LayerConfig;
-use crate::held::HeldResults;
 use crate::latency::RouteLatency;
 use crate::live::LiveEvents;
 use crate::telemetry::Metrics;
@@ -36,8 +35,6 @@ pub(crate) struct Shared {
     pub(crate) metrics: Metrics,
     /// How long the route's executions take, for the 409's poll interval.
     pub(crate) latency: RouteLatency,
-    /// Results held in memory while the store cannot take them.
-    pub(crate) held: HeldResults,
 }
 
 impl Shared {
@@ -51,7 +48,6 @@ impl Shared {
             tracker: TaskTracker::new(),
             cancel: CancellationToken::new(),
             latency: RouteLatency::default(),
-            held: HeldResults::default(),
         }
     }
 }

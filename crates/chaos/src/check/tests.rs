@@ -385,3 +385,24 @@ fn i1_a_forget_that_never_returned_still_ends_the_epoch() {
     let report = check(&h, &log);
     assert!(report.count(Invariant::I1) >= 1, "{report:?}");
 }
+
+#[test]
+fn i1_an_answer_marked_not_stored_is_not_the_keys_answer() {
+    // Request 1 got its result although the store never took it (the
+    // lease ran out during a store outage): `Idempotent-Stored: false`.
+    // The key was released, and request 2 ran the work again.
+    let mut unstored = op(1, "plain", 1_000, 1, "A", false);
+    unstored.answer.stored = Some(false);
+    let h = history(vec![unstored, op(2, "plain", 2_000, 2, "B", false)]);
+    let log = [execution(1, 1, 1_001), execution(2, 2, 2_001)];
+    let report = check(&h, &log);
+    assert!(report.is_clean(), "{report:?}");
+    // The same history without the mark: request 1's answer was final,
+    // and a second execution and other bytes followed it.
+    let h = history(vec![
+        op(1, "plain", 1_000, 1, "A", false),
+        op(2, "plain", 2_000, 2, "B", false),
+    ]);
+    let report = check(&h, &log);
+    assert!(report.count(Invariant::I1) >= 1, "{report:?}");
+}

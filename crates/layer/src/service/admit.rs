@@ -29,7 +29,7 @@ use crate::config::{DeriveTemplate, KeyMode};
 use crate::key::{IDEMPOTENCY_KEY, KeyRefusal, client_key_in, derive_key, tenant_of};
 use crate::problem::Problem;
 use crate::refusal::{Log, refuse};
-use crate::replay::{replay_payload, replay_stored};
+use crate::replay::replay_stored;
 use crate::shared::Shared;
 use crate::sse::{Resume, resume_of};
 use crate::telemetry::RequestOutcome;
@@ -195,23 +195,6 @@ impl Keyed {
         outcome: RequestOutcome,
     ) -> Response {
         replay_stored(shared, record, &self.scoped, self.resume, outcome)
-    }
-
-    /// Answers from the result this process holds in memory for this key
-    /// (its store write still pending), if it holds one.
-    pub(super) fn answer_held(&self, shared: &Shared, outcome: RequestOutcome) -> Option<Response> {
-        let held = shared.held.get(&self.scoped)?;
-        if held.fingerprint != self.fingerprint {
-            return Some(self.mismatch(shared));
-        }
-        tracing::info!("answered from the result held in memory");
-        Some(replay_payload(
-            shared,
-            Some(&held.payload),
-            &self.scoped,
-            self.resume,
-            outcome,
-        ))
     }
 
     /// Refuses this request, counting `outcome` against its key.

@@ -48,10 +48,6 @@ pub(super) async fn attach<S: Inner>(
     // keeps this duplicate waiting.
     let mut store_error: Option<idemgate_engine::StoreError> = None;
     loop {
-        if let Some(res) = keyed.answer_held(&shared, RequestOutcome::Attached) {
-            inflight.note(AttemptOutcome::Attached, None).await;
-            return res;
-        }
         // Another process (or the instant before the owner registers):
         // look at the store in short slices, and at the registry between.
         let mut slice = Duration::from_millis(100);

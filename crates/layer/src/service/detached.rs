@@ -25,7 +25,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::future::Either;
 use futures_util::{FutureExt, StreamExt};
 use http::{Request, StatusCode, header};
-use idemgate_engine::{Completion, Fenced, Fingerprint, LeaseGuard, ScopedKey};
+use idemgate_engine::{Completion, Fenced, LeaseGuard, ScopedKey};
 use idemgate_telemetry::RunningKey;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -39,7 +39,6 @@ use super::listeners::{Attachers, Client};
 use super::record::kept_headers;
 use super::traceparent::continue_trace;
 use crate::config::{CompletionClock, OnInflight, OutcomeUnknownMode};
-use crate::held::Held;
 use crate::live::LiveStream;
 use crate::operations;
 use crate::problem::Problem;
@@ -73,11 +72,11 @@ pub(super) async fn own<S: Inner>(
         _running: shared.metrics.running(&keyed.scoped),
         shared: Arc::clone(&shared),
         key: keyed.scoped.clone(),
-        fingerprint: keyed.fingerprint,
         client: Client::new(reply),
         attachers: Attachers::new(publisher),
         run: guard.lease().fence,
         events: 0,
+        relay: None,
     };
     // A panic ends the work as a spawned task's would: its state (the
     // lease guard, the client's reply) is dropped, so the key is released
@@ -153,8 +152,6 @@ struct Detached {
     shared: Arc<Shared>,
     /// The key this execution owns (for the requests-per-key count).
     key: ScopedKey,
-    /// The request it runs, for a result held in memory.
-    fingerprint: Fingerprint,
     /// Where the owner's client stands.
     client: Client,
     /// Duplicates following the execution live.
@@ -164,6 +161,8 @@ struct Detached {
     run: u64,
     /// Events relayed so far (0 unless the response is a stream).
     events: usize,
+    /// The stream being relayed, if the response is one.
+    relay: Option<stream::Relay>,
 }
 
 impl Detached {
@@ -213,19 +212,16 @@ impl Detached {
                 // proxy's own timeout. Releasing it would let the retry
                 // charge a second time.
                 Cut::Deadline if was_sent && keeps_unknown => {
-                    self.attachers.fail();
                     let timeout = Problem::upstream_timeout("total").into_response();
                     self.outcome_unknown(timeout, "total")
                 }
                 Cut::Shutdown if was_sent && keeps_unknown => {
-                    self.attachers.fail();
                     let cut = Problem::shutting_down().into_response();
                     self.outcome_unknown(cut, "shutdown")
                 }
                 Cut::Panic(_) if was_sent && keeps_unknown => {
                     idemgate_telemetry::Telemetry::shared().panicked("execution");
                     tracing::error!("the execution panicked after the request was sent");
-                    self.attachers.fail();
                     self.outcome_unknown(Problem::internal().into_response(), "panic")
                 }
                 Cut::Deadline => Decision::Release(ReleaseReason::CompletionTimeout),
@@ -291,6 +287,7 @@ impl Detached {
                     let body = Body::from_stream(head.chain(data));
                     self.client
                         .hold(mark(Response::from_parts(parts, body), false));
+                    self.client.mark_not_stored();
                     tracing::warn!(max, "response body too large to store; key released");
                     return Decision::Release(ReleaseReason::TooLarge);
                 }
@@ -327,9 +324,12 @@ impl Detached {
     }
 
     /// The request was sent and then failed: the work may have run. A
-    /// charging route keeps an `outcome-unknown` problem as the key's final
-    /// answer (the client gets it now, every retry replayed); any other
-    /// releases the key and hands the client the inner service's response.
+    /// charging route keeps an `outcome-unknown` answer as the key's final
+    /// answer (the client gets it now, every retry replayed): a stream
+    /// already relayed, its events and a terminal error event
+    /// ([`Detached::partial`]); otherwise the problem document. Any other
+    /// route releases the key and hands the client the inner service's
+    /// response.
     fn outcome_unknown(&mut self, res: Response, phase: &'static str) -> Decision {
         let shared = Arc::clone(&self.shared);
         let cfg = &shared.config;
@@ -344,6 +344,12 @@ impl Detached {
                 Decision::Release(ReleaseReason::OutcomeUnknown)
             }
             OutcomeUnknownMode::Store => {
+                if let Some(partial) = self.partial(phase) {
+                    return partial;
+                }
+                // No stream to keep (or too large to store): followers
+                // are told it broke, and the answer is the problem.
+                self.attachers.fail();
                 tracing::warn!(
                     phase,
                     "upstream failed after the request was sent; outcome unknown, stored as the key's answer"
@@ -378,12 +384,20 @@ impl Detached {
         let unknown = matches!(decision, Decision::StoreUnknown(_));
         match decision {
             Decision::Store(mut stored) | Decision::StoreUnknown(mut stored) => {
-                if !shared.config.store_body && !unknown {
+                // A broken stream kept as its partial answer: its client
+                // reads it to the end like any stored stream.
+                let partial = unknown && matches!(stored.body, StoredBody::Events(_));
+                if !shared.config.store_body {
                     // Minimal data: the retry learns that the operation
-                    // ran (status, headers), not what it answered.
+                    // ran (status, headers), not what it answered; an
+                    // outcome-unknown answer keeps what says so.
                     stored.body = match stored.body {
-                        StoredBody::Bytes(_) => StoredBody::Bytes(Bytes::new()),
+                        StoredBody::Bytes(_) if !unknown => StoredBody::Bytes(Bytes::new()),
+                        StoredBody::Events(events) if unknown => {
+                            StoredBody::Events(events.last().cloned().into_iter().collect())
+                        }
                         StoredBody::Events(_) => StoredBody::Events(Vec::new()),
+                        body @ StoredBody::Bytes(_) => body,
                     };
                 }
                 // The timeline notes the status of the stored answer.
@@ -393,18 +407,13 @@ impl Detached {
                     status
                 };
                 let mut stored_it = false;
-                let mut fenced = false;
                 let outcome = match stored.encode() {
                     Ok(payload) => {
-                        let holding = Held {
-                            fingerprint: self.fingerprint,
-                            payload: payload.clone(),
-                        };
+                        // Held by this execution alone: the key stays
+                        // PENDING, and a retry meanwhile is one in flight
+                        // (wait, attach or 409), never answered from here.
                         let mut held = |e: &idemgate_engine::StoreError| {
                             metrics.completion_held();
-                            // Retries on this replica are answered from here
-                            // until the write lands.
-                            shared.held.hold(&self.key, holding.clone());
                             tracing::warn!(
                                 key = %self.key.key,
                                 error = %e,
@@ -417,7 +426,6 @@ impl Detached {
                             Completion::result(status)
                         };
                         let written = guard.complete(payload, how.holding(&mut held)).await;
-                        shared.held.drop_held(&self.key);
                         stored_it = matches!(written, Ok(Fenced::Applied));
                         match written {
                             Ok(Fenced::Applied) if unknown => {
@@ -438,21 +446,24 @@ impl Detached {
                                 // as if it were (its retry gets the key's).
                                 self.client
                                     .replace_held(Problem::lease_lost().into_response());
-                                fenced = true;
                                 RequestOutcome::Fenced
                             }
                             Err(e) => {
                                 tracing::warn!(
                                     key = %self.key.key,
                                     error = %e,
-                                    "result not stored before the lease ran out; key released"
+                                    "result not stored before the lease ran out; key released, the result delivered marked not stored"
                                 );
+                                // Not discarded, and not passed off as the
+                                // key's answer: a retry may run again.
+                                self.client.mark_not_stored();
                                 RequestOutcome::StoreError
                             }
                         }
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "result cannot be encoded; key released");
+                        self.client.mark_not_stored();
                         release(guard, status).await;
                         metrics.released(ReleaseReason::Encode);
                         RequestOutcome::Failed
@@ -470,13 +481,15 @@ impl Detached {
                 } else {
                     self.attachers.fail();
                 }
-                // A stream whose outcome is unknown broke: its client sees
-                // the cut, as it happened. A fenced stream is not the key's
-                // answer: its client sees it break too.
-                self.client.send(if unknown || fenced {
-                    Chunk::Abort
-                } else {
+                // A stream ends cleanly only when it is the key's stored
+                // answer: a broken one kept as its partial answer (its
+                // terminal event sent) included, a fenced one or one the
+                // store never took not. A stream whose stored answer is
+                // the problem document (too large to keep) breaks.
+                self.client.send(if stored_it && (partial || !unknown) {
                     Chunk::End
+                } else {
+                    Chunk::Abort
                 });
                 self.client.answer(Problem::internal);
             }

@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::body::{Chunk, channel_body};
 use crate::live::LivePublisher;
 use crate::problem::Problem;
-use crate::replay::{IDEMPOTENT_REPLAYED, mark};
+use crate::replay::{IDEMPOTENT_REPLAYED, IDEMPOTENT_STORED, mark};
 
 /// Where the owner's client stands.
 pub(super) enum Client {
@@ -112,6 +112,17 @@ impl Client {
             }
             other => other,
         };
+    }
+
+    /// Marks the response held for the client `Idempotent-Stored: false`:
+    /// the store never took it, and a retry may run the work again. (A
+    /// stream's head is long gone: it ends broken instead.)
+    pub(super) fn mark_not_stored(&mut self) {
+        if let Self::Holding { response, .. } = self {
+            response
+                .headers_mut()
+                .insert(IDEMPOTENT_STORED, HeaderValue::from_static("false"));
+        }
     }
 
     /// Sends a piece of the stream, if the client still listens.

@@ -108,6 +108,20 @@ impl Recording {
         }
     }
 
+    /// The stream as stored with `last` after its events (a broken
+    /// stream's terminal event, kept whatever the limit: it is small and
+    /// the answer is not whole without it), or `None` when the events
+    /// outgrew the limit.
+    pub(super) fn finish_with(
+        mut self,
+        last: Bytes,
+        status: StatusCode,
+        headers: HeaderMap,
+    ) -> Option<StoredResponse> {
+        self.events.as_mut()?.push(last);
+        self.finish(status, headers)
+    }
+
     /// The stream as stored, or `None` when it outgrew the limit.
     pub(super) fn finish(self, status: StatusCode, headers: HeaderMap) -> Option<StoredResponse> {
         let events = self.events?;
