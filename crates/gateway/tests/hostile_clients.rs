@@ -460,7 +460,7 @@ async fn attacks_cost_their_own_connection_only() {
     attacked.expect("every attack was met as expected");
     assert!(ran >= 5, "the well-behaved client ran {ran} operations");
 
-    let metrics = gw.metrics(&reqwest::Client::new()).await;
+    let metrics = support::metrics(&gw, &reqwest::Client::new()).await;
     for limit in [
         "header_read_time",
         "header_size",
@@ -530,7 +530,7 @@ async fn connections_over_the_limit_get_503_until_others_close() {
         .await
         .expect("served again once the idle connections closed");
     assert_eq!(r.status(), 200);
-    let metrics = gw.metrics(&client).await;
+    let metrics = support::metrics(&gw, &client).await;
     assert!(limit_count(&metrics, "connections") >= 1.0, "{metrics}");
     gw.stop().await.expect("the gateway stops cleanly");
 }

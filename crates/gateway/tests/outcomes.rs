@@ -198,7 +198,7 @@ async fn a_queue_timeout_answers_busy_sends_nothing_and_releases_the_key() {
         "https://idemgate.dev/problems/upstream-busy"
     );
     assert_eq!(sim.executions_for("busy-b"), 0, "nothing may be sent");
-    let m = gw.metrics(&reqwest::Client::new()).await;
+    let m = support::metrics(&gw, &reqwest::Client::new()).await;
     assert!(
         sample(&m, "idemgate_upstream_timeouts_total", "phase=\"queue\"") >= 1.0,
         "{m}"
@@ -269,7 +269,7 @@ async fn a_charging_route_keeps_a_first_byte_timeout_as_outcome_unknown() {
     assert_eq!(t["state"], "done");
     assert_eq!(t["status"], 504);
     assert_eq!(outcomes(&t), ["outcome_unknown", "replayed"]);
-    let m = gw.metrics(&reqwest::Client::new()).await;
+    let m = support::metrics(&gw, &reqwest::Client::new()).await;
     assert!(
         sample(&m, "idempotency_outcome_unknown_total", "") >= 1.0,
         "{m}"
@@ -314,7 +314,7 @@ async fn a_charging_route_keeps_a_first_byte_timeout_as_outcome_unknown() {
 async fn other_routes_release_an_unknown_outcome_and_count_it() {
     let sim = sim().await;
     let gw = start(&sim.url(), short_first_byte).await;
-    let before = gw.metrics(&reqwest::Client::new()).await;
+    let before = support::metrics(&gw, &reqwest::Client::new()).await;
     let first = post(&gw, "plain-hang", "just a chat")
         .header("x-sim-fail", "hang")
         .send()
@@ -325,7 +325,7 @@ async fn other_routes_release_an_unknown_outcome_and_count_it() {
         problem_type(first).await,
         "https://idemgate.dev/problems/upstream-timeout"
     );
-    let m = gw.metrics(&reqwest::Client::new()).await;
+    let m = support::metrics(&gw, &reqwest::Client::new()).await;
     let counted = |m: &str| sample(m, "idempotency_outcome_unknown_total", "");
     assert_eq!(counted(&m), counted(&before) + 1.0, "{m}");
     assert!(

@@ -1,5 +1,5 @@
 //! Real servers on 127.0.0.1:0, in this process: the simulated LLM, the
-//! gateway (started as `crates/gateway/tests/support` starts it), a
+//! gateway (the gateway crate's own `TestGateway`, feature `test-util`), a
 //! scripted upstream for headers the simulator does not send, a TCP relay
 //! that cuts a connection mid-stream, and a raw HTTP/1.1 server that writes
 //! whatever bytes a hostile test needs.
@@ -10,19 +10,17 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use idemgate_client::Event;
-use idemgate_gateway::config::{RawConfig, RawInflightMode, RawKeyMode, RawRoute, RawTimeouts};
-use idemgate_gateway::{GatewayConfig, GatewayError};
+use idemgate_gateway::config::{RawInflightMode, RawRoute};
+pub(crate) use idemgate_gateway::test_util::TestGateway;
 use idemgate_llm_sim::{SimConfig, SimHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 /// The simulated LLM with its default pacing.
@@ -32,86 +30,19 @@ pub(crate) async fn sim() -> SimHandle {
         .expect("spawn the process")
 }
 
-/// A running gateway.
-pub(crate) struct Gateway {
-    /// `http://ADDR` of the proxy listener.
-    pub(crate) base: String,
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<Result<(), GatewayError>>,
-}
-
-impl Gateway {
-    /// Binds both listeners on free loopback ports and runs `serve`.
-    pub(crate) async fn start(config: GatewayConfig) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind a loopback port");
-        let admin = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind a loopback port");
-        let base = format!(
-            "http://{}",
-            listener
-                .local_addr()
-                .expect("a bound listener has an address")
-        );
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(idemgate_gateway::serve(
-            listener,
-            admin,
-            config,
-            async move {
-                let _ = stopped.await;
-            },
-        ));
-        Self {
-            base,
-            stop: Some(stop),
-            task,
-        }
-    }
-
-    /// Graceful shutdown; panics if it fails.
-    pub(crate) async fn stop(mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        tokio::time::timeout(Duration::from_secs(30), self.task)
-            .await
-            .unwrap_or_else(|_| panic!("gateway did not stop"))
-            .expect("the task did not panic")
-            .expect("it ended without error");
-    }
-}
-
-/// A gateway configuration: memory store, one `/v1` route to `upstream`,
+/// A gateway on the memory store with one `/v1` route to `upstream`:
 /// keys optional, `on_inflight` as given, generous upstream timeouts.
-pub(crate) fn config(
+pub(crate) async fn gateway(
     upstream: &str,
     on_inflight: RawInflightMode,
     tweak: impl FnOnce(&mut RawRoute),
-) -> GatewayConfig {
-    let mut r = RawRoute {
-        prefix: Some("/v1".into()),
-        upstream: Some(upstream.into()),
-        key: Some(RawKeyMode::Optional),
-        on_inflight: Some(on_inflight),
-        timeouts: Some(RawTimeouts {
-            connect: Some("1s".into()),
-            first_byte: Some("10s".into()),
-            idle: Some("5s".into()),
-            total: Some("20s".into()),
-        }),
-        ..RawRoute::default()
-    };
-    tweak(&mut r);
-    GatewayConfig::from_raw(RawConfig {
-        store: Some("memory:".into()),
-        shutdown_grace: Some("5s".into()),
-        routes: vec![r],
-        ..RawConfig::default()
-    })
-    .unwrap_or_else(|e| panic!("config: {e}"))
+) -> TestGateway {
+    TestGateway::builder(upstream)
+        .store("memory:")
+        .on_inflight(on_inflight)
+        .route(tweak)
+        .start()
+        .await
 }
 
 /// An OpenAI chat request body.
