@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use idemgate_client::{AttemptOutcome, Client, Error, Event, RestartReason};
-use support::{TestGateway, chat, cutting_relay, drain, gateway, ids, sim};
+use support::{TestGateway, chat, cutting_relay, drain, gateway, ids, paced_stream, sim};
 
 fn addr(base: &str) -> SocketAddr {
     base.trim_start_matches("http://")
@@ -54,14 +54,7 @@ async fn a_stream_cut_mid_way_resumes_after_the_last_whole_event() {
         .build()
         .unwrap();
     let text = "a stream cut on its way to the client";
-    let mut stream = client
-        .post("/v1/chat/completions")
-        .header("x-sim-tokens", "16")
-        .header("x-sim-token-interval-ms", "20")
-        .json(&chat(true, text))
-        .send_stream()
-        .await
-        .unwrap();
+    let mut stream = paced_stream(&client, text, "16", "20").await;
     assert!(!stream.replayed(), "this call started the execution");
     let events = drain(&mut stream).await;
 
@@ -95,14 +88,7 @@ async fn a_stream_dropped_by_the_caller_resumes_from_the_saved_id() {
     let text = "a stream its reader abandons";
     let (key, saved, first) = {
         let client = Client::new(&gw.base).unwrap();
-        let mut stream = client
-            .post("/v1/chat/completions")
-            .header("x-sim-tokens", "12")
-            .header("x-sim-token-interval-ms", "30")
-            .json(&chat(true, text))
-            .send_stream()
-            .await
-            .unwrap();
+        let mut stream = paced_stream(&client, text, "12", "30").await;
         let mut first = Vec::new();
         for _ in 0..3 {
             first.push(stream.next().await.unwrap().unwrap());
@@ -184,14 +170,7 @@ async fn a_silent_stream_is_dropped_and_resumed_until_its_end() {
         .build()
         .unwrap();
     let text = "a slow stream";
-    let mut stream = client
-        .post("/v1/chat/completions")
-        .header("x-sim-tokens", "6")
-        .header("x-sim-token-interval-ms", "250")
-        .json(&chat(true, text))
-        .send_stream()
-        .await
-        .unwrap();
+    let mut stream = paced_stream(&client, text, "6", "250").await;
     let events = drain(&mut stream).await;
 
     assert_whole(&events);

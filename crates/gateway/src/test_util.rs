@@ -45,23 +45,31 @@ impl TestGateway {
     /// A builder for a one-route gateway in front of `upstream`.
     pub fn builder(upstream: &str) -> TestGatewayBuilder {
         TestGatewayBuilder {
-            route: RawRoute {
-                prefix: Some("/v1".into()),
-                upstream: Some(upstream.into()),
-                key: Some(RawKeyMode::Optional),
-                on_inflight: Some(RawInflightMode::Wait),
-                timeouts: Some(RawTimeouts {
-                    connect: Some("1s".into()),
-                    first_byte: Some("10s".into()),
-                    idle: Some("5s".into()),
-                    total: Some("20s".into()),
-                }),
-                ..RawRoute::default()
-            },
+            route: Self::route(upstream),
+            more: Vec::new(),
             config: RawConfig {
                 shutdown_grace: Some("5s".into()),
                 ..RawConfig::default()
             },
+        }
+    }
+
+    /// The route the builder starts from: `/v1` in front of `upstream`,
+    /// keys optional, duplicates waiting, upstream timeouts of 1 s to
+    /// connect, 10 s to the first byte, 5 s idle and 20 s in all.
+    pub fn route(upstream: &str) -> RawRoute {
+        RawRoute {
+            prefix: Some("/v1".into()),
+            upstream: Some(upstream.into()),
+            key: Some(RawKeyMode::Optional),
+            on_inflight: Some(RawInflightMode::Wait),
+            timeouts: Some(RawTimeouts {
+                connect: Some("1s".into()),
+                first_byte: Some("10s".into()),
+                idle: Some("5s".into()),
+                total: Some("20s".into()),
+            }),
+            ..RawRoute::default()
         }
     }
 
@@ -94,8 +102,9 @@ impl TestGateway {
     }
 }
 
-/// A listener on a free loopback port, and its `http://ADDR`.
-async fn loopback() -> (TcpListener, String) {
+/// A listener on a free loopback port, and its `http://ADDR`: for the
+/// upstreams and relays tests put in front of or behind a gateway.
+pub async fn loopback() -> (TcpListener, String) {
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind a loopback port");
@@ -112,6 +121,8 @@ async fn loopback() -> (TcpListener, String) {
 #[derive(Debug)]
 pub struct TestGatewayBuilder {
     route: RawRoute,
+    /// Routes after the first, as given.
+    more: Vec<RawRoute>,
     config: RawConfig,
 }
 
@@ -135,6 +146,20 @@ impl TestGatewayBuilder {
         self
     }
 
+    /// Sets the total upstream timeout of the route (20 s unless told).
+    pub fn total_timeout(mut self, total: &str) -> Self {
+        if let Some(t) = &mut self.route.timeouts {
+            t.total = Some(total.into());
+        }
+        self
+    }
+
+    /// Adds `route` after the first.
+    pub fn and_route(mut self, route: RawRoute) -> Self {
+        self.more.push(route);
+        self
+    }
+
     /// Adjusts the file-level settings (admin token, shutdown grace, …).
     pub fn config(mut self, tweak: impl FnOnce(&mut RawConfig)) -> Self {
         tweak(&mut self.config);
@@ -147,7 +172,7 @@ impl TestGatewayBuilder {
         let mut raw = self.config;
         raw.store
             .get_or_insert_with(|| format!("sqlite:{}", dir.join("gateway.db").display()));
-        raw.routes = vec![self.route];
+        raw.routes = std::iter::once(self.route).chain(self.more).collect();
         GatewayConfig::from_raw(raw).unwrap_or_else(|e| panic!("config: {e}"))
     }
 

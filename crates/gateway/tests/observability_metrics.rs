@@ -10,9 +10,9 @@
 
 mod support;
 
+use futures_util::StreamExt;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use idemgate_gateway::config::RawInflightMode;
 use idemgate_llm_sim::{FAIL_HEADER, LATENCY_HEADER};
 use support::observability::*;

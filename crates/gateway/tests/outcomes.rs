@@ -12,11 +12,11 @@
 
 mod support;
 
-use support::{TestGateway, eventually, problem_type, replayed};
+use idemgate_testkit::http::replayed;
+use support::{TestGateway, eventually, problem_type};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use idemgate_gateway::config::{RawInflightMode, RawKeyMode, RawRoute, RawTimeouts};
-use idemgate_llm_sim::{SimConfig, SimHandle};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const TOKEN: &str = "admin-secret";
 
@@ -84,12 +84,6 @@ fn chat_body(text: &str) -> String {
     .to_string()
 }
 
-async fn sim() -> SimHandle {
-    idemgate_llm_sim::spawn(SimConfig::default())
-        .await
-        .expect("spawn the simulator")
-}
-
 /// The value of the first sample of `name` whose labels contain `label`.
 fn sample(metrics: &str, name: &str, label: &str) -> f64 {
     metrics
@@ -119,7 +113,7 @@ fn outcomes(timeline: &serde_json::Value) -> Vec<String> {
 /// slot, for the layer as for the proxy: B is not cut, and runs once.
 #[tokio::test]
 async fn time_in_the_queue_never_eats_the_upstream_budget() {
-    let sim = sim().await;
+    let sim = support::sim().await;
     let gw = start(&sim.url(), |r| {
         r.concurrency_limit = Some(1);
         r.timeouts = Some(RawTimeouts {
@@ -166,7 +160,7 @@ async fn time_in_the_queue_never_eats_the_upstream_budget() {
 /// queue timeout is counted, and B's key is free: its retry runs once.
 #[tokio::test]
 async fn a_queue_timeout_answers_busy_sends_nothing_and_releases_the_key() {
-    let sim = sim().await;
+    let sim = support::sim().await;
     let gw = start(&sim.url(), |r| {
         r.concurrency_limit = Some(1);
         r.queue_timeout = Some("100ms".into());
@@ -233,7 +227,7 @@ fn short_first_byte(r: &mut RawRoute) {
 /// nothing runs again; the timeline says why.
 #[tokio::test]
 async fn a_charging_route_keeps_a_first_byte_timeout_as_outcome_unknown() {
-    let sim = sim().await;
+    let sim = support::sim().await;
     let gw = start(&sim.url(), |r| {
         r.charges = Some(true);
         short_first_byte(r);
@@ -312,7 +306,7 @@ async fn a_charging_route_keeps_a_first_byte_timeout_as_outcome_unknown() {
 /// runs again) and is counted as an unknown outcome.
 #[tokio::test]
 async fn other_routes_release_an_unknown_outcome_and_count_it() {
-    let sim = sim().await;
+    let sim = support::sim().await;
     let gw = start(&sim.url(), short_first_byte).await;
     let before = support::metrics(&gw, &reqwest::Client::new()).await;
     let first = post(&gw, "plain-hang", "just a chat")
@@ -359,15 +353,7 @@ async fn cutting_upstream(
     reply: &'static [u8],
 ) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind a loopback port");
-    let url = format!(
-        "http://{}",
-        listener
-            .local_addr()
-            .expect("a bound listener has an address")
-    );
+    let (listener, url) = idemgate_gateway::test_util::loopback().await;
     let read = std::sync::Arc::new(AtomicUsize::new(0));
     let counter = std::sync::Arc::clone(&read);
     tokio::spawn(async move {

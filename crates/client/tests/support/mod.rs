@@ -68,6 +68,24 @@ pub(crate) fn ids(events: &[Event]) -> Vec<u64> {
         .collect()
 }
 
+/// Opens a streamed chat about `text` through `client`, the simulator
+/// told to send `tokens` tokens `interval_ms` apart.
+pub(crate) async fn paced_stream(
+    client: &idemgate_client::Client,
+    text: &str,
+    tokens: &str,
+    interval_ms: &str,
+) -> idemgate_client::EventStream {
+    client
+        .post("/v1/chat/completions")
+        .header("x-sim-tokens", tokens)
+        .header("x-sim-token-interval-ms", interval_ms)
+        .json(&chat(true, text))
+        .send_stream()
+        .await
+        .expect("the stream opens")
+}
+
 /// Reads a stream to its end; panics on an error.
 pub(crate) async fn drain(stream: &mut idemgate_client::EventStream) -> Vec<Event> {
     let mut out = Vec::new();
@@ -138,15 +156,7 @@ impl Scripted {
         let app = axum::Router::new()
             .fallback(answer)
             .with_state(Arc::clone(&script));
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind a loopback port");
-        let url = format!(
-            "http://{}",
-            listener
-                .local_addr()
-                .expect("a bound listener has an address")
-        );
+        let (listener, url) = idemgate_gateway::test_util::loopback().await;
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
@@ -217,15 +227,7 @@ pub(crate) async fn cutting_relay(
     target: SocketAddr,
     cut_after: usize,
 ) -> (String, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind a loopback port");
-    let url = format!(
-        "http://{}",
-        listener
-            .local_addr()
-            .expect("a bound listener has an address")
-    );
+    let (listener, url) = idemgate_gateway::test_util::loopback().await;
     let accepted = Arc::new(AtomicUsize::new(0));
     let count = Arc::clone(&accepted);
     tokio::spawn(async move {

@@ -8,7 +8,18 @@ pub(crate) mod observability;
 
 use std::time::Duration;
 
-pub(crate) use idemgate_gateway::test_util::TestGateway;
+use idemgate_llm_sim::{SimConfig, SimHandle};
+
+use idemgate_gateway::config::RawKeyMode;
+pub(crate) use idemgate_gateway::test_util::{TestGateway, TestGatewayBuilder};
+
+/// A one-route gateway on `store` in front of `upstream` whose route
+/// requires keys: the start of the multi-store tests' configurations.
+pub(crate) fn keyed(store: &str, upstream: &str) -> TestGatewayBuilder {
+    TestGateway::builder(upstream)
+        .store(store)
+        .route(|r| r.key = Some(RawKeyMode::Require))
+}
 
 /// The admin listener's `/metrics` text.
 pub(crate) async fn metrics(gw: &TestGateway, client: &reqwest::Client) -> String {
@@ -21,12 +32,21 @@ pub(crate) async fn metrics(gw: &TestGateway, client: &reqwest::Client) -> Strin
     r.text().await.expect("read the response body")
 }
 
-/// The `Idempotent-Replayed` header, if any.
-pub(crate) fn replayed(r: &reqwest::Response) -> Option<String> {
-    r.headers()
-        .get("idempotent-replayed")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
+/// The simulated LLM with its default pacing.
+pub(crate) async fn sim() -> SimHandle {
+    idemgate_llm_sim::spawn(SimConfig::default())
+        .await
+        .expect("spawn the simulator")
+}
+
+/// The simulated LLM answering after 5 ms.
+pub(crate) async fn quick_sim() -> SimHandle {
+    idemgate_llm_sim::spawn(SimConfig {
+        latency: Duration::from_millis(5),
+        ..SimConfig::default()
+    })
+    .await
+    .expect("spawn the simulator")
 }
 
 /// The `type` of a problem+json answer.

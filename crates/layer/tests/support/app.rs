@@ -22,11 +22,14 @@ use idemgate_layer::key::tenant_id;
 use idemgate_layer::{IdempotencyContext, IdempotencyLayer, InflightMode, LayerConfig};
 use tokio::sync::{mpsc, watch};
 
+/// What the handlers behind the layer share: how many times they ran, and
+/// the gate they wait at.
 #[derive(Clone)]
-struct AppState {
-    executions: Arc<AtomicUsize>,
-    /// Handlers sent `x-gate: 1` wait here until the test opens it.
-    gate: watch::Receiver<bool>,
+pub struct AppState {
+    /// Incremented by every handler run.
+    pub executions: Arc<AtomicUsize>,
+    /// Handlers told to (`x-gate: 1` here) wait until the test opens it.
+    pub gate: watch::Receiver<bool>,
 }
 
 /// `POST /json`: counts, optionally waits for the gate or sleeps, fails
@@ -195,25 +198,34 @@ impl App {
     pub fn new(store: Arc<dyn Store>, config: LayerConfig) -> Self {
         let engine =
             Engine::new(store).with_policy(Policy::default().pending_ttl(Duration::from_secs(5)));
-        let layer = IdempotencyLayer::new(engine, config);
+        let routes = Router::new()
+            .route("/json", post(json_handler))
+            .route("/sse", post(sse_handler))
+            .route("/plain", get(unprotected));
+        Self::with_routes(IdempotencyLayer::new(engine, config), routes)
+    }
+
+    /// `routes` behind `layer`, with a fresh execution counter and a closed
+    /// gate: for a test file with handlers of its own.
+    pub fn with_routes(layer: IdempotencyLayer, routes: Router<AppState>) -> Self {
         let executions = Arc::new(AtomicUsize::new(0));
         let (gate, gate_rx) = watch::channel(false);
         let state = AppState {
             executions: Arc::clone(&executions),
             gate: gate_rx,
         };
-        let router = Router::new()
-            .route("/json", post(json_handler))
-            .route("/sse", post(sse_handler))
-            .route("/plain", get(unprotected))
-            .layer(layer.clone())
-            .with_state(state);
+        let router = routes.layer(layer.clone()).with_state(state);
         Self {
             router,
             executions,
             gate,
             layer,
         }
+    }
+
+    /// Serves the router on 127.0.0.1:0; its `http://ADDR`.
+    pub async fn serve(&self) -> String {
+        serve(self.router.clone()).await
     }
 
     /// Sends `request` through the router, as a server would.
@@ -230,6 +242,18 @@ impl App {
     pub fn executions(&self) -> usize {
         self.executions.load(Ordering::SeqCst)
     }
+}
+
+/// Serves `router` on 127.0.0.1:0 until the test ends; its `http://ADDR`.
+pub async fn serve(router: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let addr = listener
+        .local_addr()
+        .expect("a bound listener has an address");
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    format!("http://{addr}")
 }
 
 /// A keyed JSON request of tenant A with key `t`, held at the handler's
@@ -269,21 +293,14 @@ impl Harness {
     }
 
     pub async fn start_with(store: Arc<dyn Store>, config: LayerConfig) -> Self {
-        let App {
-            router: app,
-            executions,
-            gate,
-            layer,
-        } = App::new(store, config);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await });
+        let app = App::new(store, config);
+        let base = app.serve().await;
         Self {
-            base: format!("http://{addr}"),
+            base,
             client: reqwest::Client::new(),
-            executions,
-            gate,
-            layer,
+            executions: app.executions,
+            gate: app.gate,
+            layer: app.layer,
         }
     }
 
@@ -360,7 +377,7 @@ impl Harness {
         for (k, v) in headers {
             b = b.header(*k, *v);
         }
-        b.send().await.unwrap()
+        b.send().await.expect("the layer answers")
     }
 
     /// The record of tenant A's key `name`, as the store holds it.
@@ -370,7 +387,7 @@ impl Harness {
             .store()
             .get(&tenant_a(name))
             .await
-            .unwrap()
+            .expect("the memory store answers")
     }
 }
 
@@ -379,7 +396,7 @@ pub fn tenant_a(name: &str) -> ScopedKey {
     ScopedKey::new(
         tenant_id(b"Bearer tenant-a"),
         "test",
-        ClientKey::parse(name).unwrap(),
+        ClientKey::parse(name).expect("a valid client key"),
     )
 }
 
@@ -495,7 +512,7 @@ pub fn run_of(b: &[u8]) -> String {
 
 /// Reads the rest of a stream that must end cleanly onto `got`.
 pub async fn read_to_end(res: &mut reqwest::Response, got: &mut Vec<u8>) {
-    while let Some(c) = res.chunk().await.unwrap() {
+    while let Some(c) = res.chunk().await.expect("the stream ends cleanly") {
         got.extend_from_slice(&c);
     }
 }
