@@ -2,15 +2,17 @@
 //! gateway runs in this process in front of the simulated LLM, the command
 //! runs as its own process on the same file.
 
+mod support;
+use support::{assert_says, text};
+
 use std::path::Path;
 use std::process::Output;
-use std::time::Duration;
 
+use idemgate_gateway::test_util::TestGateway;
 use idemgate_gateway::{GatewayConfig, Overrides};
 use idemgate_llm_sim::SimConfig;
-use tokio::net::TcpListener;
+use idemgate_testkit::http::replayed;
 use tokio::process::Command;
-use tokio::sync::oneshot;
 
 const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
 const KEY: &str = "report-2026-q3";
@@ -62,10 +64,6 @@ async fn keys_show_raw(args: &[&str], stdin: Option<&str>, cwd: &Path) -> Output
     child.wait_with_output().await.expect("run the binary")
 }
 
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
 async fn chat(client: &reqwest::Client, url: &str) -> (u16, Option<String>) {
     let r = client
         .post(format!("{url}/v1/chat/completions"))
@@ -76,11 +74,7 @@ async fn chat(client: &reqwest::Client, url: &str) -> (u16, Option<String>) {
         .send()
         .await
         .expect("send the request");
-    let replayed = r
-        .headers()
-        .get("idempotent-replayed")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    let replayed = replayed(&r);
     let status = r.status().as_u16();
     let _ = r.bytes().await;
     (status, replayed)
@@ -103,22 +97,8 @@ async fn keys_show_prints_the_state_and_timeline_a_gateway_stored() {
         },
     )
     .expect("load");
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind a loopback port");
-    let admin = TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind a loopback port");
-    let url = format!(
-        "http://{}",
-        listener
-            .local_addr()
-            .expect("a bound listener has an address")
-    );
-    let (stop, stopped) = oneshot::channel::<()>();
-    let gateway = tokio::spawn(idemgate_gateway::serve(listener, admin, config, async {
-        let _ = stopped.await;
-    }));
+    let gw = TestGateway::start(config).await;
+    let url = gw.base.clone();
 
     let client = reqwest::Client::new();
     assert_eq!(chat(&client, &url).await, (200, Some("false".into())));
@@ -130,26 +110,11 @@ async fn keys_show_prints_the_state_and_timeline_a_gateway_stored() {
         dir.path(),
     )
     .await;
-    assert!(
-        out.status.success(),
-        "{}{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    assert!(
-        text(&out.stdout).contains("executed"),
-        "{}",
-        text(&out.stdout)
-    );
+    assert_says(&out, "executed");
 
     assert_eq!(chat(&client, &url).await, (200, Some("true".into())));
     assert_eq!(sim.executions_for(KEY), 1);
-    let _ = stop.send(());
-    tokio::time::timeout(Duration::from_secs(30), gateway)
-        .await
-        .unwrap_or_else(|_| panic!("gateway did not stop"))
-        .expect("the task did not panic")
-        .expect("it ended without error");
+    gw.stop().await.expect("it ended without error");
 
     // The timeline: one execution, then one replay, in that order.
     let out = keys_show(

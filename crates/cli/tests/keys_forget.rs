@@ -7,16 +7,18 @@
 //! prefix / schema per run), a record written through the engine is
 //! forgotten by the command.
 
+mod support;
+use support::{assert_says, text};
+
 use std::path::Path;
 use std::process::Output;
-use std::time::Duration;
 
 use idemgate_engine::{AttemptOutcome, ClientKey, Engine, Fingerprint, ScopedKey};
+use idemgate_gateway::test_util::TestGateway;
 use idemgate_gateway::{GatewayConfig, Overrides, StoreUrl, open_records};
 use idemgate_llm_sim::SimConfig;
-use tokio::net::TcpListener;
+use idemgate_testkit::http::replayed;
 use tokio::process::Command;
-use tokio::sync::oneshot;
 
 const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
 const CREDENTIAL: &str = "Bearer sk-forget-test";
@@ -32,10 +34,6 @@ async fn keys_forget(args: &[&str], cwd: &Path) -> Output {
         .expect("run the binary")
 }
 
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
 /// One request with `key`; `hang` makes the simulator never answer.
 async fn charge(url: &str, key: &str, hang: bool) -> (u16, Option<String>, String) {
     let mut req = reqwest::Client::new()
@@ -49,11 +47,7 @@ async fn charge(url: &str, key: &str, hang: bool) -> (u16, Option<String>, Strin
     }
     let r = req.send().await.expect("send the request");
     let status = r.status().as_u16();
-    let replayed = r
-        .headers()
-        .get("idempotent-replayed")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    let replayed = replayed(&r);
     let body = r.text().await.unwrap_or_default();
     (status, replayed, body)
 }
@@ -76,22 +70,8 @@ async fn keys_forget_clears_an_outcome_unknown_answer_on_sqlite() {
     )
     .expect("write the configuration");
     let config = GatewayConfig::load(Some(&file), &Overrides::default()).expect("load");
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind a loopback port");
-    let admin = TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind a loopback port");
-    let url = format!(
-        "http://{}",
-        listener
-            .local_addr()
-            .expect("a bound listener has an address")
-    );
-    let (stop, stopped) = oneshot::channel::<()>();
-    let gateway = tokio::spawn(idemgate_gateway::serve(listener, admin, config, async {
-        let _ = stopped.await;
-    }));
+    let gw = TestGateway::start(config).await;
+    let url = gw.base.clone();
 
     let key = "charge-order-81";
     let (status, replayed, body) = charge(&url, key, true).await;
@@ -103,17 +83,7 @@ async fn keys_forget_clears_an_outcome_unknown_answer_on_sqlite() {
 
     let config = file.display().to_string();
     let out = keys_forget(&[key, "--config", &config], dir.path()).await;
-    assert!(
-        out.status.success(),
-        "{}{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    assert!(
-        text(&out.stdout).contains("forgot key"),
-        "{}",
-        text(&out.stdout)
-    );
+    assert_says(&out, "forgot key");
 
     let (status, replayed, _) = charge(&url, key, false).await;
     assert_eq!((status, replayed.as_deref()), (200, Some("false")));
@@ -131,12 +101,7 @@ async fn keys_forget_clears_an_outcome_unknown_answer_on_sqlite() {
     let out = keys_forget(&["", "--config", &config], dir.path()).await;
     assert_eq!(out.status.code(), Some(2));
 
-    let _ = stop.send(());
-    tokio::time::timeout(Duration::from_secs(30), gateway)
-        .await
-        .unwrap_or_else(|_| panic!("gateway did not stop"))
-        .expect("the task did not panic")
-        .expect("it ended without error");
+    gw.stop().await.expect("it ended without error");
 }
 
 async fn forgets_on(url: String) {

@@ -11,8 +11,7 @@ use std::time::Duration;
 use idemgate_llm_sim::SimConfig;
 
 mod support;
-
-use support::{free_port, wait_ready};
+use support::{free_port, post_chat, wait_ready};
 
 const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
 
@@ -142,14 +141,7 @@ async fn the_readme_commands_start_a_gateway_that_seals_what_it_stores() {
     let body = r#"{"model":"sim-1","messages":[{"role":"user","content":"seal me"}]}"#;
     let mut answers = Vec::new();
     for _ in 0..2 {
-        let r = client
-            .post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
-            .header("content-type", "application/json")
-            .header("idempotency-key", "readme-key-1")
-            .body(body)
-            .send()
-            .await
-            .expect("send the request");
+        let r = post_chat(&client, port, "readme-key-1", body).await;
         assert_eq!(r.status(), 200);
         answers.push(r.text().await.expect("read the answer"));
     }

@@ -2,13 +2,14 @@
 //! request names its key and trace id, and no prompt or completion text is
 //! ever written.
 
-use std::io::BufRead;
+mod support;
+use support::{read_log, sigterm};
+
 use std::process::Stdio;
 use std::time::Duration;
 
 use idemgate_llm_sim::SimConfig;
 use tokio::process::Command;
-use tokio::sync::oneshot;
 
 const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
 
@@ -48,32 +49,8 @@ async fn keyed_lines_carry_key_and_trace_id_and_never_content() {
         .kill_on_drop(true)
         .spawn()
         .expect("spawn the process");
-    let stderr_pipe = child
-        .stderr
-        .take()
-        .unwrap_or_else(|| panic!("no stderr"))
-        .into_owned_fd()
-        .expect("an owned fd");
-    let (started_tx, started_rx) = oneshot::channel::<String>();
     // A plain thread reads the log as it is written, until the pipe closes.
-    let reader = std::thread::spawn(move || {
-        let mut all = Vec::new();
-        let mut started = Some(started_tx);
-        for line in std::io::BufReader::new(std::fs::File::from(stderr_pipe)).lines() {
-            let Ok(line) = line else { break };
-            if line.contains("gateway started")
-                && let Some(tx) = started.take()
-            {
-                let _ = tx.send(line.clone());
-            }
-            all.push(line);
-        }
-        all.join("\n")
-    });
-    let started = tokio::time::timeout(Duration::from_secs(30), started_rx)
-        .await
-        .unwrap_or_else(|_| panic!("gateway did not start"))
-        .unwrap_or_else(|_| panic!("gateway exited before starting"));
+    let (started, reader) = read_log(&mut child).await;
     let listen = string_field(&started, "listen").unwrap_or_else(|| panic!("{started}"));
     assert!(!listen.ends_with(":0"), "{started}");
     let client = reqwest::Client::new();
@@ -128,13 +105,7 @@ async fn keyed_lines_carry_key_and_trace_id_and_never_content() {
     assert_eq!(r.status(), 200);
     let _ = r.bytes().await;
 
-    let pid = child.id().unwrap_or_else(|| panic!("no pid"));
-    let kill = Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .await
-        .expect("a status");
-    assert!(kill.success());
+    sigterm(&child).await;
     let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
         .await
         .unwrap_or_else(|_| panic!("gateway did not exit after SIGTERM"))

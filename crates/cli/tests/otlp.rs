@@ -7,7 +7,9 @@
 //! nothing for clients.
 #![cfg(feature = "otlp")]
 
-use std::io::BufRead;
+mod support;
+use support::{read_log, sigterm};
+
 use std::net::SocketAddr;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -17,7 +19,7 @@ use idemgate_llm_sim::{SimConfig, SimHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::Notify;
 
 const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
 
@@ -231,31 +233,7 @@ impl Gateway {
             .kill_on_drop(true)
             .spawn()
             .expect("spawn the process");
-        let pipe = child
-            .stderr
-            .take()
-            .unwrap_or_else(|| panic!("no stderr"))
-            .into_owned_fd()
-            .expect("an owned fd");
-        let (started_tx, started_rx) = oneshot::channel::<String>();
-        let log = std::thread::spawn(move || {
-            let mut all = Vec::new();
-            let mut started = Some(started_tx);
-            for line in std::io::BufReader::new(std::fs::File::from(pipe)).lines() {
-                let Ok(line) = line else { break };
-                if line.contains("gateway started")
-                    && let Some(tx) = started.take()
-                {
-                    let _ = tx.send(line.clone());
-                }
-                all.push(line);
-            }
-            all.join("\n")
-        });
-        let started = tokio::time::timeout(Duration::from_secs(30), started_rx)
-            .await
-            .unwrap_or_else(|_| panic!("gateway did not start"))
-            .unwrap_or_else(|_| panic!("gateway exited before starting"));
+        let (started, log) = read_log(&mut child).await;
         let pat = "\"listen\":\"";
         let at = started.find(pat).unwrap_or_else(|| panic!("{started}")) + pat.len();
         let len = started[at..]
@@ -286,13 +264,7 @@ impl Gateway {
 
     /// SIGTERM, then the exit status and the whole log.
     async fn stop(mut self) -> (std::process::ExitStatus, String) {
-        let pid = self.child.id().unwrap_or_else(|| panic!("no pid"));
-        let kill = Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .await
-            .expect("a status");
-        assert!(kill.success());
+        sigterm(&self.child).await;
         let status = tokio::time::timeout(Duration::from_secs(60), self.child.wait())
             .await
             .unwrap_or_else(|_| panic!("gateway did not exit after SIGTERM"))

@@ -19,6 +19,7 @@ mod support;
 use std::time::Duration;
 
 use idemgate_llm_sim::SimHandle;
+use idemgate_testkit::postgres_server;
 use support::replicas::*;
 
 /// Waits until the simulator has started `n` executions of `key`.
@@ -95,8 +96,12 @@ async fn redis_a_killed_replicas_key_is_claimable_after_pending_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_killed_replicas_key_is_claimable_after_pending_ttl() {
     let schema = tag();
-    killed_mid_generation(&format!("{}?schema={schema}&pool=4", postgres_url())).await;
-    drop_schema(&postgres_url(), &schema).await;
+    killed_mid_generation(&format!(
+        "{}?schema={schema}&pool=4",
+        postgres_server::shared_url()
+    ))
+    .await;
+    postgres_server::drop_schema(&postgres_server::shared_url(), &schema).await;
 }
 
 /// SSE with Redis: a duplicate on the other replica follows the live
@@ -230,6 +235,10 @@ async fn redis_a_paused_replica_is_fenced_after_a_takeover() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_paused_replica_is_fenced_after_a_takeover() {
     let schema = tag();
-    paused_past_the_lease(&format!("{}?schema={schema}&pool=4", postgres_url())).await;
-    drop_schema(&postgres_url(), &schema).await;
+    paused_past_the_lease(&format!(
+        "{}?schema={schema}&pool=4",
+        postgres_server::shared_url()
+    ))
+    .await;
+    postgres_server::drop_schema(&postgres_server::shared_url(), &schema).await;
 }

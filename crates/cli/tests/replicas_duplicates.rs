@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idemgate_llm_sim::{SimConfig, SimHandle};
+use idemgate_testkit::postgres_server;
 use support::replicas::*;
 use tokio::task::JoinSet;
 
@@ -60,8 +61,12 @@ async fn redis_duplicates_split_between_two_processes_execute_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_duplicates_split_between_two_processes_execute_once() {
     let schema = tag();
-    split_duplicates(&format!("{}?schema={schema}&pool=6", postgres_url())).await;
-    drop_schema(&postgres_url(), &schema).await;
+    split_duplicates(&format!(
+        "{}?schema={schema}&pool=6",
+        postgres_server::shared_url()
+    ))
+    .await;
+    postgres_server::drop_schema(&postgres_server::shared_url(), &schema).await;
 }
 
 /// The soak: `SOAK_KEYS` fresh keys (default 60), each sent as 8
@@ -162,8 +167,12 @@ async fn soak_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soak_postgres() {
     let schema = tag();
-    soak(&format!("{}?schema={schema}&pool=8", postgres_url())).await;
-    drop_schema(&postgres_url(), &schema).await;
+    soak(&format!(
+        "{}?schema={schema}&pool=8",
+        postgres_server::shared_url()
+    ))
+    .await;
+    postgres_server::drop_schema(&postgres_server::shared_url(), &schema).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,11 +14,10 @@
 
 mod support;
 
-use idemgate_testkit::require;
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
+
+use idemgate_testkit::{postgres_server, redis_server};
 
 use idemgate_llm_sim::SimHandle;
 use support::replicas::*;
@@ -151,15 +150,16 @@ fn check_answers(load: &Load) -> Vec<(String, String, &'static str)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_private_redis_restarted_under_load() {
-    let server = PrivateRedis::start();
+    let root = tempfile::tempdir().unwrap();
+    let mut server = redis_server::Server::start(root.path(), false);
     let sim = sim().await;
     let store = format!("{}/?prefix={}", server.url(), tag());
     let a = Gw::start(&store, &sim.url(), "10s").await;
     let b = Gw::start(&store, &sim.url(), "10s").await;
     let load = load_through_a_restart(&sim, &a, &b, Duration::from_secs(7), async {
-        let s = &server;
+        let s = &mut server;
         tokio::task::block_in_place(|| {
-            s.stop();
+            s.kill();
             std::thread::sleep(Duration::from_millis(1500));
             s.restart();
         });
@@ -188,7 +188,7 @@ async fn a_private_redis_restarted_under_load() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_private_postgres_restarted_under_load_keeps_every_acknowledged_done() {
-    let server = PrivatePostgres::start();
+    let server = postgres_server::Server::start();
     let sim = sim().await;
     let store = format!("{}?schema={}&pool=6", server.url(), tag());
     let a = Gw::start(&store, &sim.url(), "10s").await;
@@ -199,7 +199,7 @@ async fn a_private_postgres_restarted_under_load_keeps_every_acknowledged_done()
             // A crash: no checkpoint; recovery replays the WAL.
             s.stop("immediate");
             std::thread::sleep(Duration::from_millis(1500));
-            s.start_server();
+            s.restart();
         });
     })
     .await;
@@ -245,230 +245,4 @@ async fn a_private_postgres_restarted_under_load_keeps_every_acknowledged_done()
         reexecuted <= unstored,
         "{reexecuted} keys re-executed but only {unstored} completions failed: an acknowledged DONE was lost"
     );
-}
-
-// ---- private servers (never the shared ones) ----
-
-/// Stops a server when this test process exits (statics and panics
-/// included).
-fn watchdog(pid: &str, signal: &str) {
-    #[allow(clippy::zombie_processes)]
-    std::process::Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "while kill -0 {me} 2>/dev/null && kill -0 {pid} 2>/dev/null; do sleep 1; done; kill -{signal} {pid} 2>/dev/null",
-            me = std::process::id()
-        ))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-}
-
-fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        if ok() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("{what} did not happen in time");
-}
-
-/// A private `redis-server` with an append-only file fsynced on every write.
-struct PrivateRedis {
-    port: u16,
-    dir: tempfile::TempDir,
-    child: std::sync::Mutex<Option<std::process::Child>>,
-}
-
-impl PrivateRedis {
-    fn start() -> Self {
-        require(
-            "redis-server",
-            std::process::Command::new("redis-server")
-                .arg("--version")
-                .output()
-                .is_ok(),
-        );
-        let s = Self {
-            port: free_port(),
-            dir: tempfile::tempdir().unwrap(),
-            child: std::sync::Mutex::new(None),
-        };
-        s.restart();
-        s
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    fn pings(&self) -> bool {
-        std::process::Command::new("redis-cli")
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "ping"])
-            .output()
-            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "PONG")
-    }
-
-    fn restart(&self) {
-        let child = std::process::Command::new("redis-server")
-            .args([
-                "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-            ])
-            .arg(self.dir.path())
-            .args([
-                "--save",
-                "",
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        watchdog(&child.id().to_string(), "TERM");
-        *self.child.lock().unwrap() = Some(child);
-        wait_until("redis-server start", || self.pings());
-    }
-
-    fn stop(&self) {
-        if let Some(mut child) = self.child.lock().unwrap().take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        wait_until("redis-server stop", || !self.pings());
-    }
-}
-
-impl Drop for PrivateRedis {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.lock().unwrap().take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-/// A private PostgreSQL (initdb in a temp dir, its own port).
-struct PrivatePostgres {
-    port: u16,
-    dir: tempfile::TempDir,
-}
-
-fn pg_bin(name: &str) -> PathBuf {
-    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
-        .unwrap_or_default();
-    versions.sort();
-    let bin = versions
-        .last()
-        .map(|v| v.join("bin").join(name))
-        .filter(|p| p.exists());
-    require(&format!("PostgreSQL's {name}"), bin.is_some());
-    bin.unwrap()
-}
-
-fn is_root() -> bool {
-    std::process::Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-}
-
-/// initdb and the server refuse to run as root: run them as `postgres`.
-fn pg_command(bin: &Path) -> std::process::Command {
-    if is_root() {
-        let mut c = std::process::Command::new("runuser");
-        c.args(["-u", "postgres", "--"]).arg(bin);
-        c
-    } else {
-        std::process::Command::new(bin)
-    }
-}
-
-impl PrivatePostgres {
-    fn start() -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("idemgate-pg")
-            .tempdir()
-            .unwrap();
-        if is_root() {
-            let ok = std::process::Command::new("chown")
-                .args(["-R", "postgres:postgres"])
-                .arg(dir.path())
-                .status()
-                .is_ok_and(|s| s.success());
-            assert!(ok, "chown of the private cluster directory failed");
-        }
-        let out = pg_command(&pg_bin("initdb"))
-            .arg("-D")
-            .arg(dir.path().join("data"))
-            .args(["-A", "trust", "-U", "postgres", "--no-sync"])
-            .stdout(Stdio::null())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "initdb failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let s = Self {
-            port: free_port(),
-            dir,
-        };
-        s.start_server();
-        s
-    }
-
-    fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
-    }
-
-    fn start_server(&self) {
-        let opts = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections=60",
-            self.port,
-            self.dir.path().display()
-        );
-        let ok = pg_command(&pg_bin("pg_ctl"))
-            .arg("-D")
-            .arg(self.dir.path().join("data"))
-            .args(["-o", &opts, "-w", "-t", "30", "-l"])
-            .arg(self.dir.path().join("log"))
-            .arg("start")
-            .stdout(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "pg_ctl start failed");
-        if let Ok(pidfile) =
-            std::fs::read_to_string(self.dir.path().join("data").join("postmaster.pid"))
-            && let Some(pid) = pidfile.lines().next()
-        {
-            watchdog(pid.trim(), "INT");
-        }
-    }
-
-    fn stop(&self, mode: &str) {
-        let _ = pg_command(&pg_bin("pg_ctl"))
-            .arg("-D")
-            .arg(self.dir.path().join("data"))
-            .args(["-m", mode, "-w", "-t", "30", "stop"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-    }
-}
-
-impl Drop for PrivatePostgres {
-    fn drop(&mut self) {
-        self.stop("fast");
-    }
 }

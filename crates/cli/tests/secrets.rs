@@ -12,21 +12,16 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use idemgate_llm_sim::SimConfig;
+use idemgate_testkit::postgres_server;
 use tokio::process::Command;
 
 mod support;
-
-use support::free_port;
+use support::{free_port, post_chat, sigterm};
 
 const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
 
 const PW: &str = "s3cr3t-pw";
 const ADMIN_TOKEN: &str = "adm1n-t0ken-s3cr3t";
-
-fn postgres_url() -> String {
-    std::env::var("IDEMGATE_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
 
 /// A loopback port nothing listens on.
 fn assert_hidden(what: &str, output: &str, secrets: &[&str]) {
@@ -168,7 +163,7 @@ async fn a_running_gateway_never_logs_its_secrets() {
     let schema = format!("igsec{:08x}", rand::random::<u32>());
     let store = format!(
         "{}?schema={schema}",
-        postgres_url().replacen("postgres@", &format!("postgres:{PW}@"), 1)
+        postgres_server::shared_url().replacen("postgres@", &format!("postgres:{PW}@"), 1)
     );
     let (port, admin_port) = (free_port().await, free_port().await);
     let log = dir.path().join("log");
@@ -218,14 +213,7 @@ async fn a_running_gateway_never_logs_its_secrets() {
     assert!(ready, "the gateway never became ready");
     let body = r#"{"model":"sim-1","messages":[{"role":"user","content":"hello"}]}"#;
     for _ in 0..2 {
-        let r = client
-            .post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
-            .header("content-type", "application/json")
-            .header("idempotency-key", "secrets-key-1")
-            .body(body)
-            .send()
-            .await
-            .expect("send the request");
+        let r = post_chat(&client, port, "secrets-key-1", body).await;
         assert_eq!(r.status(), 200);
     }
     let stats = client
@@ -262,13 +250,7 @@ async fn a_running_gateway_never_logs_its_secrets() {
         .await
         .expect("read the metrics");
 
-    let pid = child.id().expect("a pid");
-    let kill = Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .await
-        .expect("a status");
-    assert!(kill.success());
+    sigterm(&child).await;
     let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
         .await
         .expect("the gateway exits after SIGTERM")
@@ -293,7 +275,7 @@ async fn a_running_gateway_never_logs_its_secrets() {
     .await;
     assert_hidden("check --format json", &checked, &secrets);
     let _ = Command::new("psql")
-        .args([&postgres_url(), "-q", "-c"])
+        .args([&postgres_server::shared_url(), "-q", "-c"])
         .arg(format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
         .output()
         .await;

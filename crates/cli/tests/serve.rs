@@ -7,8 +7,7 @@ use idemgate_llm_sim::SimConfig;
 use tokio::process::Command;
 
 mod support;
-
-use support::{free_port, wait_ready};
+use support::{free_port, post_chat, sigterm, wait_ready};
 
 const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
 
@@ -49,20 +48,9 @@ async fn serve_with_only_upstream_answers_and_exits_cleanly_on_sigterm() {
     let body = r#"{"model":"sim-1","messages":[{"role":"user","content":"hello there"}]}"#;
     let mut bodies = Vec::new();
     for attempt in 0..2 {
-        let r = client
-            .post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
-            .header("content-type", "application/json")
-            .header("idempotency-key", "cli-key-1")
-            .body(body)
-            .send()
-            .await
-            .expect("send the request");
+        let r = post_chat(&client, port, "cli-key-1", body).await;
         assert_eq!(r.status(), 200);
-        let replayed = r
-            .headers()
-            .get("idempotent-replayed")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
+        let replayed = idemgate_testkit::http::replayed(&r);
         assert_eq!(
             replayed.as_deref(),
             Some(if attempt == 0 { "false" } else { "true" })
@@ -76,13 +64,7 @@ async fn serve_with_only_upstream_answers_and_exits_cleanly_on_sigterm() {
         "default store is an SQLite file in the working directory"
     );
 
-    let pid = child.id().unwrap_or_else(|| panic!("no pid"));
-    let kill = Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .await
-        .expect("a status");
-    assert!(kill.success());
+    sigterm(&child).await;
     let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
         .await
         .unwrap_or_else(|_| panic!("gateway did not exit after SIGTERM"))
@@ -162,14 +144,13 @@ async fn workers_size_the_runtime() {
         let client = reqwest::Client::new();
         let ready = format!("http://127.0.0.1:{admin_port}/readyz");
         wait_ready(&client, &ready, &mut child).await;
-        let r = client
-            .post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
-            .header("content-type", "application/json")
-            .header("idempotency-key", format!("workers-{workers}"))
-            .body(r#"{"model":"sim-1","messages":[{"role":"user","content":"hi"}]}"#)
-            .send()
-            .await
-            .expect("send the request");
+        let r = post_chat(
+            &client,
+            port,
+            &format!("workers-{workers}"),
+            r#"{"model":"sim-1","messages":[{"role":"user","content":"hi"}]}"#,
+        )
+        .await;
         assert_eq!(r.status(), 200, "with {workers} workers");
         let pid = child.id().expect("a running child has a pid");
         threads.push(runtime_threads(pid));

@@ -13,7 +13,7 @@ use idemgate_client::{
     KEY_MISMATCH,
 };
 use reqwest::StatusCode;
-use support::{Canned, Gateway, Scripted, chat, config, sim};
+use support::{Canned, Scripted, chat, gateway, sim};
 
 /// (a) The client's attempt timeout is shorter than the generation. The
 /// first attempt times out; the retries carry the same key; the gateway
@@ -21,7 +21,7 @@ use support::{Canned, Gateway, Scripted, chat, config, sim};
 #[tokio::test]
 async fn a_timeout_shorter_than_the_generation_is_retried_with_the_same_key_and_runs_once() {
     let sim = sim().await;
-    let gw = Gateway::start(config(&sim.url(), RawInflightMode::Wait, |_| {})).await;
+    let gw = gateway(&sim.url(), RawInflightMode::Wait, |_| {}).await;
     let client = Client::builder(&gw.base)
         .bearer_auth("sk-test")
         .attempt_timeout(Duration::from_millis(300))
@@ -59,7 +59,7 @@ async fn a_timeout_shorter_than_the_generation_is_retried_with_the_same_key_and_
     let stats = sim.stats();
     assert_eq!(stats.executions, 1, "{stats:?}");
     assert_eq!(stats.requests, 1, "only the first attempt was forwarded");
-    gw.stop().await;
+    gw.stop().await.expect("the gateway ended without error");
 }
 
 /// (b) On a `reject` route a key in flight is a 409 with `Retry-After` and
@@ -71,9 +71,9 @@ async fn a_409_for_a_key_in_flight_is_retried_after_the_servers_delay() {
     // A 2 s lease, renewed while the call runs: the 409 advises a poll in
     // 1 s (`retry-after-ms: 1000`, which wins over `Retry-After`), the floor
     // of the route's latency-based interval and never past the lease.
-    let gw = Gateway::start(config(&sim.url(), RawInflightMode::Reject, |r| {
+    let gw = gateway(&sim.url(), RawInflightMode::Reject, |r| {
         r.pending_ttl = Some("2s".into());
-    }))
+    })
     .await;
     let key = IdempotencyKey::new("report-b").unwrap();
     let body = chat(false, "the report, once");
@@ -136,7 +136,7 @@ async fn a_409_for_a_key_in_flight_is_retried_after_the_servers_delay() {
     assert!(!first.replayed(), "the other worker executed it");
     assert_eq!(response.bytes(), first.bytes(), "the same answer");
     assert_eq!(sim.executions_for(key.as_str()), 1);
-    gw.stop().await;
+    gw.stop().await.expect("the gateway ended without error");
 }
 
 /// (d) The same key with a different body is a 422 `key-mismatch`: final
@@ -145,7 +145,7 @@ async fn a_409_for_a_key_in_flight_is_retried_after_the_servers_delay() {
 #[tokio::test]
 async fn a_key_reused_for_a_different_body_is_final_and_says_so() {
     let sim = sim().await;
-    let gw = Gateway::start(config(&sim.url(), RawInflightMode::Wait, |_| {})).await;
+    let gw = gateway(&sim.url(), RawInflightMode::Wait, |_| {}).await;
     let client = Client::builder(&gw.base).attempts(5).build().unwrap();
     let key = IdempotencyKey::new("order-81:summary").unwrap();
 
@@ -196,7 +196,7 @@ async fn a_key_reused_for_a_different_body_is_final_and_says_so() {
     assert_eq!(rejected.response.status, StatusCode::BAD_REQUEST);
     assert_eq!(rejected.attempts.len(), 1);
     assert!(err.to_string().contains("final, not retried"), "{err}");
-    gw.stop().await;
+    gw.stop().await.expect("the gateway ended without error");
 }
 
 /// (e) `retry-after-ms` wins over `Retry-After` and over the backoff, for
@@ -210,7 +210,7 @@ async fn backoff_honours_retry_after_ms_through_the_gateway() {
         Canned::ok(),
     ])
     .await;
-    let gw = Gateway::start(config(&upstream.url, RawInflightMode::Reject, |_| {})).await;
+    let gw = gateway(&upstream.url, RawInflightMode::Reject, |_| {}).await;
     let client = Client::builder(&gw.base)
         .attempts(5)
         .backoff(Duration::from_secs(10), Duration::from_secs(10))
@@ -269,7 +269,7 @@ async fn backoff_honours_retry_after_ms_through_the_gateway() {
     assert!(again.replayed());
     assert_eq!(again.attempts().len(), 1);
     assert_eq!(upstream.keys().len(), 3);
-    gw.stop().await;
+    gw.stop().await.expect("the gateway ended without error");
 }
 
 /// `x-should-retry` overrides the status, both ways, through the gateway.
@@ -282,9 +282,9 @@ async fn x_should_retry_overrides_the_status() {
     .await;
     // The gateway stores a final 400 by default; here 400 is released like
     // a retryable status so that the retry reaches the upstream again.
-    let gw = Gateway::start(config(&upstream.url, RawInflightMode::Reject, |r| {
+    let gw = gateway(&upstream.url, RawInflightMode::Reject, |r| {
         r.retryable_statuses = Some(vec![400, 503]);
-    }))
+    })
     .await;
     let client = Client::builder(&gw.base).attempts(5).build().unwrap();
     let err = client
@@ -308,7 +308,7 @@ async fn x_should_retry_overrides_the_status() {
     assert_eq!(rejected.response.should_retry, Some(false));
     assert!(err.to_string().contains("x-should-retry: false"), "{err}");
     assert_eq!(upstream.keys().len(), 2);
-    gw.stop().await;
+    gw.stop().await.expect("the gateway ended without error");
 }
 
 /// `Retry-After` in seconds and as an HTTP date, and the deadline, on

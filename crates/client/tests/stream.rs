@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use idemgate_client::{AttemptEnd, Client, Error, Event, RestartReason};
-use support::{Gateway, chat, config, cutting_relay, drain, ids, sim};
+use support::{TestGateway, chat, cutting_relay, drain, gateway, ids, paced_stream, sim};
 
 fn addr(base: &str) -> SocketAddr {
     base.trim_start_matches("http://")
@@ -19,7 +19,7 @@ fn addr(base: &str) -> SocketAddr {
 }
 
 /// The whole stored stream of `key`, as a fresh caller replays it.
-async fn replay(gw: &Gateway, key: &idemgate_client::IdempotencyKey, text: &str) -> Vec<Event> {
+async fn replay(gw: &TestGateway, key: &idemgate_client::IdempotencyKey, text: &str) -> Vec<Event> {
     let client = Client::new(&gw.base).expect("build the client");
     let mut stream = client
         .post("/v1/chat/completions")
@@ -46,7 +46,7 @@ fn assert_whole(events: &[Event]) {
 #[tokio::test]
 async fn a_stream_cut_mid_way_resumes_after_the_last_whole_event() {
     let sim = sim().await;
-    let gw = Gateway::start(config(&sim.url(), RawInflightMode::Attach, |_| {})).await;
+    let gw = gateway(&sim.url(), RawInflightMode::Attach, |_| {}).await;
     // The head plus a few events, then the cut.
     let (relay, connections) = cutting_relay(addr(&gw.base), 1500).await;
     let client = Client::builder(&relay)
@@ -54,14 +54,7 @@ async fn a_stream_cut_mid_way_resumes_after_the_last_whole_event() {
         .build()
         .unwrap();
     let text = "a stream cut on its way to the client";
-    let mut stream = client
-        .post("/v1/chat/completions")
-        .header("x-sim-tokens", "16")
-        .header("x-sim-token-interval-ms", "20")
-        .json(&chat(true, text))
-        .send_stream()
-        .await
-        .unwrap();
+    let mut stream = paced_stream(&client, text, "16", "20").await;
     assert!(!stream.replayed(), "this call started the execution");
     let events = drain(&mut stream).await;
 
@@ -83,7 +76,7 @@ async fn a_stream_cut_mid_way_resumes_after_the_last_whole_event() {
     assert_eq!(events, replay(&gw, stream.key(), text).await);
     assert_eq!(sim.executions_for(stream.key().as_str()), 1);
     assert_eq!(sim.stats().executions, 1);
-    gw.stop().await;
+    gw.stop().await.expect("the gateway ended without error");
 }
 
 /// (c) The caller drops the stream after a few events (the process ends)
@@ -91,18 +84,11 @@ async fn a_stream_cut_mid_way_resumes_after_the_last_whole_event() {
 #[tokio::test]
 async fn a_stream_dropped_by_the_caller_resumes_from_the_saved_id() {
     let sim = sim().await;
-    let gw = Gateway::start(config(&sim.url(), RawInflightMode::Attach, |_| {})).await;
+    let gw = gateway(&sim.url(), RawInflightMode::Attach, |_| {}).await;
     let text = "a stream its reader abandons";
     let (key, saved, first) = {
         let client = Client::new(&gw.base).unwrap();
-        let mut stream = client
-            .post("/v1/chat/completions")
-            .header("x-sim-tokens", "12")
-            .header("x-sim-token-interval-ms", "30")
-            .json(&chat(true, text))
-            .send_stream()
-            .await
-            .unwrap();
+        let mut stream = paced_stream(&client, text, "12", "30").await;
         let mut first = Vec::new();
         for _ in 0..3 {
             first.push(stream.next().await.unwrap().unwrap());
@@ -166,7 +152,7 @@ async fn a_stream_dropped_by_the_caller_resumes_from_the_saved_id() {
     all.extend(drain(&mut stream).await);
     assert_eq!(all, whole);
     assert_eq!(sim.executions_for(key.as_str()), 1);
-    gw.stop().await;
+    gw.stop().await.expect("the gateway ended without error");
 }
 
 /// (c) The client drops a stream that goes silent (its idle timeout is
@@ -176,7 +162,7 @@ async fn a_stream_dropped_by_the_caller_resumes_from_the_saved_id() {
 #[tokio::test]
 async fn a_silent_stream_is_dropped_and_resumed_until_its_end() {
     let sim = sim().await;
-    let gw = Gateway::start(config(&sim.url(), RawInflightMode::Attach, |_| {})).await;
+    let gw = gateway(&sim.url(), RawInflightMode::Attach, |_| {}).await;
     let client = Client::builder(&gw.base)
         .stream_idle_timeout(Duration::from_millis(60))
         .attempts(8)
@@ -184,14 +170,7 @@ async fn a_silent_stream_is_dropped_and_resumed_until_its_end() {
         .build()
         .unwrap();
     let text = "a slow stream";
-    let mut stream = client
-        .post("/v1/chat/completions")
-        .header("x-sim-tokens", "6")
-        .header("x-sim-token-interval-ms", "250")
-        .json(&chat(true, text))
-        .send_stream()
-        .await
-        .unwrap();
+    let mut stream = paced_stream(&client, text, "6", "250").await;
     let events = drain(&mut stream).await;
 
     assert_whole(&events);
@@ -206,7 +185,7 @@ async fn a_silent_stream_is_dropped_and_resumed_until_its_end() {
     );
     assert_eq!(events, replay(&gw, stream.key(), text).await);
     assert_eq!(sim.executions_for(stream.key().as_str()), 1);
-    gw.stop().await;
+    gw.stop().await.expect("the gateway ended without error");
 }
 
 /// A stream that breaks *upstream* cannot be resumed: the gateway released
@@ -217,7 +196,7 @@ async fn a_silent_stream_is_dropped_and_resumed_until_its_end() {
 #[tokio::test]
 async fn a_stream_broken_upstream_is_reported_not_stitched() {
     let sim = sim().await;
-    let gw = Gateway::start(config(&sim.url(), RawInflightMode::Attach, |_| {})).await;
+    let gw = gateway(&sim.url(), RawInflightMode::Attach, |_| {}).await;
     let client = Client::builder(&gw.base)
         .attempts(5)
         .backoff(Duration::from_millis(10), Duration::from_millis(50))
@@ -252,5 +231,5 @@ async fn a_stream_broken_upstream_is_reported_not_stitched() {
     assert!(err.to_string().contains("same key"), "{err}");
     assert!(stream.next().await.is_none(), "the stream is over");
     assert_eq!(sim.executions_for(stream.key().as_str()), 2);
-    gw.stop().await;
+    gw.stop().await.expect("the gateway ended without error");
 }

@@ -1,5 +1,5 @@
-//! `LeaseGuard::complete_or_hold`: a result is not thrown away because the
-//! store blinked when it was written. The store here is the memory store
+//! `LeaseGuard::complete` with `Completion::holding`: a result is not
+//! thrown away because the store blinked when it was written. The store here is the memory store
 //! behind a switch that makes `complete` (and, in one case, `renew`) fail
 //! with temporary errors, or apply the write and then lose its reply.
 

@@ -22,6 +22,8 @@
 //! - [`serve`](mod@serve): [`serve()`] and [`bind_and_serve()`]: the start
 //!   checks, store, per-route engine + idempotency layer + proxy, the
 //!   router, the admin listener and graceful shutdown.
+//! - `test_util` (feature `test-util`): `TestGateway`, a gateway on real
+//!   loopback listeners for integration tests.
 //!
 //! # The key decision
 //! The upstream proxy is a plain inner service of the idempotency layer,
@@ -52,6 +54,8 @@ pub mod proxy;
 pub mod serve;
 mod stores;
 pub mod telemetry;
+#[cfg(feature = "test-util")]
+pub mod test_util;
 
 pub use config::{ConfigError, GatewayConfig, Overrides, RouteConfig, StoreUrl};
 pub use error::GatewayError;

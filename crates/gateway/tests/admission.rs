@@ -7,37 +7,19 @@ mod support;
 
 use support::TestGateway;
 
-use std::time::Duration;
-
 use idemgate_gateway::GatewayConfig;
-use idemgate_gateway::config::{RawConfig, RawInflightMode, RawKeyMode, RawRoute};
-use idemgate_llm_sim::{SimConfig, SimHandle};
+use idemgate_gateway::config::{RawKeyMode, RawRoute};
 
 fn config(upstream: &str, tweak: impl FnOnce(&mut RawRoute)) -> GatewayConfig {
-    let mut r = RawRoute {
-        prefix: Some("/v1".into()),
-        upstream: Some(upstream.into()),
-        key: Some(RawKeyMode::Require),
-        on_inflight: Some(RawInflightMode::Wait),
-        ..RawRoute::default()
-    };
-    tweak(&mut r);
-    GatewayConfig::from_raw(RawConfig {
-        store: Some("memory:".into()),
-        shutdown_grace: Some("5s".into()),
-        routes: vec![r],
-        ..RawConfig::default()
-    })
-    .unwrap_or_else(|e| panic!("config: {e}"))
-}
-
-async fn sim() -> SimHandle {
-    idemgate_llm_sim::spawn(SimConfig {
-        latency: Duration::from_millis(5),
-        ..SimConfig::default()
-    })
-    .await
-    .expect("spawn the simulator")
+    TestGateway::builder(upstream)
+        .store("memory:")
+        .route(|r| {
+            r.key = Some(RawKeyMode::Require);
+            // The gateway's default upstream timeouts.
+            r.timeouts = None;
+            tweak(r);
+        })
+        .into_config()
 }
 
 /// An Anthropic Messages body.
@@ -88,7 +70,7 @@ async fn stop(gw: TestGateway) {
 /// execution; the same credential again gets the stored answer.
 #[tokio::test]
 async fn each_providers_credential_header_names_its_own_tenant() {
-    let sim = sim().await;
+    let sim = support::quick_sim().await;
     let gw = TestGateway::start(config(&sim.url(), |_| {})).await;
     let client = reqwest::Client::new();
     let url = format!("{}/v1/messages", gw.base);
@@ -123,7 +105,7 @@ async fn each_providers_credential_header_names_its_own_tenant() {
 /// from every credentialed tenant.
 #[tokio::test]
 async fn no_credential_is_its_own_tenant() {
-    let sim = sim().await;
+    let sim = support::quick_sim().await;
     let gw = TestGateway::start(config(&sim.url(), |_| {})).await;
     let client = reqwest::Client::new();
     let req = |credential: Option<&str>| {
@@ -152,7 +134,7 @@ async fn no_credential_is_its_own_tenant() {
 /// one tenant, so its retry replays; another `x-tenant-id` is another.
 #[tokio::test]
 async fn a_route_reads_its_own_tenant_headers_in_order() {
-    let sim = sim().await;
+    let sim = support::quick_sim().await;
     let gw = TestGateway::start(config(&sim.url(), |r| {
         r.tenant_headers = Some(vec!["x-tenant-id".into(), "x-api-key".into()]);
     }))
@@ -196,7 +178,7 @@ async fn a_route_reads_its_own_tenant_headers_in_order() {
 /// replay of the other amount's answer.
 #[tokio::test]
 async fn numbers_beyond_f64_precision_are_different_requests() {
-    let sim = sim().await;
+    let sim = support::quick_sim().await;
     let gw = TestGateway::start(config(&sim.url(), |_| {})).await;
     let client = reqwest::Client::new();
     let body = |amount: &str| {
@@ -239,7 +221,7 @@ async fn numbers_beyond_f64_precision_are_different_requests() {
 /// the same key then runs as a first request.
 #[tokio::test]
 async fn duplicate_object_keys_are_refused_before_anything_runs() {
-    let sim = sim().await;
+    let sim = support::quick_sim().await;
     let gw = TestGateway::start(config(&sim.url(), |_| {})).await;
     let client = reqwest::Client::new();
     let req = |body: &str| {
@@ -284,7 +266,7 @@ async fn duplicate_object_keys_are_refused_before_anything_runs() {
 /// goes on serving: the same key then runs a normal request.
 #[tokio::test]
 async fn deeply_nested_bodies_are_refused_and_the_gateway_goes_on() {
-    let sim = sim().await;
+    let sim = support::quick_sim().await;
     let gw = TestGateway::start(config(&sim.url(), |_| {})).await;
     let client = reqwest::Client::new();
     let req = |body: String| {
@@ -337,7 +319,7 @@ fn multipart(boundary: &str, purpose: &str) -> (String, String) {
 /// the same request (replayed), while other parts under the key are a 422.
 #[tokio::test]
 async fn a_multipart_retry_with_a_new_boundary_replays() {
-    let sim = sim().await;
+    let sim = support::quick_sim().await;
     let gw = TestGateway::start(config(&sim.url(), |_| {})).await;
     let client = reqwest::Client::new();
     let req = |(content_type, body): (String, String)| {

@@ -5,11 +5,11 @@
 
 mod support;
 
+use axum::response::IntoResponse;
 use support::TestGateway;
 
 use std::sync::{Arc, Mutex};
 
-use axum::response::IntoResponse;
 use http::HeaderMap;
 use idemgate_gateway::GatewayConfig;
 use idemgate_gateway::config::{RawConfig, RawKeyMode, RawRoute};
@@ -65,12 +65,7 @@ async fn the_forwarded_key_header_holds_no_user_or_session_id() {
             .await
             .unwrap();
         assert_eq!(r.status(), 200);
-        replays.push(
-            r.headers()
-                .get("idempotent-replayed")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned),
-        );
+        replays.push(idemgate_testkit::http::replayed(&r));
     }
     assert_eq!(replays, [Some("false".into()), Some("true".into())]);
 

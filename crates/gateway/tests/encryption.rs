@@ -19,14 +19,10 @@ use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
 use idemgate_gateway::GatewayConfig;
 use idemgate_gateway::config::{RawConfig, RawInflightMode, RawKeyMode, RawRoute};
+use idemgate_testkit::postgres_server;
 use tokio::net::TcpListener;
 
 const REDIS: &str = "redis://127.0.0.1:6379";
-
-fn postgres_url() -> String {
-    std::env::var("IDEMGATE_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
 
 fn tag() -> String {
     format!("igenc{:08x}", rand::random::<u32>())
@@ -124,11 +120,7 @@ async fn post(
         .await
         .unwrap();
     let status = r.status().as_u16();
-    let replayed = r
-        .headers()
-        .get("idempotent-replayed")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    let replayed = idemgate_testkit::http::replayed(&r);
     (status, replayed, r.text().await.unwrap())
 }
 
@@ -334,7 +326,7 @@ async fn redis_records_and_live_streams_never_hold_the_answer_when_sealed() {
 
 async fn psql(sql: &str) -> String {
     let out = tokio::process::Command::new("psql")
-        .args([&postgres_url(), "-q", "-A", "-t", "-c", sql])
+        .args([&postgres_server::shared_url(), "-q", "-A", "-t", "-c", sql])
         .output()
         .await
         .expect("run psql");
@@ -352,7 +344,7 @@ async fn postgres_case(encrypted: bool) -> bool {
     let schema = tag();
     let marker = format!("SECRET-ANSWER-{}", tag());
     let gw = start(config(
-        &format!("{}?schema={schema}&pool=4", postgres_url()),
+        &format!("{}?schema={schema}&pool=4", postgres_server::shared_url()),
         &upstream().await,
         keys.as_deref(),
     ))

@@ -3,28 +3,22 @@
 
 mod support;
 
-use support::{TestGateway, eventually, problem_type, replayed};
+use futures_util::StreamExt;
+use idemgate_testkit::http::replayed;
+use support::{TestGateway, eventually, problem_type};
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use idemgate_engine::{Claim, ClientKey, Fingerprint, ScopedKey, Store};
 use idemgate_gateway::GatewayConfig;
 use idemgate_gateway::config::{RawInflightMode, RawKeyMode, RawRoute, RawTimeouts};
-use idemgate_llm_sim::{SimConfig, SimHandle};
 
 fn config(store: &str, upstream: &str, tweak: impl FnOnce(&mut RawRoute)) -> GatewayConfig {
     TestGateway::builder(upstream)
         .store(store)
         .route(tweak)
         .into_config()
-}
-
-async fn sim() -> SimHandle {
-    idemgate_llm_sim::spawn(SimConfig::default())
-        .await
-        .expect("spawn the process")
 }
 
 fn chat_body(stream: bool, text: &str) -> String {
@@ -59,7 +53,7 @@ fn post(
 /// gateway keeps the call going; the retry gets its result. One execution.
 #[tokio::test]
 async fn a_client_timeout_during_generation_then_retry_replays() {
-    let sim = sim().await;
+    let sim = support::sim().await;
     let gw = TestGateway::start(config("memory:", &sim.url(), |_| {})).await;
     let impatient = reqwest::Client::builder()
         .timeout(Duration::from_millis(200))
@@ -95,7 +89,7 @@ async fn a_client_timeout_during_generation_then_retry_replays() {
 /// stores it; the retry arrives after that and is a replay. One execution.
 #[tokio::test]
 async fn a_client_timeout_then_upstream_answers_then_retry_replays() {
-    let sim = sim().await;
+    let sim = support::sim().await;
     let gw = TestGateway::start(config("memory:", &sim.url(), |_| {})).await;
     // The client's timeout must fire after the request reached the upstream
     // (even on a loaded machine) and before the upstream answers.
@@ -137,7 +131,7 @@ async fn a_client_timeout_then_upstream_answers_then_retry_replays() {
 /// connection as the response arrives); the retry replays it. One execution.
 #[tokio::test]
 async fn an_answer_lost_to_the_client_is_replayed_on_retry() {
-    let sim = sim().await;
+    let sim = support::sim().await;
     let gw = TestGateway::start(config("memory:", &sim.url(), |_| {})).await;
     let body = chat_body(false, "timeout position c");
     {
@@ -198,7 +192,7 @@ async fn an_answer_lost_to_the_client_is_replayed_on_retry() {
 // Concurrent duplicates.
 
 async fn duplicates(mode: RawInflightMode, stream: bool, n: usize, iterations: usize) {
-    let sim = sim().await;
+    let sim = support::sim().await;
     let gw = TestGateway::start(config("memory:", &sim.url(), |r| {
         r.on_inflight = Some(mode);
     }))
@@ -309,7 +303,7 @@ fn event_run_id(event: &str) -> Option<(String, u64)> {
 
 #[tokio::test]
 async fn a_dropped_stream_resumes_after_last_event_id() {
-    let sim = sim().await;
+    let sim = support::sim().await;
     let gw = TestGateway::start(config("memory:", &sim.url(), |r| {
         r.on_inflight = Some(RawInflightMode::Attach);
     }))
@@ -377,7 +371,7 @@ async fn a_dropped_stream_resumes_after_last_event_id() {
 
 #[tokio::test]
 async fn a_5xx_releases_the_key_and_the_retry_executes_again() {
-    let sim = sim().await;
+    let sim = support::sim().await;
     let gw = TestGateway::start(config("memory:", &sim.url(), |_| {})).await;
     let client = reqwest::Client::new();
     let body = chat_body(false, "fails once");
@@ -420,15 +414,7 @@ async fn a_5xx_releases_the_key_and_the_retry_executes_again() {
 
 #[tokio::test]
 async fn upstream_unreachable_and_first_byte_timeout_release_the_key() {
-    let closed = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind a loopback port");
-    let dead = format!(
-        "http://{}",
-        closed
-            .local_addr()
-            .expect("a bound listener has an address")
-    );
+    let (closed, dead) = idemgate_gateway::test_util::loopback().await;
     drop(closed);
     let gw = TestGateway::start(config("memory:", &dead, |r| {
         r.on_inflight = Some(RawInflightMode::Reject);
@@ -449,7 +435,7 @@ async fn upstream_unreachable_and_first_byte_timeout_release_the_key() {
     }
     gw.stop().await.expect("stop cleanly");
 
-    let sim = sim().await;
+    let sim = support::sim().await;
     let gw = TestGateway::start(config("memory:", &sim.url(), |r| {
         r.on_inflight = Some(RawInflightMode::Reject);
         r.retryable_statuses = Some(vec![]);
@@ -479,7 +465,7 @@ async fn upstream_unreachable_and_first_byte_timeout_release_the_key() {
 
 #[tokio::test]
 async fn tenants_never_share_records() {
-    let sim = sim().await;
+    let sim = support::sim().await;
     let gw = TestGateway::start(config("memory:", &sim.url(), |_| {})).await;
     let client = reqwest::Client::new();
     let body = chat_body(false, "same key, two tenants");
@@ -508,7 +494,7 @@ async fn tenants_never_share_records() {
 
 #[tokio::test]
 async fn malformed_and_missing_keys_are_refused_before_the_upstream() {
-    let sim = sim().await;
+    let sim = support::sim().await;
     let gw = TestGateway::start(config("memory:", &sim.url(), |r| {
         r.key = Some(RawKeyMode::Require);
     }))
@@ -571,7 +557,7 @@ async fn malformed_and_missing_keys_are_refused_before_the_upstream() {
 
 #[tokio::test]
 async fn an_oversized_body_is_413_and_no_route_is_404() {
-    let sim = sim().await;
+    let sim = support::sim().await;
     let gw = TestGateway::start(config("memory:", &sim.url(), |r| {
         r.body_limit = Some(idemgate_gateway::config::RawSize::Text("1KiB".into()));
     }))
@@ -609,7 +595,7 @@ async fn an_oversized_body_is_413_and_no_route_is_404() {
 #[tokio::test]
 async fn admin_endpoints_report_health_readiness_and_metrics() {
     idemgate_gateway::telemetry::install_prometheus().expect("install the recorder");
-    let sim = sim().await;
+    let sim = support::sim().await;
     let gw = TestGateway::start(config("memory:", &sim.url(), |r| {
         r.id = Some("metrics-route".into());
     }))
@@ -666,7 +652,7 @@ async fn admin_endpoints_report_health_readiness_and_metrics() {
 /// frees the key).
 #[tokio::test]
 async fn graceful_shutdown_leaves_no_pending_record() {
-    let sim = sim().await;
+    let sim = support::sim().await;
     let dir = tempfile::tempdir().expect("create a temp dir");
     let db = dir.path().join("gw.db");
     let mut cfg = config(&format!("sqlite:{}", db.display()), &sim.url(), |r| {
@@ -732,7 +718,7 @@ async fn graceful_shutdown_leaves_no_pending_record() {
 
 #[tokio::test]
 async fn derived_keys_merge_retries_of_one_user_and_session_only() {
-    let sim = sim().await;
+    let sim = support::sim().await;
     let gw = TestGateway::start(config("memory:", &sim.url(), |r| {
         r.key = Some(RawKeyMode::Derive);
         r.key_template = Some(vec![

@@ -17,11 +17,12 @@ mod support;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use idemgate_gateway::config::{RawConfig, RawConnections};
-use idemgate_llm_sim::{SimConfig, SimHandle};
-use support::{TestGateway, replayed};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use idemgate_llm_sim::SimHandle;
+use idemgate_testkit::http::replayed;
+use support::TestGateway;
 use tokio::net::TcpStream;
 
 /// How long any one request of the well-behaved client may take, attacks
@@ -37,15 +38,6 @@ fn limits() -> RawConnections {
         send_timeout: Some("2s".into()),
         ..RawConnections::default()
     }
-}
-
-async fn sim() -> SimHandle {
-    idemgate_llm_sim::spawn(SimConfig {
-        latency: Duration::from_millis(5),
-        ..SimConfig::default()
-    })
-    .await
-    .expect("spawn the simulator")
 }
 
 async fn gateway(sim: &SimHandle, connections: RawConnections) -> TestGateway {
@@ -426,7 +418,7 @@ async fn idle_connections(addr: String, n: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attacks_cost_their_own_connection_only() {
-    let sim = Arc::new(sim().await);
+    let sim = Arc::new(support::quick_sim().await);
     let gw = gateway(&sim, limits()).await;
     let a = addr(&gw);
     let stop = Arc::new(AtomicBool::new(false));
@@ -460,7 +452,7 @@ async fn attacks_cost_their_own_connection_only() {
     attacked.expect("every attack was met as expected");
     assert!(ran >= 5, "the well-behaved client ran {ran} operations");
 
-    let metrics = gw.metrics(&reqwest::Client::new()).await;
+    let metrics = support::metrics(&gw, &reqwest::Client::new()).await;
     for limit in [
         "header_read_time",
         "header_size",
@@ -483,7 +475,7 @@ async fn attacks_cost_their_own_connection_only() {
 
 #[tokio::test]
 async fn connections_over_the_limit_get_503_until_others_close() {
-    let sim = sim().await;
+    let sim = support::quick_sim().await;
     let gw = gateway(
         &sim,
         RawConnections {
@@ -530,7 +522,7 @@ async fn connections_over_the_limit_get_503_until_others_close() {
         .await
         .expect("served again once the idle connections closed");
     assert_eq!(r.status(), 200);
-    let metrics = gw.metrics(&client).await;
+    let metrics = support::metrics(&gw, &client).await;
     assert!(limit_count(&metrics, "connections") >= 1.0, "{metrics}");
     gw.stop().await.expect("the gateway stops cleanly");
 }

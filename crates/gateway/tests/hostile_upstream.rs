@@ -11,11 +11,11 @@ mod support;
 use std::collections::HashMap;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use idemgate_gateway::GatewayConfig;
 use idemgate_gateway::config::{RawConfig, RawKeyMode, RawRoute};
 use support::TestGateway;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 type Counts = Arc<Mutex<HashMap<String, usize>>>;
 
@@ -124,11 +124,7 @@ async fn post(base: &str, path: &str, key: &str) -> (u16, Option<String>, String
         .await
         .expect("the gateway answers");
     let status = resp.status().as_u16();
-    let replayed = resp
-        .headers()
-        .get("idempotent-replayed")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    let replayed = idemgate_testkit::http::replayed(&resp);
     (status, replayed, resp.text().await.expect("a body"))
 }
 

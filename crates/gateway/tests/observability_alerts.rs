@@ -138,7 +138,7 @@ async fn alerts_and_dashboard_refer_only_to_exported_metrics() {
         .await
         .expect("send the request");
     assert_eq!(r.status(), 504);
-    let text = gw.metrics(&client).await;
+    let text = support::metrics(&gw, &client).await;
     let exported: BTreeSet<String> = samples(&text)
         .into_iter()
         .map(|s| {

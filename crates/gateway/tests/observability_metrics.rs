@@ -10,9 +10,9 @@
 
 mod support;
 
+use futures_util::StreamExt;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use idemgate_gateway::config::RawInflightMode;
 use idemgate_llm_sim::{FAIL_HEADER, LATENCY_HEADER};
 use support::observability::*;
@@ -50,7 +50,7 @@ async fn ten_keys_three_sends_give_exact_figures() {
     assert_eq!(sim.stats().executions, 10);
     assert!(saved > 0);
 
-    let text = gw.metrics(&client).await;
+    let text = support::metrics(&gw, &client).await;
     assert_eq!(sum(&text, "idempotency_hit_total", &[]), 20.0, "{text}");
     assert_eq!(
         sum(
@@ -164,7 +164,7 @@ async fn concurrent_duplicates_in_reject_mode_count_four_conflicts() {
     while sim.stats().requests < rounds {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let text = gw.metrics(&client).await;
+    let text = support::metrics(&gw, &client).await;
     assert_eq!(
         sum(&text, "idempotency_inflight_conflict_total", &[]),
         4.0 * rounds as f64,
@@ -239,7 +239,7 @@ async fn upstream_phases_timeouts_and_lost_events() {
         .count();
     assert!(events >= 3, "{events}");
 
-    let text = gw.metrics(&client).await;
+    let text = support::metrics(&gw, &client).await;
     let phase_count = |phase: &str| {
         sum(
             &text,

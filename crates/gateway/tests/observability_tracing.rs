@@ -31,15 +31,7 @@ async fn recording_upstream() -> (String, Arc<Mutex<Vec<Option<String>>>>) {
             )
         }
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind a loopback port");
-    let url = format!(
-        "http://{}",
-        listener
-            .local_addr()
-            .expect("a bound listener has an address")
-    );
+    let (listener, url) = idemgate_gateway::test_util::loopback().await;
     tokio::spawn(async move { axum::serve(listener, app).await });
     (url, seen)
 }

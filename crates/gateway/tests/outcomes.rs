@@ -12,11 +12,11 @@
 
 mod support;
 
-use support::{TestGateway, eventually, problem_type, replayed};
+use idemgate_testkit::http::replayed;
+use support::{TestGateway, eventually, problem_type};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use idemgate_gateway::config::{RawInflightMode, RawKeyMode, RawRoute, RawTimeouts};
-use idemgate_llm_sim::{SimConfig, SimHandle};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const TOKEN: &str = "admin-secret";
 
@@ -84,12 +84,6 @@ fn chat_body(text: &str) -> String {
     .to_string()
 }
 
-async fn sim() -> SimHandle {
-    idemgate_llm_sim::spawn(SimConfig::default())
-        .await
-        .expect("spawn the simulator")
-}
-
 /// The value of the first sample of `name` whose labels contain `label`.
 fn sample(metrics: &str, name: &str, label: &str) -> f64 {
     metrics
@@ -119,7 +113,7 @@ fn outcomes(timeline: &serde_json::Value) -> Vec<String> {
 /// slot, for the layer as for the proxy: B is not cut, and runs once.
 #[tokio::test]
 async fn time_in_the_queue_never_eats_the_upstream_budget() {
-    let sim = sim().await;
+    let sim = support::sim().await;
     let gw = start(&sim.url(), |r| {
         r.concurrency_limit = Some(1);
         r.timeouts = Some(RawTimeouts {
@@ -166,7 +160,7 @@ async fn time_in_the_queue_never_eats_the_upstream_budget() {
 /// queue timeout is counted, and B's key is free: its retry runs once.
 #[tokio::test]
 async fn a_queue_timeout_answers_busy_sends_nothing_and_releases_the_key() {
-    let sim = sim().await;
+    let sim = support::sim().await;
     let gw = start(&sim.url(), |r| {
         r.concurrency_limit = Some(1);
         r.queue_timeout = Some("100ms".into());
@@ -198,7 +192,7 @@ async fn a_queue_timeout_answers_busy_sends_nothing_and_releases_the_key() {
         "https://idemgate.dev/problems/upstream-busy"
     );
     assert_eq!(sim.executions_for("busy-b"), 0, "nothing may be sent");
-    let m = gw.metrics(&reqwest::Client::new()).await;
+    let m = support::metrics(&gw, &reqwest::Client::new()).await;
     assert!(
         sample(&m, "idemgate_upstream_timeouts_total", "phase=\"queue\"") >= 1.0,
         "{m}"
@@ -233,7 +227,7 @@ fn short_first_byte(r: &mut RawRoute) {
 /// nothing runs again; the timeline says why.
 #[tokio::test]
 async fn a_charging_route_keeps_a_first_byte_timeout_as_outcome_unknown() {
-    let sim = sim().await;
+    let sim = support::sim().await;
     let gw = start(&sim.url(), |r| {
         r.charges = Some(true);
         short_first_byte(r);
@@ -269,7 +263,7 @@ async fn a_charging_route_keeps_a_first_byte_timeout_as_outcome_unknown() {
     assert_eq!(t["state"], "done");
     assert_eq!(t["status"], 504);
     assert_eq!(outcomes(&t), ["outcome_unknown", "replayed"]);
-    let m = gw.metrics(&reqwest::Client::new()).await;
+    let m = support::metrics(&gw, &reqwest::Client::new()).await;
     assert!(
         sample(&m, "idempotency_outcome_unknown_total", "") >= 1.0,
         "{m}"
@@ -312,9 +306,9 @@ async fn a_charging_route_keeps_a_first_byte_timeout_as_outcome_unknown() {
 /// runs again) and is counted as an unknown outcome.
 #[tokio::test]
 async fn other_routes_release_an_unknown_outcome_and_count_it() {
-    let sim = sim().await;
+    let sim = support::sim().await;
     let gw = start(&sim.url(), short_first_byte).await;
-    let before = gw.metrics(&reqwest::Client::new()).await;
+    let before = support::metrics(&gw, &reqwest::Client::new()).await;
     let first = post(&gw, "plain-hang", "just a chat")
         .header("x-sim-fail", "hang")
         .send()
@@ -325,7 +319,7 @@ async fn other_routes_release_an_unknown_outcome_and_count_it() {
         problem_type(first).await,
         "https://idemgate.dev/problems/upstream-timeout"
     );
-    let m = gw.metrics(&reqwest::Client::new()).await;
+    let m = support::metrics(&gw, &reqwest::Client::new()).await;
     let counted = |m: &str| sample(m, "idempotency_outcome_unknown_total", "");
     assert_eq!(counted(&m), counted(&before) + 1.0, "{m}");
     assert!(
@@ -359,15 +353,7 @@ async fn cutting_upstream(
     reply: &'static [u8],
 ) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind a loopback port");
-    let url = format!(
-        "http://{}",
-        listener
-            .local_addr()
-            .expect("a bound listener has an address")
-    );
+    let (listener, url) = idemgate_gateway::test_util::loopback().await;
     let read = std::sync::Arc::new(AtomicUsize::new(0));
     let counter = std::sync::Arc::clone(&read);
     tokio::spawn(async move {

@@ -21,44 +21,19 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idemgate_gateway::GatewayConfig;
-use idemgate_gateway::config::{RawConfig, RawInflightMode, RawKeyMode, RawRoute, RawTimeouts};
 use idemgate_llm_sim::SimConfig;
-use idemgate_testkit::redis_server::{Server, redis_cli, wait_until};
-use idemgate_testkit::require;
-use support::{TestGateway, replayed};
+use idemgate_testkit::http::replayed;
+use idemgate_testkit::redis_server::{Server, create_cluster, redis_cli, wait_until};
+use support::TestGateway;
 
 fn config(store: &str, upstream: &str) -> GatewayConfig {
-    GatewayConfig::from_raw(RawConfig {
-        store: Some(store.into()),
-        shutdown_grace: Some("5s".into()),
-        routes: vec![RawRoute {
-            prefix: Some("/v1".into()),
-            upstream: Some(upstream.into()),
-            key: Some(RawKeyMode::Require),
-            on_inflight: Some(RawInflightMode::Wait),
-            pending_ttl: Some("20s".into()),
-            timeouts: Some(RawTimeouts {
-                connect: Some("1s".into()),
-                first_byte: Some("10s".into()),
-                idle: Some("5s".into()),
-                total: Some("20s".into()),
-            }),
-            ..RawRoute::default()
-        }],
-        ..RawConfig::default()
-    })
-    .unwrap_or_else(|e| panic!("config: {e}"))
+    support::keyed(store, upstream)
+        .route(|r| r.pending_ttl = Some("20s".into()))
+        .into_config()
 }
 
 /// Six cluster nodes, 3 masters each with one replica.
 fn cluster(root: &std::path::Path) -> Vec<Server> {
-    require(
-        "redis-cli",
-        std::process::Command::new("redis-cli")
-            .arg("--version")
-            .output()
-            .is_ok(),
-    );
     let nodes: Vec<Server> = (0..6)
         .map(|_| {
             Server::start_with(
@@ -79,22 +54,7 @@ fn cluster(root: &std::path::Path) -> Vec<Server> {
             )
         })
         .collect();
-    let addrs: Vec<String> = nodes
-        .iter()
-        .map(|n| format!("127.0.0.1:{}", n.port))
-        .collect();
-    let mut args = vec!["--cluster", "create"];
-    args.extend(addrs.iter().map(String::as_str));
-    args.extend(["--cluster-replicas", "1", "--cluster-yes"]);
-    assert!(
-        redis_cli(nodes[0].port, &args).is_some(),
-        "redis-cli --cluster create failed"
-    );
-    for n in &nodes {
-        wait_until("cluster_state:ok", Duration::from_secs(30), || {
-            redis_cli(n.port, &["cluster", "info"]).is_some_and(|i| i.contains("cluster_state:ok"))
-        });
-    }
+    create_cluster(&nodes, 1, None, Duration::from_secs(30));
     nodes
 }
 

@@ -15,24 +15,22 @@
 mod redis_support;
 mod support;
 
+use futures_util::StreamExt;
 use support::TestGateway;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use idemgate_gateway::GatewayConfig;
-use idemgate_gateway::config::{RawConfig, RawInflightMode, RawKeyMode, RawRoute, RawTimeouts};
-use idemgate_llm_sim::{SimConfig, SimHandle};
+use idemgate_gateway::config::RawInflightMode;
+use idemgate_llm_sim::SimHandle;
+use idemgate_testkit::http::replayed;
+use idemgate_testkit::postgres_server;
+use idemgate_testkit::postgres_server::drop_schema;
 
 const REDIS: &str = "redis://127.0.0.1:6379";
 const ADMIN_TOKEN: &str = "replica-admin";
-
-fn postgres_url() -> String {
-    std::env::var("IDEMGATE_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
 
 fn tag() -> String {
     format!("igrep{:08x}", rand::random::<u32>())
@@ -59,32 +57,12 @@ async fn replica(store: &str, upstream: &str) -> TestGateway {
 }
 
 fn config(store: &str, upstream: &str) -> GatewayConfig {
-    let r = RawRoute {
-        prefix: Some("/v1".into()),
-        upstream: Some(upstream.into()),
-        key: Some(RawKeyMode::Require),
-        on_inflight: Some(RawInflightMode::Attach),
-        inflight_wait: Some("30s".into()),
-        timeouts: Some(RawTimeouts {
-            connect: Some("1s".into()),
-            first_byte: Some("10s".into()),
-            idle: Some("5s".into()),
-            total: Some("30s".into()),
-        }),
-        ..RawRoute::default()
-    };
-    GatewayConfig::from_raw(RawConfig {
-        store: Some(store.into()),
-        shutdown_grace: Some("5s".into()),
-        admin_token: Some(ADMIN_TOKEN.into()),
-        routes: vec![r],
-        ..RawConfig::default()
-    })
-    .unwrap_or_else(|e| panic!("config: {e}"))
-}
-
-async fn sim() -> SimHandle {
-    idemgate_llm_sim::spawn(SimConfig::default()).await.unwrap()
+    support::keyed(store, upstream)
+        .on_inflight(RawInflightMode::Attach)
+        .route(|r| r.inflight_wait = Some("30s".into()))
+        .total_timeout("30s")
+        .config(|c| c.admin_token = Some(ADMIN_TOKEN.into()))
+        .into_config()
 }
 
 fn stream_request(
@@ -106,13 +84,6 @@ fn stream_request(
         .header("x-sim-tokens", "40")
         .header("x-sim-token-interval-ms", "50")
         .body(body.to_string())
-}
-
-fn replayed(r: &reqwest::Response) -> Option<String> {
-    r.headers()
-        .get("idempotent-replayed")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
 }
 
 /// The events of an SSE body after the first `n`.
@@ -204,7 +175,7 @@ async fn duplicate_on_the_other_replica(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_replicas_follow_a_live_stream_run_by_the_other() {
-    let sim = sim().await;
+    let sim = support::sim().await;
     let prefix = tag();
     let store = format!("{REDIS}/?prefix={prefix}");
     let a = replica(&store, &sim.url()).await;
@@ -233,7 +204,7 @@ async fn redis_cluster_replicas_follow_a_live_stream_run_by_the_other() {
         .split(',')
         .next()
         .unwrap();
-    let sim = sim().await;
+    let sim = support::sim().await;
     let prefix = tag();
     let store = format!("redis+cluster://{seed}/?prefix={prefix}");
     let a = replica(&store, &sim.url()).await;
@@ -249,9 +220,9 @@ async fn redis_cluster_replicas_follow_a_live_stream_run_by_the_other() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_replicas_wait_for_done_and_replay_the_stream() {
-    let sim = sim().await;
+    let sim = support::sim().await;
     let schema = tag();
-    let store = format!("{}?schema={schema}&pool=4", postgres_url());
+    let store = format!("{}?schema={schema}&pool=4", postgres_server::shared_url());
     let a = replica(&store, &sim.url()).await;
     let b = replica(&store, &sim.url()).await;
     for i in 0..2 {
@@ -263,7 +234,7 @@ async fn postgres_replicas_wait_for_done_and_replay_the_stream() {
     a.stop().await.expect("stop cleanly");
     b.stop().await.expect("stop cleanly");
     sim.shutdown().await;
-    drop_schema(&schema).await;
+    drop_schema(&postgres_server::shared_url(), &schema).await;
 }
 
 /// A JSON request for `key` on `gw`: whether it was replayed.
@@ -314,7 +285,7 @@ async fn forget_on_one_replica_holds_on_the_other(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forget_holds_on_every_replica_with_redis() {
-    let sim = sim().await;
+    let sim = support::sim().await;
     let prefix = tag();
     let store = format!("{REDIS}/?prefix={prefix}");
     let a = replica(&store, &sim.url()).await;
@@ -328,21 +299,21 @@ async fn a_forget_holds_on_every_replica_with_redis() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forget_holds_on_every_replica_with_postgres() {
-    let sim = sim().await;
+    let sim = support::sim().await;
     let schema = tag();
-    let store = format!("{}?schema={schema}&pool=4", postgres_url());
+    let store = format!("{}?schema={schema}&pool=4", postgres_server::shared_url());
     let a = replica(&store, &sim.url()).await;
     let b = replica(&store, &sim.url()).await;
     forget_on_one_replica_holds_on_the_other(&sim, &a, &b, &format!("{schema}-forget")).await;
     a.stop().await.expect("stop cleanly");
     b.stop().await.expect("stop cleanly");
     sim.shutdown().await;
-    drop_schema(&schema).await;
+    drop_schema(&postgres_server::shared_url(), &schema).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forget_holds_on_every_replica_with_sqlite() {
-    let sim = sim().await;
+    let sim = support::sim().await;
     let dir = tempfile::tempdir().expect("temp dir");
     let store = format!("sqlite:{}", dir.path().join("shared.db").display());
     let a = replica(&store, &sim.url()).await;
@@ -351,22 +322,6 @@ async fn a_forget_holds_on_every_replica_with_sqlite() {
     a.stop().await.expect("stop cleanly");
     b.stop().await.expect("stop cleanly");
     sim.shutdown().await;
-}
-
-/// Removes the test schema (psql, if installed; leftovers are harmless).
-async fn drop_schema(schema: &str) {
-    for _ in 0..5 {
-        let done = tokio::process::Command::new("psql")
-            .args([&postgres_url(), "-q", "-c"])
-            .arg(format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
-            .output()
-            .await
-            .is_ok_and(|o| o.status.success());
-        if done {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
 }
 
 /// Removes this test's Redis keys.

@@ -10,7 +10,6 @@ use support::TestGateway;
 
 use idemgate_gateway::GatewayConfig;
 use idemgate_gateway::config::{RawConfig, RawInflightMode, RawKeyMode, RawRoute, RawTimeouts};
-use idemgate_llm_sim::{SimConfig, SimHandle};
 
 fn config(upstream: &str, tweak: impl FnOnce(&mut RawRoute)) -> Result<GatewayConfig, String> {
     let mut r = RawRoute {
@@ -33,12 +32,6 @@ fn config(upstream: &str, tweak: impl FnOnce(&mut RawRoute)) -> Result<GatewayCo
         ..RawConfig::default()
     })
     .map_err(|e| e.to_string())
-}
-
-async fn sim() -> SimHandle {
-    idemgate_llm_sim::spawn(SimConfig::default())
-        .await
-        .expect("spawn the simulated upstream")
 }
 
 fn chat(text: &str) -> String {
@@ -76,7 +69,7 @@ async fn stop(gw: TestGateway) {
 /// reuse, beside the RFC 9457 fields.
 #[tokio::test]
 async fn a_reused_key_says_so_in_the_error_object() {
-    let sim = sim().await;
+    let sim = support::sim().await;
     let gw = TestGateway::start(config(&sim.url(), |_| {}).expect("config")).await;
     let client = reqwest::Client::new();
     let first = post(&client, &gw.base, chat("one"))
@@ -121,7 +114,7 @@ async fn a_reused_key_says_so_in_the_error_object() {
 /// the end of the 30 s lease.
 #[tokio::test]
 async fn an_in_flight_409_advises_a_short_poll_not_the_lease() {
-    let sim = sim().await;
+    let sim = support::sim().await;
     let cfg = config(&sim.url(), |r| {
         r.on_inflight = Some(RawInflightMode::Reject);
         r.pending_ttl = Some("30s".into());
@@ -170,7 +163,7 @@ async fn an_in_flight_409_advises_a_short_poll_not_the_lease() {
 /// on it); `Idempotency-Key` alone no longer keys the request.
 #[tokio::test]
 async fn the_key_header_is_configurable_per_route() {
-    let sim = sim().await;
+    let sim = support::sim().await;
     let cfg = config(&sim.url(), |r| {
         r.key_header = Some("X-Idempotency-Key".into());
     })

@@ -16,33 +16,16 @@ mod support;
 use std::time::Duration;
 
 use idemgate_gateway::GatewayConfig;
-use idemgate_gateway::config::{RawConfig, RawInflightMode, RawKeyMode, RawRoute, RawTimeouts};
 use idemgate_llm_sim::SimConfig;
 use idemgate_testkit::FaultProxy;
-use support::{TestGateway, replayed};
+use idemgate_testkit::http::replayed;
+use support::TestGateway;
 
 fn config(store: &str, upstream: &str) -> GatewayConfig {
-    let r = RawRoute {
-        prefix: Some("/v1".into()),
-        upstream: Some(upstream.into()),
-        key: Some(RawKeyMode::Require),
-        on_inflight: Some(RawInflightMode::Wait),
-        inflight_wait: Some("30s".into()),
-        timeouts: Some(RawTimeouts {
-            connect: Some("1s".into()),
-            first_byte: Some("10s".into()),
-            idle: Some("5s".into()),
-            total: Some("30s".into()),
-        }),
-        ..RawRoute::default()
-    };
-    GatewayConfig::from_raw(RawConfig {
-        store: Some(store.into()),
-        shutdown_grace: Some("5s".into()),
-        routes: vec![r],
-        ..RawConfig::default()
-    })
-    .unwrap_or_else(|e| panic!("config: {e}"))
+    support::keyed(store, upstream)
+        .route(|r| r.inflight_wait = Some("30s".into()))
+        .total_timeout("30s")
+        .into_config()
 }
 
 fn request(client: &reqwest::Client, base: &str, key: &str) -> reqwest::RequestBuilder {

@@ -12,16 +12,14 @@ mod support;
 #[path = "../../redis/tests/support/mod.rs"]
 mod redis_support;
 
-#[path = "../../postgres/tests/support/mod.rs"]
-mod pg_support;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
 use idemgate_gateway::config::RawInflightMode;
-use support::{TestGateway, replayed};
+use idemgate_testkit::http::replayed;
+use support::TestGateway;
 use tokio::net::TcpListener;
 
 /// An upstream that counts its calls and answers JSON, or an event stream
@@ -103,10 +101,12 @@ async fn a_rediss_store_with_a_private_ca_keeps_records_and_live_streams() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_postgres_store_with_verify_full_keeps_records() {
-    static SERVER: OnceLock<pg_support::Private> = OnceLock::new();
+    static SERVER: OnceLock<idemgate_testkit::postgres_server::Server> = OnceLock::new();
     let server = tokio::task::spawn_blocking(|| {
         SERVER.get_or_init(|| {
-            pg_support::Private::start_tls(&idemgate_testkit::tls::TestCerts::generate())
+            idemgate_testkit::postgres_server::Server::start_tls(
+                &idemgate_testkit::tls::TestCerts::generate(),
+            )
         })
     })
     .await

@@ -10,21 +10,16 @@
 
 mod support;
 
+use futures_util::StreamExt;
 use support::TestGateway;
 
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use idemgate_gateway::GatewayConfig;
-use idemgate_gateway::config::{RawConfig, RawInflightMode, RawKeyMode, RawRoute, RawTimeouts};
-use idemgate_llm_sim::{SimConfig, SimHandle};
+use idemgate_gateway::config::RawRoute;
+use idemgate_testkit::postgres_server;
 
 const REDIS: &str = "redis://127.0.0.1:6379";
-
-fn postgres_url() -> String {
-    std::env::var("IDEMGATE_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
 
 fn tag() -> String {
     format!("igso{:08x}", rand::random::<u32>())
@@ -33,18 +28,8 @@ fn tag() -> String {
 fn config(store: &str, route: &str, upstream: &str) -> GatewayConfig {
     let plain = RawRoute {
         id: Some(route.into()),
-        prefix: Some("/v1".into()),
-        upstream: Some(upstream.into()),
-        key: Some(RawKeyMode::Optional),
-        on_inflight: Some(RawInflightMode::Wait),
         done_ttl: Some("10m".into()),
-        timeouts: Some(RawTimeouts {
-            connect: Some("1s".into()),
-            first_byte: Some("10s".into()),
-            idle: Some("5s".into()),
-            total: Some("20s".into()),
-        }),
-        ..RawRoute::default()
+        ..TestGateway::route(upstream)
     };
     // The same upstream on a charging route: `/charged/v1/…`.
     let charged = RawRoute {
@@ -54,13 +39,11 @@ fn config(store: &str, route: &str, upstream: &str) -> GatewayConfig {
         charges: Some(true),
         ..plain.clone()
     };
-    GatewayConfig::from_raw(RawConfig {
-        store: Some(store.into()),
-        shutdown_grace: Some("5s".into()),
-        routes: vec![plain, charged],
-        ..RawConfig::default()
-    })
-    .unwrap_or_else(|e| panic!("config: {e}"))
+    TestGateway::builder(upstream)
+        .store(store)
+        .route(|r| *r = plain)
+        .and_route(charged)
+        .into_config()
 }
 
 /// A client that sends no `Accept-Encoding` and decodes nothing: it sees
@@ -170,15 +153,8 @@ async fn send(
 }
 
 /// The sum of the samples of `name` whose labels hold every fragment.
-async fn metric(client: &reqwest::Client, admin: &str, name: &str, labels: &[&str]) -> f64 {
-    let text = client
-        .get(format!("{admin}/metrics"))
-        .send()
-        .await
-        .expect("send the request")
-        .text()
-        .await
-        .expect("read the metrics");
+async fn metric(client: &reqwest::Client, gw: &TestGateway, name: &str, labels: &[&str]) -> f64 {
+    let text = support::metrics(gw, client).await;
     text.lines()
         .filter(|l| l.starts_with(name) && labels.iter().all(|f| l.contains(f)))
         .filter_map(|l| l.rsplit(' ').next())
@@ -186,16 +162,10 @@ async fn metric(client: &reqwest::Client, admin: &str, name: &str, labels: &[&st
         .sum()
 }
 
-async fn sim() -> SimHandle {
-    idemgate_llm_sim::spawn(SimConfig::default())
-        .await
-        .expect("spawn the simulator")
-}
-
 /// The scenarios, on one store. Keys are unique per run (`run`), so shared
 /// servers need no cleaning between runs.
 async fn suite(store: &str) {
-    let sim = sim().await;
+    let sim = support::sim().await;
     let route = "outcome";
     let gw = TestGateway::start(config(store, route, &sim.url())).await;
     // `serve` opens the store before it answers; a failure ends the task.
@@ -236,7 +206,7 @@ async fn suite(store: &str) {
     assert_eq!(sim.executions_for(&key), 2);
     let released = ["reason=\"error_event\"", &route_label];
     assert_eq!(
-        metric(&client, &gw.admin, "idempotency_released_total", &released).await,
+        metric(&client, &gw, "idempotency_released_total", &released).await,
         1.0
     );
 
@@ -271,7 +241,7 @@ async fn suite(store: &str) {
     );
     assert_eq!(sim.executions_for(&key), 2);
     assert_eq!(
-        metric(&client, &gw.admin, "idempotency_released_total", &released).await,
+        metric(&client, &gw, "idempotency_released_total", &released).await,
         2.0
     );
 
@@ -294,13 +264,7 @@ async fn suite(store: &str) {
     assert_eq!(sim.executions_for(&key), 2);
     let unterminated = ["reason=\"unterminated_stream\"", &route_label];
     assert_eq!(
-        metric(
-            &client,
-            &gw.admin,
-            "idempotency_released_total",
-            &unterminated
-        )
-        .await,
+        metric(&client, &gw, "idempotency_released_total", &unterminated).await,
         1.0
     );
 
@@ -344,7 +308,7 @@ async fn suite(store: &str) {
     }
     let saved = metric(
         &client,
-        &gw.admin,
+        &gw,
         "idempotency_tokens_saved_total",
         &[&route_label],
     )
@@ -477,7 +441,7 @@ async fn suite(store: &str) {
     assert_eq!(
         metric(
             &client,
-            &gw.admin,
+            &gw,
             "idempotency_outcome_unknown_total",
             &[&charged_label]
         )
@@ -511,14 +475,18 @@ async fn redis_store() {
 #[tokio::test]
 async fn postgres_store() {
     let schema = tag();
-    suite(&format!("{}?schema={schema}&pool=4", postgres_url())).await;
+    suite(&format!(
+        "{}?schema={schema}&pool=4",
+        postgres_server::shared_url()
+    ))
+    .await;
     drop_schema(&schema).await;
 }
 
 /// Removes the test schema (psql, if installed; leftovers are harmless).
 async fn drop_schema(schema: &str) {
     let _ = tokio::process::Command::new("psql")
-        .args([&postgres_url(), "-q", "-c"])
+        .args([&postgres_server::shared_url(), "-q", "-c"])
         .arg(format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
         .output()
         .await;

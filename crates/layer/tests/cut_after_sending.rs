@@ -8,6 +8,8 @@
 //! Real HTTP on 127.0.0.1:0, the memory store.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -23,17 +25,12 @@ use idemgate_layer::{
     CompletionClock, IdempotencyLayer, LayerConfig, OnInflight, OutcomeUnknownMode, SendSignal,
     StoredResponse,
 };
+use support::app::{App, AppState};
 use tokio::sync::watch;
-
-#[derive(Clone)]
-struct App {
-    executions: Arc<AtomicUsize>,
-    gate: watch::Receiver<bool>,
-}
 
 /// Says "sent" unless told `x-unsent`, then panics when told `x-panic`,
 /// or waits for the gate; answers JSON.
-async fn work(State(app): State<App>, req: axum::extract::Request) -> Response {
+async fn work(State(app): State<AppState>, req: axum::extract::Request) -> Response {
     let n = app.executions.fetch_add(1, Ordering::SeqCst) + 1;
     let headers: HeaderMap = req.headers().clone();
     if !headers.contains_key("x-unsent")
@@ -69,23 +66,13 @@ impl Harness {
             ..LayerConfig::new("test")
         };
         let layer = IdempotencyLayer::new(engine, config);
-        let (gate, gate_rx) = watch::channel(false);
-        let executions = Arc::new(AtomicUsize::new(0));
-        let app = Router::new()
-            .route("/work", post(work))
-            .layer(layer.clone())
-            .with_state(App {
-                executions: Arc::clone(&executions),
-                gate: gate_rx,
-            });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await });
+        let app = App::with_routes(layer, Router::new().route("/work", post(work)));
+        let base = app.serve().await;
         Self {
             base,
-            executions,
-            gate,
-            layer,
+            executions: app.executions,
+            gate: app.gate,
+            layer: app.layer,
         }
     }
 

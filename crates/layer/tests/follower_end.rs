@@ -13,6 +13,8 @@
 //! switch that fences (or fails) the next completion.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -27,7 +29,8 @@ use idemgate_engine::{
     Attempt, AttemptOutcome, BoxFuture, Engine, Fenced, Lease, MemoryStore, Policy, Store,
     StoreError, StoreErrorKind,
 };
-use idemgate_layer::{IdempotencyLayer, LayerConfig, OnInflight};
+use idemgate_layer::{IdempotencyLayer, OnInflight, LayerConfig};
+use support::app::{App, AppState, read_events};
 use tokio::sync::{mpsc, watch};
 
 /// What the next `complete` does.
@@ -80,14 +83,8 @@ impl idemgate_engine::LayeredStore for Switched {
     }
 }
 
-#[derive(Clone)]
-struct App {
-    executions: Arc<AtomicUsize>,
-    gate: watch::Receiver<bool>,
-}
-
 /// Three events, a wait for the gate, then three more and `[DONE]`.
-async fn sse(State(app): State<App>) -> Response {
+async fn sse(State(app): State<AppState>) -> Response {
     let n = app.executions.fetch_add(1, Ordering::SeqCst) + 1;
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(4);
     let mut gate = app.gate.clone();
@@ -114,7 +111,7 @@ async fn sse(State(app): State<App>) -> Response {
 }
 
 /// Waits for the gate, then answers JSON.
-async fn json(State(app): State<App>) -> Response {
+async fn json(State(app): State<AppState>) -> Response {
     let n = app.executions.fetch_add(1, Ordering::SeqCst) + 1;
     let mut gate = app.gate.clone();
     let _ = gate.wait_for(|open| *open).await;
@@ -147,25 +144,17 @@ impl Harness {
             ..LayerConfig::new("test")
         };
         let layer = IdempotencyLayer::new(engine, config);
-        let (gate, gate_rx) = watch::channel(false);
-        let executions = Arc::new(AtomicUsize::new(0));
-        let app = Router::new()
+        let routes = Router::new()
             .route("/sse", post(sse))
-            .route("/json", post(json))
-            .layer(layer.clone())
-            .with_state(App {
-                executions: Arc::clone(&executions),
-                gate: gate_rx,
-            });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await });
+            .route("/json", post(json));
+        let app = App::with_routes(layer, routes);
+        let base = app.serve().await;
         Self {
             base,
             next_complete,
-            gate,
-            executions,
-            layer,
+            gate: app.gate,
+            executions: app.executions,
+            layer: app.layer,
         }
     }
 
@@ -215,14 +204,6 @@ impl Harness {
             }
         };
         (clean, replayed, owner_clean)
-    }
-}
-
-async fn read_events(res: &mut reqwest::Response, n: usize) {
-    let mut got = Vec::new();
-    while got.windows(2).filter(|w| w == b"\n\n").count() < n {
-        let chunk = res.chunk().await.unwrap().expect("stream ended early");
-        got.extend_from_slice(&chunk);
     }
 }
 

@@ -15,6 +15,7 @@ use idemgate_layer::{IdempotencyLayer, KeyMode, LayerConfig, OnInflight, StoreEr
 mod support;
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use support::DownStore;
+use support::app::serve;
 
 /// Counters by `name{label=value,…}` (labels sorted).
 #[derive(Debug, Default)]
@@ -87,9 +88,7 @@ async fn replays_count_hits_and_saved_tokens_conflicts_and_outcomes() {
             }),
         )
         .layer(layer.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/v1/chat", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let url = format!("{}/v1/chat", serve(app).await);
     let client = reqwest::Client::new();
     let post = |key: &str, body: &'static str| {
         client
@@ -162,9 +161,7 @@ async fn reading_an_operation_is_not_a_replay() {
             }),
         )
         .layer(layer.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let base = serve(app).await;
     let client = reqwest::Client::new();
     let accepted = client
         .post(format!("{base}/v1/chat"))
@@ -223,9 +220,7 @@ async fn unprotected_requests_are_counted_by_cause() {
     let app = Router::new()
         .route("/optional", handler().layer(optional))
         .route("/open", handler().layer(failing_open));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let base = serve(app).await;
     let client = reqwest::Client::new();
     for _ in 0..3 {
         let r = client
@@ -283,9 +278,7 @@ async fn a_panicking_execution_is_counted() {
             }),
         )
         .layer(layer);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/work", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let url = format!("{}/work", serve(app).await);
     let client = reqwest::Client::new();
     let send = || client.post(&url).header("idempotency-key", "p").send();
     assert_eq!(send().await.unwrap().status(), 500);

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{anthropic_body, events, post, sim};
+use common::{anthropic_body, events, post, post_json, sim};
 use serde_json::{Value, json};
 
 const PATH: &str = "/v1/messages";
@@ -51,11 +51,7 @@ async fn non_streaming_message_and_usage() {
 #[tokio::test]
 async fn streaming_event_sequence() {
     let sim = sim().await;
-    let plain: Value = post(&sim, PATH, &anthropic_body("stream me", false), &[])
-        .await
-        .json()
-        .await
-        .unwrap();
+    let plain: Value = post_json(&sim, PATH, &anthropic_body("stream me", false), &[]).await;
     let response = post(&sim, PATH, &anthropic_body("stream me", true), &[]).await;
     assert_eq!(response.status(), 200);
     assert!(
@@ -115,7 +111,7 @@ async fn max_tokens_is_required_and_caps() {
     assert_eq!(error["error"]["type"], "invalid_request_error");
 
     body["max_tokens"] = json!(2);
-    let message: Value = post(&sim, PATH, &body, &[]).await.json().await.unwrap();
+    let message: Value = post_json(&sim, PATH, &body, &[]).await;
     assert_eq!(message["stop_reason"], "max_tokens");
     assert_eq!(message["usage"]["output_tokens"], 2);
     assert_eq!(sim.stats().executions, 1);

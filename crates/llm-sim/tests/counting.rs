@@ -8,7 +8,7 @@ mod common;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::{client, openai_body, post, sim, until};
+use common::{client, json_of, openai_body, post, post_json, sim, until};
 use futures_util::StreamExt;
 use idemgate_llm_sim::{EXECUTION_HEADER, SimConfig, StatsSnapshot};
 use serde_json::{Value, json};
@@ -44,32 +44,11 @@ async fn executions_are_counted_per_key() {
     assert_eq!(sim.stats().executions, 7);
 
     let http = client();
-    let one: Value = http
-        .get(format!("{}/sim/executions/a", sim.url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let one: Value = json_of(http.get(format!("{}/sim/executions/a", sim.url()))).await;
     assert_eq!(one, json!({"key": "a", "executions": 3}));
-    let all: Value = http
-        .get(format!("{}/sim/executions", sim.url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let all: Value = json_of(http.get(format!("{}/sim/executions", sim.url()))).await;
     assert_eq!(all, json!({"": 2, "a": 3, "b": 2}));
-    let remote: StatsSnapshot = http
-        .get(format!("{}/sim/stats", sim.url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let remote: StatsSnapshot = json_of(http.get(format!("{}/sim/stats", sim.url()))).await;
     assert_eq!(remote, sim.stats());
 
     let reset = http
@@ -137,13 +116,9 @@ async fn concurrent_executions_are_all_counted_with_unique_ids() {
 async fn same_request_same_text_new_id() {
     let sim = sim().await;
     let body = openai_body("deterministic please", false);
-    let first: Value = post(&sim, PATH, &body, &[]).await.json().await.unwrap();
-    let second: Value = post(&sim, PATH, &body, &[]).await.json().await.unwrap();
-    let other: Value = post(&sim, PATH, &openai_body("something else", false), &[])
-        .await
-        .json()
-        .await
-        .unwrap();
+    let first: Value = post_json(&sim, PATH, &body, &[]).await;
+    let second: Value = post_json(&sim, PATH, &body, &[]).await;
+    let other: Value = post_json(&sim, PATH, &openai_body("something else", false), &[]).await;
     let text = |v: &Value| {
         v["choices"][0]["message"]["content"]
             .as_str()
@@ -250,24 +225,14 @@ async fn binary_serves_until_killed() {
     let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
     let line = lines.next_line().await.unwrap().unwrap();
     let url = line.strip_prefix("listening on ").unwrap().to_owned();
-    let body: Value = client()
-        .post(format!("{url}{PATH}"))
-        .json(&openai_body("from a process", false))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let body: Value = json_of(
+        client()
+            .post(format!("{url}{PATH}"))
+            .json(&openai_body("from a process", false)),
+    )
+    .await;
     assert_eq!(body["usage"]["completion_tokens"], 3);
-    let stats: StatsSnapshot = client()
-        .get(format!("{url}/sim/stats"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let stats: StatsSnapshot = json_of(client().get(format!("{url}/sim/stats"))).await;
     assert_eq!((stats.executions, stats.completed), (1, 1));
     child.kill().await.unwrap();
 }

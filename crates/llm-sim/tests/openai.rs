@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{events, openai_body, post, sim};
+use common::{events, json_of, openai_body, post, post_json, sim};
 use idemgate_llm_sim::EXECUTION_HEADER;
 use serde_json::{Value, json};
 
@@ -78,11 +78,7 @@ fn content_of(chunks: &[Value]) -> (usize, String) {
 #[tokio::test]
 async fn streaming_framing_without_usage() {
     let sim = sim().await;
-    let plain: Value = post(&sim, PATH, &openai_body("hello", false), &[])
-        .await
-        .json()
-        .await
-        .unwrap();
+    let plain: Value = post_json(&sim, PATH, &openai_body("hello", false), &[]).await;
     let chunks = stream_chunks(post(&sim, PATH, &openai_body("hello", true), &[]).await).await;
 
     let id = chunks[0]["id"].as_str().unwrap();
@@ -151,7 +147,7 @@ async fn max_tokens_caps_output_with_finish_reason_length() {
     let sim = sim().await;
     let mut body = openai_body("cap me", false);
     body["max_tokens"] = json!(3);
-    let plain: Value = post(&sim, PATH, &body, &[]).await.json().await.unwrap();
+    let plain: Value = post_json(&sim, PATH, &body, &[]).await;
     assert_eq!(plain["choices"][0]["finish_reason"], "length");
     assert_eq!(plain["usage"]["completion_tokens"], 3);
 
@@ -170,16 +166,13 @@ async fn max_tokens_caps_output_with_finish_reason_length() {
 #[tokio::test]
 async fn header_overrides_and_bad_headers() {
     let sim = sim().await;
-    let body: Value = post(
+    let body: Value = post_json(
         &sim,
         PATH,
         &openai_body("x", false),
         &[("x-sim-tokens", "3")],
     )
-    .await
-    .json()
-    .await
-    .unwrap();
+    .await;
     assert_eq!(body["usage"]["completion_tokens"], 3);
     let chunks = stream_chunks(
         post(
@@ -256,25 +249,15 @@ async fn malformed_requests_get_provider_errors() {
 async fn models_lists_in_each_dialect() {
     let sim = sim().await;
     let url = format!("{}/v1/models", sim.url());
-    let openai: Value = common::client()
-        .get(&url)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let openai: Value = json_of(common::client().get(&url)).await;
     assert_eq!(openai["object"], "list");
     assert_eq!(openai["data"][0]["object"], "model");
-    let anthropic: Value = common::client()
-        .get(&url)
-        .header("anthropic-version", "2023-06-01")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let anthropic: Value = json_of(
+        common::client()
+            .get(&url)
+            .header("anthropic-version", "2023-06-01"),
+    )
+    .await;
     assert_eq!(anthropic["data"][0]["type"], "model");
     assert_eq!(anthropic["has_more"], false);
     assert_eq!(

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{events, post, sim};
+use common::{events, post, post_json, sim};
 use serde_json::{Value, json};
 
 const PATH: &str = "/v1/responses";
@@ -43,7 +43,7 @@ async fn non_streaming_shape_and_usage() {
 async fn a_string_input_and_an_output_cap() {
     let sim = sim().await;
     let request = json!({"model": "gpt-test", "input": "hello", "max_output_tokens": 3});
-    let v: Value = post(&sim, PATH, &request, &[]).await.json().await.unwrap();
+    let v: Value = post_json(&sim, PATH, &request, &[]).await;
     assert_eq!(v["status"], "incomplete");
     assert_eq!(v["incomplete_details"]["reason"], "max_output_tokens");
     assert_eq!(v["usage"]["output_tokens"], 3);

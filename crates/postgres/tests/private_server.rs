@@ -12,8 +12,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use idemgate_engine::{AttemptOutcome, Claim, Engine, Fenced, ScopedKey, Store, StoreErrorKind};
 use idemgate_postgres::{PostgresOptions, PostgresStore};
+use idemgate_testkit::postgres_server::Server as Private;
 use idemgate_testkit::{executed, fp, fresh_key};
-use support::Private;
 
 const LONG: Duration = Duration::from_secs(300);
 
@@ -253,7 +253,7 @@ async fn crash_restart_under_load_keeps_every_acknowledged_done() {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let p = Arc::clone(&pg);
-    tokio::task::spawn_blocking(move || p.restart_server())
+    tokio::task::spawn_blocking(move || p.restart())
         .await
         .unwrap();
     let after_restart = acked(&acknowledged);
@@ -303,7 +303,7 @@ async fn private_with_a_lazy_wal_writer() -> Private {
 fn crash(pg: &Private) {
     tokio::task::block_in_place(|| {
         pg.stop("immediate");
-        pg.restart_server();
+        pg.restart();
     });
 }
 

@@ -10,18 +10,9 @@ mod support;
 use std::time::Duration;
 
 use idemgate_postgres::{PostgresOptions, PostgresStore};
+use idemgate_testkit::{assert_error_hides, assert_hidden, closed_port};
 
 const PW: &str = "s3cr3t-pw";
-
-fn assert_hidden(what: &str, shown: &str) {
-    assert!(!shown.contains(PW), "{what} shows the password: {shown}");
-}
-
-/// A port nothing listens on.
-fn closed_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
 
 fn options() -> PostgresOptions {
     PostgresOptions::default()
@@ -52,12 +43,7 @@ async fn failed_opens_never_show_the_password() {
         let err = PostgresStore::connect_with(url, options())
             .await
             .expect_err("nothing to connect to");
-        assert_hidden(url, &format!("{err} | {err:?}"));
-        let mut source = std::error::Error::source(&err);
-        while let Some(s) = source {
-            assert_hidden(url, &format!("{s} | {s:?}"));
-            source = s.source();
-        }
+        assert_error_hides(PW, url, &err);
     }
 }
 
@@ -75,6 +61,6 @@ async fn an_open_store_does_not_show_the_password() {
             unreachable!()
         }
     };
-    assert_hidden("the store", &format!("{store:?}"));
-    assert_hidden("the pool", &format!("{:?}", store.pool()));
+    assert_hidden(PW, "the store", &format!("{store:?}"));
+    assert_hidden(PW, "the pool", &format!("{:?}", store.pool()));
 }

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use idemgate_engine::{Store, StoreErrorKind};
 use idemgate_postgres::{PostgresOptions, PostgresStore};
+use idemgate_testkit::postgres_server::Server as Private;
 use idemgate_testkit::tls::TestCerts;
-use support::Private;
 
 /// This process's TLS server (shared by its tests; stopped when the
 /// process ends).

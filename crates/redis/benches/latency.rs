@@ -11,34 +11,19 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
-use idemgate_engine::{
-    Attempt, AttemptOutcome, Begin, Claim, ClientKey, Engine, Fingerprint, ScopedKey, Store,
-};
+use idemgate_engine::{Attempt, Claim, ClientKey, Fingerprint, ScopedKey, Store};
 use idemgate_redis::{RedisOptions, RedisStore};
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
-}
-
-fn report(name: &str, mut samples: Vec<Duration>) {
-    samples.sort();
-    println!(
-        "{name:<10} n={:<6} p50={:>8.1?} p99={:>8.1?} max={:>8.1?}",
-        samples.len(),
-        percentile(&samples, 0.50),
-        percentile(&samples, 0.99),
-        samples[samples.len() - 1]
-    );
-}
+use idemgate_testkit::latency::{
+    bench_attempt, bench_fingerprint, bench_keys, claim_complete_replay, report,
+};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let full = std::env::args().any(|a| a == "--bench");
-    let n = if full { 5000 } else { 20 };
+    let n = bench_keys();
     let url = std::env::var("IDEMGATE_BENCH_REDIS_URL")
         .unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
     let prefix = format!("igbench{:08x}", rand::random::<u32>());
@@ -51,84 +36,12 @@ async fn main() {
     let inline = RedisStore::connect_with(&url, opts.background_timeline(false))
         .await
         .unwrap();
-    let fp = Fingerprint::of_request("POST", "/v1/chat/completions", b"{\"m\":1}", &[]);
-    let ttl = Duration::from_secs(300);
-    let payload = Bytes::from(vec![b'x'; 1024]);
-    let attempt = Attempt {
-        at_ms: 0,
-        replica: "bench".into(),
-        outcome: AttemptOutcome::Executed,
-        status: Some(200),
-        latency_us: 0,
-        repeated: None,
-    };
-    let engine = Engine::new(std::sync::Arc::new(store.clone()));
-    let (mut claim, mut complete, mut replay) = (Vec::new(), Vec::new(), Vec::new());
-    let mut engine_replay = Vec::new();
-    let inline_engine = Engine::new(std::sync::Arc::new(inline));
-    let mut inline_replay = Vec::new();
-    // As the gateway runs it: replays of a key read less than a second
-    // before answered from memory, their timeline entries gathered.
-    let gathered = idemgate_engine::AggregatingStore::new(std::sync::Arc::new(store.clone()));
-    let cached_engine = Engine::new(std::sync::Arc::new(idemgate_engine::CachedStore::new(
-        std::sync::Arc::new(gathered),
-        idemgate_engine::CachedStore::DEFAULT_BYTES,
-    )));
-    let mut cached_replay = Vec::new();
-    for i in 0..n + n / 10 {
-        let key = ScopedKey::new("bench", "ns", ClientKey::mint());
-        let t = Instant::now();
-        let Claim::Acquired(lease) = store.claim(&key, &fp, ttl).await.unwrap() else {
-            panic!("fresh key held")
-        };
-        let c = t.elapsed();
-        let t = Instant::now();
-        let _ = store
-            .complete(&lease, payload.clone(), ttl, &attempt)
-            .await
-            .unwrap();
-        let d = t.elapsed();
-        let t = Instant::now();
-        let Claim::Existing(_) = store.claim(&key, &fp, ttl).await.unwrap() else {
-            panic!("replay claimed")
-        };
-        let r = t.elapsed();
-        // Through the engine a replay also appends a timeline entry.
-        let t = Instant::now();
-        let Begin::Done(_) = engine.begin(&key, &fp).await.unwrap() else {
-            panic!("engine replay claimed")
-        };
-        let e = t.elapsed();
-        let t = Instant::now();
-        let Begin::Done(_) = inline_engine.begin(&key, &fp).await.unwrap() else {
-            panic!("engine replay claimed")
-        };
-        let s = t.elapsed();
-        // The first read fills the cache; the replay measured is the next.
-        let Begin::Done(_) = cached_engine.begin(&key, &fp).await.unwrap() else {
-            panic!("engine replay claimed")
-        };
-        let t = Instant::now();
-        let Begin::Done(_) = cached_engine.begin(&key, &fp).await.unwrap() else {
-            panic!("engine replay claimed")
-        };
-        let h = t.elapsed();
-        if i >= n / 10 {
-            claim.push(c);
-            complete.push(d);
-            replay.push(r);
-            engine_replay.push(e);
-            inline_replay.push(s);
-            cached_replay.push(h);
-        }
-    }
+    let samples = claim_complete_replay(Arc::new(store.clone()), Arc::new(inline), None, n).await;
     println!("redis store at {url}, 1 KiB payload, one client task:");
-    report("claim", claim);
-    report("complete", complete);
-    report("replay", replay);
-    report("eng.replay", engine_replay);
-    report("eng.inline", inline_replay);
-    report("eng.cached", cached_replay);
+    for (name, samples) in samples {
+        report(name, samples);
+    }
+    let (fp, attempt) = (bench_fingerprint(), bench_attempt());
     if !url.starts_with("redis+cluster") && !url.starts_with("rediss") {
         server_side(&url, &store, n, &fp, &attempt).await;
     }

@@ -10,18 +10,9 @@ mod support;
 use std::time::Duration;
 
 use idemgate_redis::{Endpoint, RedisStore};
+use idemgate_testkit::{assert_error_hides, assert_hidden, closed_port};
 
 const PW: &str = "s3cr3t-pw";
-
-fn assert_hidden(what: &str, shown: &str) {
-    assert!(!shown.contains(PW), "{what} shows the password: {shown}");
-}
-
-/// A port nothing listens on.
-fn closed_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
 
 #[tokio::test]
 async fn failed_opens_never_show_the_password() {
@@ -43,14 +34,9 @@ async fn failed_opens_never_show_the_password() {
         let err = RedisStore::connect_with(url, opts.clone())
             .await
             .expect_err("nothing to connect to");
-        assert_hidden(url, &format!("{err} | {err:?}"));
-        let mut source = std::error::Error::source(&err);
-        while let Some(s) = source {
-            assert_hidden(url, &format!("{s} | {s:?}"));
-            source = s.source();
-        }
+        assert_error_hides(PW, url, &err);
         if let Ok(endpoint) = Endpoint::parse(url) {
-            assert_hidden(url, &format!("{endpoint:?}"));
+            assert_hidden(PW, url, &format!("{endpoint:?}"));
         }
     }
 }
@@ -65,5 +51,5 @@ async fn a_refused_password_is_not_repeated() {
     let err = RedisStore::connect_with(&url, support::options())
         .await
         .expect_err("AUTH with a password the server does not have");
-    assert_hidden("a refused AUTH", &format!("{err} | {err:?}"));
+    assert_hidden(PW, "a refused AUTH", &format!("{err} | {err:?}"));
 }

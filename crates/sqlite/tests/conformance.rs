@@ -4,10 +4,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use bytes::Bytes;
-use idemgate_engine::{
-    Attempt, BoxFuture, Claim, Fenced, Fingerprint, Lease, Record, ScopedKey, Store, StoreError,
-};
+use idemgate_engine::Store;
 use idemgate_sqlite::SqliteStore;
 use tempfile::TempDir;
 
@@ -18,71 +15,9 @@ struct OnTempFile {
     _dir: TempDir,
 }
 
-impl Store for OnTempFile {
-    fn backend(&self) -> &'static str {
-        self.store.backend()
-    }
-    fn claim<'a>(
-        &'a self,
-        key: &'a ScopedKey,
-        fingerprint: &'a Fingerprint,
-        pending_ttl: Duration,
-    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        Box::pin(async move { self.store.claim(key, fingerprint, pending_ttl).await })
-    }
-    fn renew<'a>(
-        &'a self,
-        lease: &'a mut Lease,
-        pending_ttl: Duration,
-    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-        Box::pin(async move { self.store.renew(lease, pending_ttl).await })
-    }
-    fn complete<'a>(
-        &'a self,
-        lease: &'a Lease,
-        payload: Bytes,
-        done_ttl: Duration,
-        attempt: &'a Attempt,
-    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-        Box::pin(async move { self.store.complete(lease, payload, done_ttl, attempt).await })
-    }
-    fn release<'a>(
-        &'a self,
-        lease: &'a Lease,
-        attempt: &'a Attempt,
-        timeline_ttl: Duration,
-    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-        Box::pin(async move { self.store.release(lease, attempt, timeline_ttl).await })
-    }
-    fn forget<'a>(
-        &'a self,
-        key: &'a ScopedKey,
-        attempt: &'a Attempt,
-        timeline_ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move { self.store.forget(key, attempt, timeline_ttl).await })
-    }
-    fn get<'a>(&'a self, key: &'a ScopedKey) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
-        Box::pin(async move { self.store.get(key).await })
-    }
-    fn record_attempt<'a>(
-        &'a self,
-        key: &'a ScopedKey,
-        attempt: &'a Attempt,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move { self.store.record_attempt(key, attempt, ttl).await })
-    }
-    fn timeline<'a>(
-        &'a self,
-        key: &'a ScopedKey,
-    ) -> BoxFuture<'a, Result<Vec<Attempt>, StoreError>> {
-        Box::pin(async move { self.store.timeline(key).await })
-    }
-    fn changed<'a>(&'a self, key: &'a ScopedKey, max: Duration) -> BoxFuture<'a, ()> {
-        Box::pin(async move {
-            self.store.changed(key, max).await;
-        })
+impl idemgate_engine::LayeredStore for OnTempFile {
+    fn inner(&self) -> &dyn Store {
+        &self.store
     }
 }
 

@@ -22,20 +22,33 @@
 //! # Layout
 //! - [`cases`]: the conformance cases, one function per behaviour.
 //! - [`counting`]: [`CountingStore`], a wrapper that counts store calls.
+//! - `http` (feature `http`): the replay header of an answer, for the HTTP
+//!   crates' tests.
+//! - [`latency`]: the measuring loop and report of the networked stores'
+//!   latency benches.
 //! - [`fault`]: the [`FaultProxy`] (a TCP proxy that cuts, stalls and drops)
 //!   and the store fault scenarios run through it.
 //! - [`redis_server`]: private `redis-server` processes (single nodes,
 //!   replicas, cluster nodes) for the suites that need their own.
+//! - [`postgres_server`]: private PostgreSQL servers (`initdb` in a temporary
+//!   directory) for the tests that restart one, count its statements or
+//!   speak TLS to it.
 //! - [`tls`]: certificates for the suites over TLS.
 //!
 //! The small values every store, engine, seal and telemetry test needs are
 //! here too, defined once: [`key`], [`key_n`] and [`fresh_key`], [`fp`], [`attempt`]
-//! and [`executed`], [`acquired`], [`eventually`] and [`require`].
+//! and [`executed`], [`acquired`], [`eventually`], [`require`] and the
+//! [`watchdog`] of a private server; [`closed_port`], [`assert_hidden`] and
+//! [`assert_error_hides`] for the tests that a secret never shows.
 
 #![allow(clippy::unwrap_used, clippy::panic)] // a test suite: failing loudly is its job
 
 pub mod counting;
 pub mod fault;
+#[cfg(feature = "http")]
+pub mod http;
+pub mod latency;
+pub mod postgres_server;
 pub mod redis_server;
 pub use counting::{Calls, CountingStore};
 pub use fault::FaultProxy;
@@ -63,6 +76,45 @@ pub fn require(what: &str, ok: bool) {
             "{what} is not available{}: start it with `bash scripts/services.sh`",
             if ci { " under CI" } else { "" }
         );
+    }
+}
+
+/// Sends `kill -SIGNAL` to process `pid` once this test process has exited
+/// (panics and statics included: statics are never dropped), so that a
+/// private server never outlives its test. The watchdog shell ends by
+/// itself and is deliberately never waited for.
+pub fn watchdog(pid: &str, signal: &str) {
+    #[allow(clippy::zombie_processes)]
+    std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "while kill -0 {me} 2>/dev/null && kill -0 {pid} 2>/dev/null; do sleep 1; done; kill -{signal} {pid} 2>/dev/null",
+            me = std::process::id()
+        ))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn a watchdog shell");
+}
+
+/// A loopback port nothing listens on (bound, then released at once).
+pub fn closed_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// Fails if `shown` (what `what` shows) contains `secret`.
+pub fn assert_hidden(secret: &str, what: &str, shown: &str) {
+    assert!(!shown.contains(secret), "{what} shows the secret: {shown}");
+}
+
+/// Fails if `err`, or any error in its source chain, shows `secret` in its
+/// `Display` or its `Debug`.
+pub fn assert_error_hides(secret: &str, what: &str, err: &(dyn std::error::Error + 'static)) {
+    let mut next = Some(err);
+    while let Some(e) = next {
+        assert_hidden(secret, what, &format!("{e} | {e:?}"));
+        next = e.source();
     }
 }
 

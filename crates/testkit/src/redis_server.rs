@@ -70,6 +70,41 @@ pub fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
     panic!("{what} did not happen within {limit:?}");
 }
 
+/// Joins cluster `nodes` into one cluster with `replicas` replicas per
+/// master (`redis-cli --cluster create`, over TLS trusting `ca` when
+/// given), then waits up to `limit` for every node to report
+/// `cluster_state:ok`. Returns the nodes' `127.0.0.1:PORT` addresses.
+pub fn create_cluster(
+    nodes: &[Server],
+    replicas: usize,
+    ca: Option<&Path>,
+    limit: Duration,
+) -> Vec<String> {
+    require(
+        "redis-cli",
+        Command::new("redis-cli").arg("--version").output().is_ok(),
+    );
+    let addrs: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let replicas = replicas.to_string();
+    let mut args = vec!["--cluster", "create"];
+    args.extend(addrs.iter().map(String::as_str));
+    args.extend(["--cluster-replicas", &replicas, "--cluster-yes"]);
+    assert!(
+        redis_cli_on(nodes[0].port, ca, &args).is_some(),
+        "redis-cli --cluster create failed"
+    );
+    for n in nodes {
+        wait_until("cluster_state:ok", limit, || {
+            redis_cli_on(n.port, ca, &["cluster", "info"])
+                .is_some_and(|i| i.contains("cluster_state:ok"))
+        });
+    }
+    addrs
+}
+
 /// One private `redis-server` process.
 #[derive(Debug)]
 pub struct Server {
@@ -210,20 +245,7 @@ impl Server {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn redis-server");
-        let pid = child.id();
-        // The watchdog stops the server when this test process exits; it
-        // ends by itself, so it is deliberately never waited for.
-        #[allow(clippy::zombie_processes)]
-        Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "while kill -0 {me} 2>/dev/null && kill -0 {pid} 2>/dev/null; do sleep 1; done; kill {pid} 2>/dev/null",
-                me = std::process::id()
-            ))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn watchdog");
+        crate::watchdog(&child.id().to_string(), "TERM");
         self.child = Some(child);
         wait_until("redis-server start", Duration::from_secs(10), || {
             self.ping()

@@ -19,13 +19,6 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
 /// The shared Redis.
 pub const REDIS: &str = "redis://127.0.0.1:6379";
 
-/// The shared PostgreSQL (`IDEMGATE_TEST_POSTGRES_URL`, or db `test` on
-/// 127.0.0.1).
-pub fn postgres_url() -> String {
-    std::env::var("IDEMGATE_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
 /// A random tag: the key prefix, schema and key names of one test.
 pub fn tag() -> String {
     format!("igrep{:08x}", rand::random::<u32>())
@@ -210,11 +203,7 @@ pub struct Answer {
 pub async fn send(req: reqwest::RequestBuilder) -> Answer {
     let r = req.send().await.unwrap();
     let status = r.status().as_u16();
-    let replayed = r
-        .headers()
-        .get("idempotent-replayed")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    let replayed = idemgate_testkit::http::replayed(&r);
     let body = r.bytes().await.unwrap().to_vec();
     Answer {
         status,
@@ -253,22 +242,4 @@ pub async fn drop_prefix(url: &str, prefix: &str) {
         ))
         .output()
         .await;
-}
-
-/// Drops `schema` from the shared PostgreSQL.
-pub async fn drop_schema(url: &str, schema: &str) {
-    // The gateways were just killed; their connections may take a moment
-    // to go away and release their locks.
-    for _ in 0..5 {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let done = Command::new("psql")
-            .args([url, "-q", "-c"])
-            .arg(format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
-            .output()
-            .await
-            .is_ok_and(|o| o.status.success());
-        if done {
-            return;
-        }
-    }
 }

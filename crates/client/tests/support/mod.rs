@@ -1,5 +1,5 @@
 //! Real servers on 127.0.0.1:0, in this process: the simulated LLM, the
-//! gateway (started as `crates/gateway/tests/support` starts it), a
+//! gateway (the gateway crate's own `TestGateway`, feature `test-util`), a
 //! scripted upstream for headers the simulator does not send, a TCP relay
 //! that cuts a connection mid-stream, and a raw HTTP/1.1 server that writes
 //! whatever bytes a hostile test needs.
@@ -10,19 +10,17 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use idemgate_client::Event;
-use idemgate_gateway::config::{RawConfig, RawInflightMode, RawKeyMode, RawRoute, RawTimeouts};
-use idemgate_gateway::{GatewayConfig, GatewayError};
+use idemgate_gateway::config::{RawInflightMode, RawRoute};
+pub(crate) use idemgate_gateway::test_util::TestGateway;
 use idemgate_llm_sim::{SimConfig, SimHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 /// The simulated LLM with its default pacing.
@@ -32,86 +30,19 @@ pub(crate) async fn sim() -> SimHandle {
         .expect("spawn the process")
 }
 
-/// A running gateway.
-pub(crate) struct Gateway {
-    /// `http://ADDR` of the proxy listener.
-    pub(crate) base: String,
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<Result<(), GatewayError>>,
-}
-
-impl Gateway {
-    /// Binds both listeners on free loopback ports and runs `serve`.
-    pub(crate) async fn start(config: GatewayConfig) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind a loopback port");
-        let admin = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind a loopback port");
-        let base = format!(
-            "http://{}",
-            listener
-                .local_addr()
-                .expect("a bound listener has an address")
-        );
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(idemgate_gateway::serve(
-            listener,
-            admin,
-            config,
-            async move {
-                let _ = stopped.await;
-            },
-        ));
-        Self {
-            base,
-            stop: Some(stop),
-            task,
-        }
-    }
-
-    /// Graceful shutdown; panics if it fails.
-    pub(crate) async fn stop(mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        tokio::time::timeout(Duration::from_secs(30), self.task)
-            .await
-            .unwrap_or_else(|_| panic!("gateway did not stop"))
-            .expect("the task did not panic")
-            .expect("it ended without error");
-    }
-}
-
-/// A gateway configuration: memory store, one `/v1` route to `upstream`,
+/// A gateway on the memory store with one `/v1` route to `upstream`:
 /// keys optional, `on_inflight` as given, generous upstream timeouts.
-pub(crate) fn config(
+pub(crate) async fn gateway(
     upstream: &str,
     on_inflight: RawInflightMode,
     tweak: impl FnOnce(&mut RawRoute),
-) -> GatewayConfig {
-    let mut r = RawRoute {
-        prefix: Some("/v1".into()),
-        upstream: Some(upstream.into()),
-        key: Some(RawKeyMode::Optional),
-        on_inflight: Some(on_inflight),
-        timeouts: Some(RawTimeouts {
-            connect: Some("1s".into()),
-            first_byte: Some("10s".into()),
-            idle: Some("5s".into()),
-            total: Some("20s".into()),
-        }),
-        ..RawRoute::default()
-    };
-    tweak(&mut r);
-    GatewayConfig::from_raw(RawConfig {
-        store: Some("memory:".into()),
-        shutdown_grace: Some("5s".into()),
-        routes: vec![r],
-        ..RawConfig::default()
-    })
-    .unwrap_or_else(|e| panic!("config: {e}"))
+) -> TestGateway {
+    TestGateway::builder(upstream)
+        .store("memory:")
+        .on_inflight(on_inflight)
+        .route(tweak)
+        .start()
+        .await
 }
 
 /// An OpenAI chat request body.
@@ -135,6 +66,24 @@ pub(crate) fn ids(events: &[Event]) -> Vec<u64> {
                 .unwrap_or_else(|| panic!("event without a numeric id: {e:?}"))
         })
         .collect()
+}
+
+/// Opens a streamed chat about `text` through `client`, the simulator
+/// told to send `tokens` tokens `interval_ms` apart.
+pub(crate) async fn paced_stream(
+    client: &idemgate_client::Client,
+    text: &str,
+    tokens: &str,
+    interval_ms: &str,
+) -> idemgate_client::EventStream {
+    client
+        .post("/v1/chat/completions")
+        .header("x-sim-tokens", tokens)
+        .header("x-sim-token-interval-ms", interval_ms)
+        .json(&chat(true, text))
+        .send_stream()
+        .await
+        .expect("the stream opens")
 }
 
 /// Reads a stream to its end; panics on an error.
@@ -207,15 +156,7 @@ impl Scripted {
         let app = axum::Router::new()
             .fallback(answer)
             .with_state(Arc::clone(&script));
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind a loopback port");
-        let url = format!(
-            "http://{}",
-            listener
-                .local_addr()
-                .expect("a bound listener has an address")
-        );
+        let (listener, url) = idemgate_gateway::test_util::loopback().await;
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
@@ -286,15 +227,7 @@ pub(crate) async fn cutting_relay(
     target: SocketAddr,
     cut_after: usize,
 ) -> (String, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind a loopback port");
-    let url = format!(
-        "http://{}",
-        listener
-            .local_addr()
-            .expect("a bound listener has an address")
-    );
+    let (listener, url) = idemgate_gateway::test_util::loopback().await;
     let accepted = Arc::new(AtomicUsize::new(0));
     let count = Arc::clone(&accepted);
     tokio::spawn(async move {

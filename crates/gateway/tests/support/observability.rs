@@ -4,7 +4,7 @@
 //! reading of Prometheus exposition text (`/metrics`) into samples.
 
 use idemgate_gateway::config::{RawInflightMode, RawRoute, RawTimeouts};
-use idemgate_llm_sim::{SimConfig, SimHandle};
+use idemgate_llm_sim::SimHandle;
 
 use super::TestGateway;
 
@@ -62,10 +62,9 @@ pub(crate) fn patient_timeouts() -> RawTimeouts {
 }
 
 /// The simulated LLM, with its defaults.
+/// The simulated LLM with its default pacing.
 pub(crate) async fn sim() -> SimHandle {
-    idemgate_llm_sim::spawn(SimConfig::default())
-        .await
-        .expect("spawn the process")
+    super::sim().await
 }
 
 /// A chat completion request for `text`, streamed or not.

@@ -1,5 +1,9 @@
-//! What several test binaries of the layer share.
-#![allow(dead_code, unreachable_pub)]
+//! What several test binaries of the layer share: [`app`], the app behind
+//! the layer that the HTTP tests drive, and [`DownStore`], a store that is
+//! never reachable.
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
+
+pub mod app;
 
 use std::time::Duration;
 

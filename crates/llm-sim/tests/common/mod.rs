@@ -60,6 +60,31 @@ pub async fn post(
     request.send().await.expect("send")
 }
 
+/// The JSON body of POST `body` to `path` with extra headers.
+pub async fn post_json(
+    sim: &SimHandle,
+    path: &str,
+    body: &Value,
+    headers: &[(&str, &str)],
+) -> Value {
+    post(sim, path, body, headers)
+        .await
+        .json()
+        .await
+        .expect("a JSON body")
+}
+
+/// Sends `request` and reads its JSON body.
+pub async fn json_of<T: serde::de::DeserializeOwned>(request: reqwest::RequestBuilder) -> T {
+    request
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("a JSON body")
+}
+
 /// One SSE event: its `event:` name (if any) and its `data:` payload.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {

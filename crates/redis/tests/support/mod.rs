@@ -14,15 +14,16 @@
 )]
 
 use std::path::Path;
-use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 /// The shared Redis every machine of this project runs.
 pub const SHARED_URL: &str = "redis://127.0.0.1:6379";
 
-pub use idemgate_testkit::redis_server::{Server, redis_cli, redis_cli_on, wait_until};
-pub use idemgate_testkit::require;
+pub use idemgate_testkit::redis_server::{Server, create_cluster};
+// For the test files that use them; not every test binary does.
+#[allow(unused_imports)]
+pub use idemgate_testkit::{redis_server::redis_cli, require};
 
 /// A random key prefix for this test process.
 pub fn run_prefix() -> &'static str {
@@ -50,26 +51,8 @@ pub fn cluster_url() -> &'static str {
     static CLUSTER: OnceLock<(Vec<Server>, String)> = OnceLock::new();
     &CLUSTER
         .get_or_init(|| {
-            require(
-                "redis-cli",
-                Command::new("redis-cli").arg("--version").output().is_ok(),
-            );
             let nodes: Vec<Server> = (0..3).map(|_| Server::start(temp_root(), true)).collect();
-            let addrs: Vec<String> = nodes
-                .iter()
-                .map(|n| format!("127.0.0.1:{}", n.port))
-                .collect();
-            let mut args = vec!["--cluster", "create"];
-            args.extend(addrs.iter().map(String::as_str));
-            args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
-            let created = redis_cli(nodes[0].port, &args);
-            assert!(created.is_some(), "redis-cli --cluster create failed");
-            for n in &nodes {
-                wait_until("cluster_state:ok", Duration::from_secs(20), || {
-                    redis_cli(n.port, &["cluster", "info"])
-                        .is_some_and(|i| i.contains("cluster_state:ok"))
-                });
-            }
+            let addrs = create_cluster(&nodes, 0, None, Duration::from_secs(20));
             let url = format!("redis+cluster://{}", addrs.join(","));
             (nodes, url)
         })
@@ -106,29 +89,11 @@ pub fn tls_cluster_url() -> &'static str {
     static CLUSTER: OnceLock<(Vec<Server>, String)> = OnceLock::new();
     &CLUSTER
         .get_or_init(|| {
-            require(
-                "redis-cli",
-                Command::new("redis-cli").arg("--version").output().is_ok(),
-            );
             let certs = certs();
             let nodes: Vec<Server> = (0..3)
                 .map(|_| Server::start_tls(temp_root(), true, certs))
                 .collect();
-            let addrs: Vec<String> = nodes
-                .iter()
-                .map(|n| format!("127.0.0.1:{}", n.port))
-                .collect();
-            let mut args = vec!["--cluster", "create"];
-            args.extend(addrs.iter().map(String::as_str));
-            args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
-            let created = redis_cli_on(nodes[0].port, Some(&certs.ca), &args);
-            assert!(created.is_some(), "redis-cli --cluster create (TLS) failed");
-            for n in &nodes {
-                wait_until("cluster_state:ok", Duration::from_secs(20), || {
-                    redis_cli_on(n.port, Some(&certs.ca), &["cluster", "info"])
-                        .is_some_and(|i| i.contains("cluster_state:ok"))
-                });
-            }
+            let addrs = create_cluster(&nodes, 0, Some(&certs.ca), Duration::from_secs(20));
             let url = format!(
                 "rediss+cluster://{}/?tls_ca={}",
                 addrs.join(","),
