@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use idemgate_engine::MemoryStore;
-use idemgate_layer::{OnInflight, LayerConfig, OutcomeUnknownMode};
+use idemgate_layer::{LayerConfig, OnInflight, OutcomeUnknownMode};
 use support::app::{
     App, Harness, config, event_ids, gated_request, last_id, problem, problem_of, read_events,
     read_until_broken, run_of, send,

@@ -29,7 +29,7 @@ use idemgate_engine::{
     Attempt, AttemptOutcome, BoxFuture, Engine, Fenced, Lease, MemoryStore, Policy, Store,
     StoreError, StoreErrorKind,
 };
-use idemgate_layer::{IdempotencyLayer, OnInflight, LayerConfig};
+use idemgate_layer::{IdempotencyLayer, LayerConfig, OnInflight};
 use support::app::{App, AppState, read_events};
 use tokio::sync::{mpsc, watch};
 

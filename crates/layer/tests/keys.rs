@@ -8,7 +8,7 @@
 mod support;
 
 use axum::http::StatusCode;
-use idemgate_layer::{DeriveTemplate, OnInflight, KeyMode, LayerConfig};
+use idemgate_layer::{DeriveTemplate, KeyMode, LayerConfig, OnInflight};
 use reqwest::header::HeaderValue;
 use support::app::{Harness, config, problem, send};
 

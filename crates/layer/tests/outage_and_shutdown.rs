@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::StatusCode;
-use idemgate_layer::{OnInflight, LayerConfig, StoreErrorMode};
+use idemgate_layer::{LayerConfig, OnInflight, StoreErrorMode};
 use support::DownStore;
 use support::app::{Harness, config, problem, send};
 

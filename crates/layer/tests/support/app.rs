@@ -19,7 +19,7 @@ use axum::routing::{get, post};
 use bytes::Bytes;
 use idemgate_engine::{ClientKey, Engine, MemoryStore, Policy, Record, ScopedKey, Store};
 use idemgate_layer::key::tenant_id;
-use idemgate_layer::{IdempotencyContext, IdempotencyLayer, OnInflight, LayerConfig};
+use idemgate_layer::{IdempotencyContext, IdempotencyLayer, LayerConfig, OnInflight};
 use tokio::sync::{mpsc, watch};
 
 /// What the handlers behind the layer share: how many times they ran, and
