@@ -85,8 +85,8 @@
 //!   key file is the line [`generate_key_line`] (and
 //!   `idemgate keys generate-encryption-key`) prints, as it is. A file
 //!   with two or more keys and no `*` is refused: a key added beside the
-//!   one in use never becomes active by being added (rotation step 1
-//!   below), and which of several keys is in use is never guessed.
+//!   one in use never becomes active by being added (the first step of a
+//!   rotation), and which of several keys is in use is never guessed.
 //! - Lines whose first non-blank character is `#` are comments; blank lines
 //!   are ignored; whitespace around a line, around the `*`, and around the
 //!   `:` is ignored.
@@ -100,20 +100,12 @@
 //!
 //! # Rotating keys
 //!
-//! 1. Generate a new line and add it to the file on every gateway, still
-//!    without `*`; reload. Every replica can now open payloads sealed under
-//!    the new key. If the key in use was the file's only line and
-//!    unmarked, mark it `*` in the same edit: with two unmarked keys the
-//!    file is refused.
-//! 2. Move the `*` to the new line; reload. New records are sealed under
-//!    the new key; records sealed under the old one still open.
-//! 3. Wait until every record sealed under the old key has expired (the
-//!    store's longest record TTL since step 2).
-//! 4. Remove the old line; reload. A record still sealed under it would
-//!    now fail with [`SealErrorKind::UnknownKeyId`].
-//!
-//! Step 1 matters with several replicas: if one replica seals under a key
-//! another does not have yet, the other cannot replay that record.
+//! Add the new key everywhere first (unmarked), then mark it active, then
+//! remove the old one once every record sealed under it has expired; a
+//! record still sealed under a removed key fails with
+//! [`SealErrorKind::UnknownKeyId`]. The steps, with the commands, are in
+//! the README's "Encryption at rest" section
+//! (<https://github.com/idemgate/idemgate#encryption-at-rest>).
 //!
 //! # Key material in memory
 //!

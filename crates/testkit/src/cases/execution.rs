@@ -181,8 +181,12 @@ pub async fn inflight_reject_and_notify(store: Arc<dyn Store>) {
 /// `pending_ttl` is shorter than the run.
 pub async fn heartbeat_outlives_pending_ttl(store: Arc<dyn Store>) {
     let key = fresh_key();
-    let engine =
-        Engine::new(Arc::clone(&store)).with_policy(Policy::default().pending_ttl(SHORT_TTL));
+    // A duplicate is refused at once while the key is held (not made to
+    // wait), so the test sees whether the key is still held.
+    let policy = Policy::default()
+        .pending_ttl(SHORT_TTL)
+        .on_inflight(OnInflight::Reject);
+    let engine = Engine::new(Arc::clone(&store)).with_policy(policy);
     let runs = Arc::new(AtomicUsize::new(0));
     let (e2, k2, r2) = (engine.clone(), key.clone(), Arc::clone(&runs));
     let long = tokio::spawn(async move {
