@@ -38,8 +38,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idemgate_engine::{
-    Attempt, BoxFuture, Claim, Fenced, Fingerprint, Lease, Record, RecordState, ScopedKey, Store,
-    StoreError, StoreErrorKind,
+    Attempt, BoxFuture, Claim, Fenced, Fingerprint, LayeredStore, Lease, Record, RecordState,
+    ScopedKey, Store, StoreError, StoreErrorKind,
 };
 
 use crate::{KeyRing, SealError, SealErrorKind, associated_data};
@@ -170,9 +170,11 @@ impl SealedStore {
     }
 }
 
-impl Store for SealedStore {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
+/// Seals on the way in and opens on the way out; the calls that carry no
+/// stored answer (renewals, timelines, forgets, wake-ups) pass through.
+impl LayeredStore for SealedStore {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
     }
 
     fn claim<'a>(
@@ -190,14 +192,6 @@ impl Store for SealedStore {
                 Claim::Existing(record) => Ok(Claim::Existing(self.open_record(key, record)?)),
             }
         })
-    }
-
-    fn renew<'a>(
-        &'a self,
-        lease: &'a mut Lease,
-        pending_ttl: Duration,
-    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-        self.inner.renew(lease, pending_ttl)
     }
 
     fn complete<'a>(
@@ -252,34 +246,5 @@ impl Store for SealedStore {
                 None => Ok(None),
             }
         })
-    }
-
-    fn record_attempt<'a>(
-        &'a self,
-        key: &'a ScopedKey,
-        attempt: &'a Attempt,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.inner.record_attempt(key, attempt, ttl)
-    }
-
-    fn timeline<'a>(
-        &'a self,
-        key: &'a ScopedKey,
-    ) -> BoxFuture<'a, Result<Vec<Attempt>, StoreError>> {
-        self.inner.timeline(key)
-    }
-
-    fn forget<'a>(
-        &'a self,
-        key: &'a ScopedKey,
-        attempt: &'a Attempt,
-        timeline_ttl: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.inner.forget(key, attempt, timeline_ttl)
-    }
-
-    fn changed<'a>(&'a self, key: &'a ScopedKey, max: Duration) -> BoxFuture<'a, ()> {
-        self.inner.changed(key, max)
     }
 }
