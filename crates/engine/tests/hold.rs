@@ -1,12 +1,13 @@
 //! `LeaseGuard::complete` with `Completion::holding`: a result is not
-//! thrown away because the store blinked when it was written. The store here is the memory store
-//! behind a switch that makes `complete` (and, in one case, `renew`) fail
-//! with temporary errors, or apply the write and then lose its reply.
+//! thrown away because the store blinked when it was written. The store
+//! here is the memory store behind testkit's `BlinkingStore`, whose
+//! switches make `complete` (and, in one case, `renew`) fail with
+//! temporary errors, or apply the write and then lose its reply.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -14,85 +15,18 @@ use idemgate_engine::{
     Attempt, AttemptOutcome, Begin, BoxFuture, Claim, ClientKey, Completion, Engine, Fenced, Lease,
     LeaseGuard, MemoryStore, Policy, ScopedKey, Store, StoreError, StoreErrorKind,
 };
-use idemgate_testkit::fp;
-
-/// How `complete` misbehaves.
-#[derive(Debug, Default)]
-struct Faults {
-    /// `complete` fails before writing.
-    complete_down: AtomicBool,
-    /// `complete` writes, then fails as if its reply was lost (once).
-    lose_next_reply: AtomicBool,
-    /// `renew` fails.
-    renew_down: AtomicBool,
-    completes: AtomicUsize,
-}
-
-#[derive(Debug)]
-struct Blinking {
-    inner: MemoryStore,
-    faults: Arc<Faults>,
-}
-
-fn unavailable() -> StoreError {
-    StoreError::new(StoreErrorKind::Unavailable, "blinking", "store blinked")
-}
-
-impl idemgate_engine::LayeredStore for Blinking {
-    fn inner(&self) -> &dyn Store {
-        &self.inner
-    }
-
-    fn backend(&self) -> &'static str {
-        "blinking"
-    }
-    fn renew<'a>(
-        &'a self,
-        lease: &'a mut Lease,
-        pending_ttl: Duration,
-    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-        if self.faults.renew_down.load(Ordering::SeqCst) {
-            return Box::pin(async { Err(unavailable()) });
-        }
-        self.inner.renew(lease, pending_ttl)
-    }
-    fn complete<'a>(
-        &'a self,
-        lease: &'a Lease,
-        payload: Bytes,
-        done_ttl: Duration,
-        attempt: &'a Attempt,
-    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-        Box::pin(async move {
-            self.faults.completes.fetch_add(1, Ordering::SeqCst);
-            if self.faults.complete_down.load(Ordering::SeqCst) {
-                return Err(unavailable());
-            }
-            let written = self
-                .inner
-                .complete(lease, payload, done_ttl, attempt)
-                .await?;
-            if self.faults.lose_next_reply.swap(false, Ordering::SeqCst) {
-                return Err(unavailable());
-            }
-            Ok(written)
-        })
-    }
-}
+use idemgate_testkit::{BlinkingStore, Switches, fp};
 
 struct Setup {
-    store: Arc<Blinking>,
-    faults: Arc<Faults>,
+    store: Arc<BlinkingStore>,
+    faults: Arc<Switches>,
     engine: Engine,
     key: ScopedKey,
 }
 
 fn setup(pending_ttl: Duration) -> Setup {
-    let faults = Arc::new(Faults::default());
-    let store = Arc::new(Blinking {
-        inner: MemoryStore::new(),
-        faults: Arc::clone(&faults),
-    });
+    let store = Arc::new(BlinkingStore::new(Arc::new(MemoryStore::new())));
+    let faults = store.switches();
     let policy = Policy {
         pending_ttl,
         heartbeat: Some(pending_ttl / 4),

@@ -9,12 +9,12 @@
 //! breaks instead: its head went out long before), and the key is free.
 //!
 //! Real HTTP on 127.0.0.1:0; the store is the memory store behind
-//! switches that make `complete` (and `renew`) fail as an unreachable
-//! store would.
+//! testkit's `BlinkingStore`, whose switches make `complete` (and
+//! `renew`) fail as an unreachable store would.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -23,62 +23,9 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use bytes::Bytes;
-use idemgate_engine::{
-    Attempt, BoxFuture, Engine, Fenced, Lease, MemoryStore, Policy, Store, StoreError,
-    StoreErrorKind,
-};
+use idemgate_engine::{Engine, MemoryStore, Policy};
 use idemgate_layer::{IdempotencyLayer, LayerConfig, OnInflight};
-
-#[derive(Debug, Default)]
-struct Switches {
-    complete_down: AtomicBool,
-    renew_down: AtomicBool,
-    /// Completion writes tried.
-    completes: AtomicUsize,
-}
-
-#[derive(Debug)]
-struct Blinking {
-    inner: MemoryStore,
-    switches: Arc<Switches>,
-}
-
-fn unavailable() -> StoreError {
-    StoreError::new(StoreErrorKind::Unavailable, "blinking", "store blinked")
-}
-
-impl idemgate_engine::LayeredStore for Blinking {
-    fn inner(&self) -> &dyn Store {
-        &self.inner
-    }
-
-    fn renew<'a>(
-        &'a self,
-        lease: &'a mut Lease,
-        pending_ttl: Duration,
-    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-        if self.switches.renew_down.load(Ordering::SeqCst) {
-            return Box::pin(async { Err(unavailable()) });
-        }
-        self.inner.renew(lease, pending_ttl)
-    }
-
-    fn complete<'a>(
-        &'a self,
-        lease: &'a Lease,
-        payload: Bytes,
-        done_ttl: Duration,
-        attempt: &'a Attempt,
-    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-        Box::pin(async move {
-            self.switches.completes.fetch_add(1, Ordering::SeqCst);
-            if self.switches.complete_down.load(Ordering::SeqCst) {
-                return Err(unavailable());
-            }
-            self.inner.complete(lease, payload, done_ttl, attempt).await
-        })
-    }
-}
+use idemgate_testkit::{BlinkingStore, Switches};
 
 /// Counts executions; answers JSON naming the execution.
 async fn json(State(executions): State<Arc<AtomicUsize>>) -> Response {
@@ -111,11 +58,8 @@ struct Harness {
 
 impl Harness {
     async fn start(on_inflight: OnInflight, pending_ttl: Duration) -> Self {
-        let switches = Arc::new(Switches::default());
-        let store = Arc::new(Blinking {
-            inner: MemoryStore::new(),
-            switches: Arc::clone(&switches),
-        });
+        let store = Arc::new(BlinkingStore::new(Arc::new(MemoryStore::new())));
+        let switches = store.switches();
         let engine = Engine::new(store).with_policy(Policy::default().pending_ttl(pending_ttl));
         let config = LayerConfig {
             on_inflight,

@@ -21,6 +21,8 @@
 //!
 //! # Layout
 //! - [`cases`]: the conformance cases, one function per behaviour.
+//! - [`blinking`]: [`BlinkingStore`], a wrapper that fails completions
+//!   and renewals on command (a store outage, a lost reply).
 //! - [`counting`]: [`CountingStore`], a wrapper that counts store calls.
 //! - `http` (feature `http`): the replay header of an answer, for the HTTP
 //!   crates' tests.
@@ -43,6 +45,7 @@
 
 #![allow(clippy::unwrap_used, clippy::panic)] // a test suite: failing loudly is its job
 
+pub mod blinking;
 pub mod counting;
 pub mod fault;
 #[cfg(feature = "http")]
@@ -50,6 +53,7 @@ pub mod http;
 pub mod latency;
 pub mod postgres_server;
 pub mod redis_server;
+pub use blinking::{BlinkingStore, Switches};
 pub use counting::{Calls, CountingStore};
 pub use fault::FaultProxy;
 pub mod tls;
