@@ -10,7 +10,6 @@
 
 mod support;
 
-use futures_util::StreamExt;
 use support::TestGateway;
 
 use std::time::Duration;
@@ -131,18 +130,7 @@ async fn send(
         header("idempotent-replayed"),
         header("content-encoding"),
     );
-    let mut body = Vec::new();
-    let mut broke = false;
-    let mut chunks = r.bytes_stream();
-    while let Some(chunk) = chunks.next().await {
-        match chunk {
-            Ok(c) => body.extend_from_slice(&c),
-            Err(_) => {
-                broke = true;
-                break;
-            }
-        }
-    }
+    let (body, broke) = support::body_until_break(r).await;
     Got {
         status,
         replayed,

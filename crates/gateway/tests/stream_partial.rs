@@ -18,7 +18,6 @@ mod support;
 
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use idemgate_gateway::GatewayConfig;
 use idemgate_gateway::config::{RawConfig, RawInflightMode, RawKeyMode, RawRoute, RawTimeouts};
 use idemgate_llm_sim::{SimConfig, SimHandle};
@@ -135,18 +134,7 @@ async fn read(res: reqwest::Response) -> Got {
         .get("idempotent-replayed")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let mut body = Vec::new();
-    let mut broke = false;
-    let mut chunks = res.bytes_stream();
-    while let Some(chunk) = chunks.next().await {
-        match chunk {
-            Ok(c) => body.extend_from_slice(&c),
-            Err(_) => {
-                broke = true;
-                break;
-            }
-        }
-    }
+    let (body, broke) = support::body_until_break(res).await;
     Got {
         status,
         replayed,

@@ -66,3 +66,18 @@ pub(crate) async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     }
     panic!("never happened: {what}");
 }
+
+/// An answer's body read to its end, and whether it broke before that
+/// (the connection cut mid-body: a stream that is not the key's answer).
+pub(crate) async fn body_until_break(res: reqwest::Response) -> (Vec<u8>, bool) {
+    use futures_util::StreamExt;
+    let mut body = Vec::new();
+    let mut chunks = res.bytes_stream();
+    while let Some(chunk) = chunks.next().await {
+        match chunk {
+            Ok(c) => body.extend_from_slice(&c),
+            Err(_) => return (body, true),
+        }
+    }
+    (body, false)
+}
