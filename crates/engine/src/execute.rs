@@ -214,7 +214,29 @@ impl Engine {
         let started = Instant::now();
         let at_ms = now_ms();
         match SeenThrough::claim(self, key, fingerprint).await? {
-            Claim::Acquired(lease) => Ok(Begin::Owner(self.guard(lease))),
+            Claim::Acquired(lease) => {
+                let guard = self.guard(lease);
+                let waited = started.elapsed();
+                if waited >= self.policy.pending_ttl / 2 {
+                    // A claim acknowledged this late (a commit that waited
+                    // out a failover) may be past its lease already, and
+                    // another request may hold the key by now: running the
+                    // work on it could run it twice. Give it back (a fenced
+                    // release, a no-op if it was taken over) and let the
+                    // retry find what holds the key.
+                    guard.release_logged(None).await;
+                    return Err(BeginError::Store(StoreError::new(
+                        crate::StoreErrorKind::Unavailable,
+                        self.store.backend(),
+                        format!(
+                            "the claim was acknowledged {} ms after it was sent, past half its {} ms lease",
+                            waited.as_millis(),
+                            self.policy.pending_ttl.as_millis()
+                        ),
+                    )));
+                }
+                Ok(Begin::Owner(guard))
+            }
             Claim::Existing(record) if record.fingerprint != *fingerprint => {
                 self.note(key, AttemptOutcome::Mismatch, at_ms, started)
                     .await;
