@@ -100,7 +100,7 @@ async fn redis_replicas_keep_the_promise_under_faults() {
         .await
         .is_ok();
     idemgate_testkit::require("Redis at 127.0.0.1:6379", reachable);
-    let outcome = run(config(Store::Redis(REDIS.to_owned()), 28)).await;
+    let outcome = run(config(Store::RedisAt(REDIS.to_owned()), 28)).await;
     keeps_the_promise(&outcome);
 }
 

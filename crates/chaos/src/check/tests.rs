@@ -120,6 +120,7 @@ fn i1_an_execution_after_a_final_answer_is_caught_unless_its_owner_was_frozen() 
         replica: Some(1),
         start_ms: 950,
         end_ms: 1_450,
+        detail: None,
     });
     let report = check(&h, &log);
     assert!(report.is_clean(), "{report:?}");
@@ -176,6 +177,7 @@ fn i2_a_second_execution_of_a_charging_key_is_caught_unless_its_owner_crashed() 
         replica: Some(0),
         start_ms: 1_500,
         end_ms: 2_000,
+        detail: None,
     });
     assert_eq!(only(&h, &log, Invariant::I2), 1);
     // ... a kill -9 does: at-least-once after a crash.
@@ -184,10 +186,50 @@ fn i2_a_second_execution_of_a_charging_key_is_caught_unless_its_owner_crashed() 
         replica: Some(0),
         start_ms: 1_500,
         end_ms: 2_000,
+        detail: None,
     });
     let report = check(&h, &log);
     assert!(report.is_clean(), "{report:?}");
     assert_eq!(report.excused, 1);
+}
+
+/// A held result released when a store outage outlasted its lease: the
+/// owner's client got the result (fresh, 200), the key was not stored,
+/// the next request ran the charge again and got other bytes. Excused as
+/// `released` only when a store restart or failover of at least half the
+/// lease came between the two; a shorter outage, or a replica's SIGTERM,
+/// does not excuse it.
+#[test]
+fn a_result_released_in_a_store_outage_past_the_lease_is_counted_not_hidden() {
+    let mut owner = op(1, "charged", 1_000, 1, "A", false);
+    owner.complete_ms = 2_900;
+    let mut h = history(vec![owner, op(2, "charged", 3_000, 2, "B", false)]);
+    let log = [execution(1, 1, 1_001), execution(2, 2, 3_001)];
+    let report = check(&h, &log);
+    assert_eq!(report.count(Invariant::I2), 1, "{report:?}");
+    assert!(report.count(Invariant::I1) >= 1, "{report:?}");
+    let fault = |kind, start_ms, end_ms| Fault {
+        kind,
+        replica: None,
+        start_ms,
+        end_ms,
+        detail: None,
+    };
+    // Shorter than half the lease (1.5 s): the result was stored in time.
+    h.faults.push(fault(FaultKind::Failover, 1_500, 2_900));
+    h.faults.push(fault(FaultKind::StoreCut, 1_500, 2_900));
+    assert_eq!(check(&h, &log).count(Invariant::I2), 1);
+    h.faults.clear();
+    h.faults.push(fault(FaultKind::Failover, 1_200, 2_950));
+    let report = check(&h, &log);
+    assert!(report.is_clean(), "{report:?}");
+    assert!(report.released >= 2, "{report:?}");
+    assert_eq!(report.excused, 0);
+    // A store restart is such an outage too; after both executions it
+    // excuses nothing.
+    h.faults.clear();
+    h.faults.push(fault(FaultKind::StoreRestart, 3_500, 6_000));
+    assert_eq!(check(&h, &log).count(Invariant::I2), 1);
 }
 
 #[test]
@@ -375,6 +417,7 @@ fn i1_a_forget_that_never_returned_still_ends_the_epoch() {
         replica: Some(1),
         start_ms: 2_020,
         end_ms: 2_600,
+        detail: None,
     });
     let log = [execution(1, 1, 1_001), execution(2, 2, 2_201)];
     let report = check(&h, &log);
