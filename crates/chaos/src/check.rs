@@ -8,7 +8,9 @@
 //! request's id), requests that overlap an operator's forget are judged
 //! in neither the epoch before nor the one after, and the at-least-once
 //! window the design states for a crashed or stalled owner (kill -9,
-//! SIGSTOP past the lease) is excused, counted, and never hidden.
+//! SIGSTOP past the lease) is excused, counted, and never hidden; so is a
+//! result released when a store outage outlasted its owner's lease
+//! (`released`, the rule in `check/once.rs`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -75,7 +77,7 @@ pub struct Report {
     /// Repeated executions, and answers unlike the key's, excused because
     /// a store outage that outlasted the lease came between them: a held
     /// result released when its lease ran out (docs/design.md, "Not yet
-    /// implemented", 2).
+    /// implemented": "What a held result may promise").
     #[serde(default)]
     pub released: usize,
     /// Executions the log could not tie to a request of the history.

@@ -190,7 +190,7 @@ pub(super) fn i2(
 /// not lose a result"), at least half a lease since renewals come every
 /// third of it; then the key is released, the owner's client gets the
 /// result, and the next request runs the work again (docs/design.md,
-/// "Not yet implemented", 2).
+/// "Not yet implemented": "What a held result may promise").
 fn outage(ix: &Index<'_>, from: u64, to: u64) -> bool {
     let half_lease = ix.history.pending_ttl_ms / 2;
     ix.history.faults.iter().any(|f| {
