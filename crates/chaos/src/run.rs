@@ -177,6 +177,11 @@ pub struct Outcome {
     pub ran: Duration,
     /// Where its files are.
     pub dir: PathBuf,
+    /// Results the replicas logged as released unstored when their lease
+    /// ran out (the gateways' own account, read from their logs after the
+    /// verdict: the checker never reads it). Beside the checker's
+    /// `released`, it shows that count is backed by real releases.
+    pub releases_logged: usize,
 }
 
 impl Outcome {
@@ -219,9 +224,10 @@ impl fmt::Display for Summary<'_> {
         }
         write!(
             f,
-            " excused={} released={} verdict={}",
+            " excused={} released={} releases_logged={} verdict={}",
             o.report.excused,
             o.report.released,
+            o.releases_logged,
             if o.report.is_clean() {
                 "ok"
             } else {
@@ -398,7 +404,30 @@ async fn serve(
         store: cfg.store.name(),
         ran,
         dir: dir.to_path_buf(),
+        releases_logged: releases_logged(dir),
     })
+}
+
+/// What the gateway logs when a held result's lease ran out
+/// (`crates/layer/src/service/detached.rs`).
+const RELEASED_LOG: &str = "result not stored before the lease ran out; key released";
+
+/// Lines of the replicas' logs in `dir` that say a held result was
+/// released unstored.
+fn releases_logged(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("replica-") && n.ends_with(".log"))
+        })
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .map(|text| text.lines().filter(|l| l.contains(RELEASED_LOG)).count())
+        .sum()
 }
 
 /// Clients and the nemesis until the run's end, then the final reads.
