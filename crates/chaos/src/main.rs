@@ -107,11 +107,11 @@ fn recheck(dir: &std::path::Path) -> anyhow::Result<bool> {
         .map(|i| format!("{i}={}", report.count(*i)))
         .collect();
     println!(
-        "recheck {}: {} excused={} released={}",
+        "recheck {}: {} excused={} held={}",
         dir.display(),
         counts.join(" "),
         report.excused,
-        report.released
+        report.held
     );
     Ok(report.is_clean())
 }

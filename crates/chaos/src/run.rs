@@ -180,7 +180,7 @@ pub struct Outcome {
     /// Results the replicas logged as released unstored when their lease
     /// ran out (the gateways' own account, read from their logs after the
     /// verdict: the checker never reads it). Beside the checker's
-    /// `released`, it shows that count is backed by real releases.
+    /// `held`, it shows that count is backed by real releases.
     pub releases_logged: usize,
 }
 
@@ -224,9 +224,9 @@ impl fmt::Display for Summary<'_> {
         }
         write!(
             f,
-            " excused={} released={} releases_logged={} verdict={}",
+            " excused={} held={} releases_logged={} verdict={}",
             o.report.excused,
-            o.report.released,
+            o.report.held,
             o.releases_logged,
             if o.report.is_clean() {
                 "ok"

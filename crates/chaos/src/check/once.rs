@@ -1,9 +1,9 @@
 //! I1 and I2, what must happen once: the key's answer, and on a charging
 //! route its execution. Both are judged with the windows the design
 //! states for a second execution: the at-least-once window of an owner
-//! killed or frozen past its lease, and a result released when a store
-//! outage outlasted the lease. Each is excused only by its stated rule,
-//! and counted ([`Report::excused`], [`Report::released`]).
+//! killed or frozen past its lease, and a result held in memory during a
+//! store outage that the store never took. Each is excused only by its
+//! stated rule, and counted ([`Report::excused`], [`Report::held`]).
 
 use std::collections::BTreeMap;
 
@@ -14,10 +14,14 @@ use crate::history::{FaultKind, History, KeyId, Op};
 
 /// The first final answer of each epoch that is a whole answer (not a
 /// resumption), by the time it was received.
-pub(super) fn references<'a>(ops: &[&'a Op], windows: &Windows) -> BTreeMap<usize, &'a Op> {
+pub(super) fn references<'a>(
+    ix: &Index<'_>,
+    ops: &[&'a Op],
+    windows: &Windows,
+) -> BTreeMap<usize, &'a Op> {
     let mut refs: BTreeMap<usize, &Op> = BTreeMap::new();
     for op in ops {
-        if !op.answer.is_final() || op.last_event_id.is_some() {
+        if !op.answer.is_final() || op.last_event_id.is_some() || held_copy(ix, op) {
             continue;
         }
         let Some(epoch) = windows.epoch(op.invoke_ms, op.complete_ms) else {
@@ -73,7 +77,7 @@ pub(super) fn same_answer(reference: &Op, other: &Op) -> Result<(), String> {
 /// received (unless its owner was frozen between its request and its
 /// start: the stalled owner the design's fencing speaks of).
 pub(super) fn i1(ix: &Index<'_>, key: &KeyId, ops: &[&Op], windows: &Windows, report: &mut Report) {
-    let refs = references(ops, windows);
+    let refs = references(ix, ops, windows);
     for op in ops {
         if !op.answer.is_final() {
             continue;
@@ -89,8 +93,8 @@ pub(super) fn i1(ix: &Index<'_>, key: &KeyId, ops: &[&Op], windows: &Windows, re
         }
         if let Err(why) = same_answer(reference, op) {
             let fresh = reference.answer.replayed != Some(true) || op.answer.replayed != Some(true);
-            if fresh && outage(ix, reference.invoke_ms, op.complete_ms) {
-                report.released += 1;
+            if held_copy(ix, op) || fresh && outage(ix, reference.invoke_ms, op.complete_ms) {
+                report.held += 1;
                 continue;
             }
             report.push(
@@ -119,7 +123,7 @@ pub(super) fn i1(ix: &Index<'_>, key: &KeyId, ops: &[&Op], windows: &Windows, re
         }
         if reference.answer.replayed != Some(true) && outage(ix, reference.invoke_ms, e.started_ms)
         {
-            report.released += 1;
+            report.held += 1;
             continue;
         }
         report.push(
@@ -167,7 +171,7 @@ pub(super) fn i2(
                 continue;
             }
             if outage(ix, first.started_ms, next.started_ms) {
-                report.released += 1;
+                report.held += 1;
                 continue;
             }
             report.push(
@@ -199,4 +203,35 @@ fn outage(ix: &Index<'_>, from: u64, to: u64) -> bool {
             && f.start_ms <= to
             && f.end_ms >= from
     })
+}
+
+/// How long after a store outage ends a held result may still be answered
+/// from memory: its write is retried with backoff of at most a second.
+const HELD_AFTER_MS: u64 = 1_000;
+
+/// Whether `op` was answered from a result its replica held in memory
+/// during a store outage: marked replayed, naming only executions its own
+/// replica ran, answered during a store restart or failover or within a
+/// second after it. Such a copy is answered before the store is asked
+/// (docs/design.md, "A store blink does not lose a result"); the store
+/// may never take it (a forget or a takeover fenced it, or its lease ran
+/// out), and then it was never the key's answer (docs/design.md, "Not yet
+/// implemented": "What a held result may promise"). It is not the key's
+/// answer for I1, and unlike the stored answer it is counted as `held`
+/// for I1 and I5.
+pub(super) fn held_copy(ix: &Index<'_>, op: &Op) -> bool {
+    op.answer.replayed == Some(true)
+        && !op.answer.executions.is_empty()
+        && op.answer.executions.iter().all(|seq| {
+            ix.by_sequence
+                .get(seq)
+                .and_then(|e| e.tag.parse::<u64>().ok())
+                .and_then(|id| ix.ops.get(&id))
+                .is_some_and(|owner| owner.replica == op.replica)
+        })
+        && ix.history.faults.iter().any(|f| {
+            matches!(f.kind, FaultKind::StoreRestart | FaultKind::Failover)
+                && f.start_ms <= op.complete_ms
+                && op.complete_ms <= f.end_ms.saturating_add(HELD_AFTER_MS)
+        })
 }
