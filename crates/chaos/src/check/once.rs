@@ -13,7 +13,10 @@ use super::{Index, Invariant, Report, Windows};
 use crate::history::{FaultKind, History, KeyId, Op};
 
 /// The first final answer of each epoch that is a whole answer (not a
-/// resumption), by the time it was received.
+/// resumption), by the time it was received: the key's answer. Neither a
+/// held copy nor a fresh answer given during a store outage that may have
+/// outlasted the lease is taken for it: the store may never have held
+/// either.
 pub(super) fn references<'a>(
     ix: &Index<'_>,
     ops: &[&'a Op],
@@ -22,6 +25,11 @@ pub(super) fn references<'a>(
     let mut refs: BTreeMap<usize, &Op> = BTreeMap::new();
     for op in ops {
         if !op.answer.is_final() || op.last_event_id.is_some() || held_copy(ix, op) {
+            continue;
+        }
+        // A fresh answer given during a long store outage may be a result
+        // released unstored (see `outage`): not taken as the key's.
+        if op.answer.replayed != Some(true) && outage(ix, op.complete_ms, op.complete_ms) {
             continue;
         }
         let Some(epoch) = windows.epoch(op.invoke_ms, op.complete_ms) else {
@@ -93,7 +101,9 @@ pub(super) fn i1(ix: &Index<'_>, key: &KeyId, ops: &[&Op], windows: &Windows, re
         }
         if let Err(why) = same_answer(reference, op) {
             let fresh = reference.answer.replayed != Some(true) || op.answer.replayed != Some(true);
-            if held_copy(ix, op) || fresh && outage(ix, reference.invoke_ms, op.complete_ms) {
+            let from = reference.invoke_ms.min(op.invoke_ms);
+            let to = reference.complete_ms.max(op.complete_ms);
+            if held_copy(ix, op) || fresh && outage(ix, from, to) {
                 report.held += 1;
                 continue;
             }

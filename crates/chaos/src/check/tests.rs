@@ -203,11 +203,17 @@ fn i2_a_second_execution_of_a_charging_key_is_caught_unless_its_owner_crashed() 
 fn a_result_released_in_a_store_outage_past_the_lease_is_counted_not_hidden() {
     let mut owner = op(1, "charged", 1_000, 1, "A", false);
     owner.complete_ms = 2_900;
-    let mut h = history(vec![owner, op(2, "charged", 3_000, 2, "B", false)]);
+    // Request 3 replays the answer the store holds: the second one.
+    let mut h = history(vec![
+        owner,
+        op(2, "charged", 3_000, 2, "B", false),
+        op(3, "charged", 4_000, 2, "B", true),
+    ]);
     let log = [execution(1, 1, 1_001), execution(2, 2, 3_001)];
     let report = check(&h, &log);
     assert_eq!(report.count(Invariant::I2), 1, "{report:?}");
     assert!(report.count(Invariant::I1) >= 1, "{report:?}");
+    assert!(report.count(Invariant::I5) >= 1, "{report:?}");
     let fault = |kind, start_ms, end_ms| Fault {
         kind,
         replica: None,
