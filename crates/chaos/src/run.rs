@@ -483,7 +483,9 @@ async fn drive(
     let quiet_ms = now_ms();
     let deadline = quiet_ms + millis(PENDING_TTL) + millis(SETTLE_BOUND);
     let mut reads = JoinSet::new();
-    let slots = Arc::new(tokio::sync::Semaphore::new(16));
+    // Enough at once that thousands of keys are read within the I6
+    // bound on a loaded machine.
+    let slots = Arc::new(tokio::sync::Semaphore::new(64));
     for key in workload.touched() {
         let workload = Arc::clone(&workload);
         let slots = Arc::clone(&slots);

@@ -450,6 +450,29 @@ fn i6_a_key_still_in_flight_past_the_bound_is_caught() {
     assert_eq!(only(&h, &[], Invariant::I6), 1);
 }
 
+/// The harness reached the key only after the deadline: answered by its
+/// first read, it kept the promise; refused then, it did not, whatever a
+/// later read got.
+#[test]
+fn i6_a_key_first_read_after_the_bound_is_judged_by_that_read() {
+    let mut late = op(2, "plain", 140_000, 1, "A", true);
+    late.final_read = true;
+    let h = history(vec![op(1, "plain", 1_000, 1, "A", false), late.clone()]);
+    assert!(check(&h, &[execution(1, 1, 1_001)]).is_clean());
+    let mut refused = late.clone();
+    refused.answer = Answer {
+        status: Some(409),
+        problem: Some("in-flight".into()),
+        complete: true,
+        ..Answer::default()
+    };
+    late.id = 3;
+    late.invoke_ms = 141_000;
+    late.complete_ms = 141_010;
+    let h = history(vec![op(1, "plain", 1_000, 1, "A", false), refused, late]);
+    assert_eq!(only(&h, &[execution(1, 1, 1_001)], Invariant::I6), 1);
+}
+
 #[test]
 fn i1_a_forget_that_never_returned_still_ends_the_epoch() {
     // The forget's replica was killed before it answered: the delete may
