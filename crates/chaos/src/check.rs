@@ -391,29 +391,30 @@ fn i5(ix: &Index<'_>, key: &KeyId, ops: &[&Op], windows: &Windows, report: &mut 
     }
 }
 
-/// I6: once the faults stopped, a final read of every key got its answer
-/// (or the key-mismatch refusal of a key another body holds) before
-/// `quiet + pending_ttl + bound`. A key the harness first asked only after
-/// that deadline (its final reads queue behind one another: a long run
-/// has thousands of keys) must be answered by that first read: a key
-/// still stuck is refused then.
+/// I6: once the faults stopped, every key was answered (or refused with
+/// the key-mismatch of a key another body holds) by a final read sent
+/// before `quiet + pending_ttl + bound`. A key the harness first asked
+/// only after that deadline (its final reads queue behind one another: a
+/// long run has thousands of keys) must be answered by that first read: a
+/// key still stuck is refused then.
 fn i6(history: &History, key: &KeyId, ops: &[&Op], report: &mut Report) {
     let reads: Vec<&&Op> = ops.iter().filter(|o| o.final_read).collect();
     let (Some(first), Some(last)) = (reads.first(), reads.last()) else {
         return;
     };
-    let mut deadline = history
+    let deadline = history
         .quiet_ms
         .saturating_add(history.pending_ttl_ms)
         .saturating_add(history.settle_bound_ms);
-    if first.invoke_ms > deadline {
-        deadline = first.complete_ms;
-    }
-    let answered = reads.iter().any(|o| {
-        o.complete_ms <= deadline
-            && (o.answer.is_final()
-                || (o.answer.complete && o.answer.problem.as_deref() == Some("key-mismatch")))
-    });
+    let got = |o: &Op| {
+        o.answer.is_final()
+            || (o.answer.complete && o.answer.problem.as_deref() == Some("key-mismatch"))
+    };
+    let answered = if first.invoke_ms > deadline {
+        got(first)
+    } else {
+        reads.iter().any(|o| o.invoke_ms <= deadline && got(o))
+    };
     if !answered {
         report.push(
             Invariant::I6,

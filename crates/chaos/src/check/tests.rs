@@ -452,12 +452,19 @@ fn i6_a_key_still_in_flight_past_the_bound_is_caught() {
 
 /// The harness reached the key only after the deadline: answered by its
 /// first read, it kept the promise; refused then, it did not, whatever a
-/// later read got.
+/// later read got. A read sent before the deadline counts when it got
+/// the answer, even after it.
 #[test]
 fn i6_a_key_first_read_after_the_bound_is_judged_by_that_read() {
     let mut late = op(2, "plain", 140_000, 1, "A", true);
     late.final_read = true;
     let h = history(vec![op(1, "plain", 1_000, 1, "A", false), late.clone()]);
+    assert!(check(&h, &[execution(1, 1, 1_001)]).is_clean());
+    // Sent just before the deadline (128 s), answered just after it.
+    let mut straddling = late.clone();
+    straddling.invoke_ms = 127_900;
+    straddling.complete_ms = 128_300;
+    let h = history(vec![op(1, "plain", 1_000, 1, "A", false), straddling]);
     assert!(check(&h, &[execution(1, 1, 1_001)]).is_clean());
     let mut refused = late.clone();
     refused.answer = Answer {
