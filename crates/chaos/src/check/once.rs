@@ -221,7 +221,9 @@ const HELD_AFTER_MS: u64 = 1_000;
 
 /// Whether `op` was answered from a result its replica held in memory
 /// during a store outage: marked replayed, naming only executions its own
-/// replica ran, answered during a store restart or failover or within a
+/// replica ran (or, naming none, as an `outcome-unknown` answer or a
+/// stream's last events do, the key's latest execution before it ran
+/// there), answered during a store restart or failover or within a
 /// second after it. Such a copy is answered before the store is asked
 /// (docs/design.md, "A store blink does not lose a result"); the store
 /// may never take it (a forget or a takeover fenced it, or its lease ran
@@ -230,18 +232,34 @@ const HELD_AFTER_MS: u64 = 1_000;
 /// answer for I1, and unlike the stored answer it is counted as `held`
 /// for I1 and I5.
 pub(super) fn held_copy(ix: &Index<'_>, op: &Op) -> bool {
-    op.answer.replayed == Some(true)
-        && !op.answer.executions.is_empty()
-        && op.answer.executions.iter().all(|seq| {
-            ix.by_sequence
-                .get(seq)
-                .and_then(|e| e.tag.parse::<u64>().ok())
-                .and_then(|id| ix.ops.get(&id))
-                .is_some_and(|owner| owner.replica == op.replica)
-        })
-        && ix.history.faults.iter().any(|f| {
-            matches!(f.kind, FaultKind::StoreRestart | FaultKind::Failover)
-                && f.start_ms <= op.complete_ms
-                && op.complete_ms <= f.end_ms.saturating_add(HELD_AFTER_MS)
-        })
+    if op.answer.replayed != Some(true) {
+        return false;
+    }
+    let ran_here = |e: &Execution| {
+        e.tag
+            .parse::<u64>()
+            .ok()
+            .and_then(|id| ix.ops.get(&id))
+            .is_some_and(|owner| owner.replica == op.replica)
+    };
+    let own = if op.answer.executions.is_empty() {
+        ix.runs
+            .get(&op.key)
+            .and_then(|runs| {
+                runs.iter()
+                    .rev()
+                    .find(|(e, _)| e.started_ms <= op.complete_ms)
+            })
+            .is_some_and(|(e, _)| ran_here(e))
+    } else {
+        op.answer
+            .executions
+            .iter()
+            .all(|seq| ix.by_sequence.get(seq).is_some_and(|e| ran_here(e)))
+    };
+    own && ix.history.faults.iter().any(|f| {
+        matches!(f.kind, FaultKind::StoreRestart | FaultKind::Failover)
+            && f.start_ms <= op.complete_ms
+            && op.complete_ms <= f.end_ms.saturating_add(HELD_AFTER_MS)
+    })
 }
