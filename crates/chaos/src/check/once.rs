@@ -29,7 +29,7 @@ pub(super) fn references<'a>(
         }
         // A fresh answer given during a long store outage may be a result
         // released unstored (see `outage`): not taken as the key's.
-        if op.answer.replayed != Some(true) && outage(ix, op.complete_ms, op.complete_ms) {
+        if released(ix, op) {
             continue;
         }
         let Some(epoch) = windows.epoch(op.invoke_ms, op.complete_ms) else {
@@ -100,10 +100,7 @@ pub(super) fn i1(ix: &Index<'_>, key: &KeyId, ops: &[&Op], windows: &Windows, re
             continue;
         }
         if let Err(why) = same_answer(reference, op) {
-            let fresh = reference.answer.replayed != Some(true) || op.answer.replayed != Some(true);
-            let from = reference.invoke_ms.min(op.invoke_ms);
-            let to = reference.complete_ms.max(op.complete_ms);
-            if held_copy(ix, op) || fresh && outage(ix, from, to) {
+            if held_copy(ix, op) || released(ix, op) {
                 report.held += 1;
                 continue;
             }
@@ -129,11 +126,6 @@ pub(super) fn i1(ix: &Index<'_>, key: &KeyId, ops: &[&Op], windows: &Windows, re
         }
         if ix.faulted(op.replica, &[FaultKind::Pause], op.invoke_ms, e.started_ms) {
             report.excused += 1;
-            continue;
-        }
-        if reference.answer.replayed != Some(true) && outage(ix, reference.invoke_ms, e.started_ms)
-        {
-            report.held += 1;
             continue;
         }
         report.push(
@@ -180,7 +172,14 @@ pub(super) fn i2(
                 report.excused += 1;
                 continue;
             }
-            if outage(ix, first.started_ms, next.started_ms) {
+            // The owner's client got its answer during a long store
+            // outage (released then), or gave up before it could tell.
+            let held = if owner.answer.is_final() {
+                released(ix, owner)
+            } else {
+                outage(ix, first.started_ms, next.started_ms)
+            };
+            if held {
                 report.held += 1;
                 continue;
             }
@@ -205,6 +204,15 @@ pub(super) fn i2(
 /// third of it; then the key is released, the owner's client gets the
 /// result, and the next request runs the work again (docs/design.md,
 /// "Not yet implemented": "What a held result may promise").
+/// Whether `op` is a fresh answer given during a store outage that may
+/// have outlasted the lease: what a client gets when its owner's held
+/// result is released (see [`outage`]). An answer given before the
+/// outage was stored first (the client is answered once the result is
+/// stored), and nothing excuses its loss.
+fn released(ix: &Index<'_>, op: &Op) -> bool {
+    op.answer.replayed != Some(true) && outage(ix, op.complete_ms, op.complete_ms)
+}
+
 fn outage(ix: &Index<'_>, from: u64, to: u64) -> bool {
     let half_lease = ix.history.pending_ttl_ms / 2;
     ix.history.faults.iter().any(|f| {
