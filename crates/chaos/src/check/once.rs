@@ -195,15 +195,6 @@ pub(super) fn i2(
     }
 }
 
-/// Whether a store outage that may have outlasted an owner's lease
-/// overlaps `[from, to]`: a store restart or failover (the store takes no
-/// write the promise can rely on until its replica is in sync again)
-/// lasting at least half the lease. An owner holds a result the store
-/// refuses until its lease runs out (docs/design.md, "A store blink does
-/// not lose a result"), at least half a lease since renewals come every
-/// third of it; then the key is released, the owner's client gets the
-/// result, and the next request runs the work again (docs/design.md,
-/// "Not yet implemented": "What a held result may promise").
 /// Whether `op` is a fresh answer given during a store outage that may
 /// have outlasted the lease: what a client gets when its owner's held
 /// result is released (see [`outage`]). An answer given before the
@@ -213,6 +204,15 @@ fn released(ix: &Index<'_>, op: &Op) -> bool {
     op.answer.replayed != Some(true) && outage(ix, op.complete_ms, op.complete_ms)
 }
 
+/// Whether a store outage that may have outlasted an owner's lease
+/// overlaps `[from, to]`: a store restart or failover (the store takes no
+/// write the promise can rely on until its replica is in sync again)
+/// lasting at least half the lease. An owner holds a result the store
+/// refuses until its lease runs out (docs/design.md, "A store blink does
+/// not lose a result"), at least half a lease since renewals come every
+/// third of it; then the key is released, the owner's client gets the
+/// result, and the next request runs the work again (docs/design.md,
+/// "Not yet implemented": "What a held result may promise").
 fn outage(ix: &Index<'_>, from: u64, to: u64) -> bool {
     let half_lease = ix.history.pending_ttl_ms / 2;
     ix.history.faults.iter().any(|f| {
