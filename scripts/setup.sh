@@ -2,12 +2,13 @@
 # Installs what the test suites need beyond cargo, on a fresh machine of this
 # project's kind: promtool (Debian `prometheus`) for the alert-rule tests,
 # Chromium for the dashboard test (headless), libfaketime for the
-# wall-clock step test, the Redis server and client (built with TLS) and
-# the PostgreSQL server binaries (initdb, postgres) for the suites that
-# start private servers, plain or TLS-only, and
-# a Python venv (.venv) with the official openai/anthropic clients for the
-# end-to-end tests, and Node.js with npm for the TypeScript SDK end-to-end
-# tests (their packages are installed by scripts/test, `npm ci`).
+# wall-clock step test and the chaos runs, the Redis server and client
+# (built with TLS) and the PostgreSQL server binaries (initdb, postgres,
+# pg_basebackup) for the suites and chaos runs that start private
+# servers, plain or TLS-only, and a Python venv (.venv) with the official
+# openai/anthropic clients for the end-to-end tests, and Node.js with npm
+# for the TypeScript SDK end-to-end tests (their packages are installed by
+# scripts/test, `npm ci`).
 # Idempotent: does nothing when everything is present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +16,8 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
-# libfaketime: the wall-clock step test runs the gateway under it.
+# libfaketime: the wall-clock step test and the chaos runs' clock steps
+# run the gateway under it.
 [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || need_apt+=(faketime)
 { command -v redis-server && command -v redis-cli; } >/dev/null 2>&1 || need_apt+=(redis-server)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)

@@ -8,7 +8,10 @@
 //! request's id), requests that overlap an operator's forget are judged
 //! in neither the epoch before nor the one after, and the at-least-once
 //! window the design states for a crashed or stalled owner (kill -9,
-//! SIGSTOP past the lease) is excused, counted, and never hidden.
+//! SIGSTOP past the lease) is excused, counted, and never hidden; so is a
+//! second execution after a store outage that outlasted the lease of an
+//! owner holding its result, whose client was told the result was not
+//! stored (`held`, the rule in `check/once.rs`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -17,6 +20,9 @@ use idemgate_llm_sim::Execution;
 use serde::{Deserialize, Serialize};
 
 use crate::history::{FaultKind, History, KeyId, Op};
+
+mod once;
+use once::{i1, i2, references, same_answer};
 
 /// The invariants of docs/design.md.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -69,6 +75,13 @@ pub struct Report {
     /// Repeated executions excused by the at-least-once window of a
     /// crashed or stalled owner.
     pub excused: usize,
+    /// Repeated executions of a charging key excused because its owner
+    /// held its result through a store outage that outlasted the lease,
+    /// then released it and told its client the result was not stored
+    /// (`Idempotent-Stored: false`; docs/design.md, "A store blink does not
+    /// lose a result").
+    #[serde(default)]
+    pub held: usize,
     /// Executions the log could not tie to a request of the history.
     pub unattributed: usize,
 }
@@ -222,156 +235,6 @@ impl Windows {
     }
 }
 
-/// The first final answer of each epoch that is a whole answer (not a
-/// resumption), by the time it was received.
-fn references<'a>(ops: &[&'a Op], windows: &Windows) -> BTreeMap<usize, &'a Op> {
-    let mut refs: BTreeMap<usize, &Op> = BTreeMap::new();
-    for op in ops {
-        if !op.answer.is_final() || op.last_event_id.is_some() {
-            continue;
-        }
-        let Some(epoch) = windows.epoch(op.invoke_ms, op.complete_ms) else {
-            continue;
-        };
-        let slot = refs.entry(epoch).or_insert(op);
-        if op.complete_ms < slot.complete_ms {
-            *slot = op;
-        }
-    }
-    refs
-}
-
-/// Whether `other` carries the same answer as `reference` (a whole
-/// answer): the same status and bytes, or, for a resumption, the same
-/// events under the same ids.
-fn same_answer(reference: &Op, other: &Op) -> Result<(), String> {
-    if reference.answer.status != other.answer.status {
-        return Err(format!(
-            "status {:?} after {:?}",
-            other.answer.status, reference.answer.status
-        ));
-    }
-    if other.last_event_id.is_none() {
-        if reference.answer.body_sha256 != other.answer.body_sha256 {
-            return Err(format!(
-                "other bytes (executions {:?} after {:?})",
-                other.answer.executions, reference.answer.executions
-            ));
-        }
-        return Ok(());
-    }
-    for ev in &other.answer.events {
-        let Some(id) = ev.id else { continue };
-        let same = reference
-            .answer
-            .events
-            .iter()
-            .find(|r| r.id == Some(id))
-            .is_some_and(|r| r.sha256 == ev.sha256);
-        if !same {
-            return Err(format!(
-                "event {id} differs (executions {:?} after {:?})",
-                other.answer.executions, reference.answer.executions
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// I1: within an epoch, every final answer is the first one's bytes, and
-/// no execution of the key starts after the first final answer was
-/// received (unless its owner was frozen between its request and its
-/// start: the stalled owner the design's fencing speaks of).
-fn i1(ix: &Index<'_>, key: &KeyId, ops: &[&Op], windows: &Windows, report: &mut Report) {
-    let refs = references(ops, windows);
-    for op in ops {
-        if !op.answer.is_final() {
-            continue;
-        }
-        let Some(epoch) = windows.epoch(op.invoke_ms, op.complete_ms) else {
-            continue;
-        };
-        let Some(reference) = refs.get(&epoch) else {
-            continue;
-        };
-        if reference.id == op.id {
-            continue;
-        }
-        if let Err(why) = same_answer(reference, op) {
-            report.push(
-                Invariant::I1,
-                Some(key),
-                format!(
-                    "request {} got a final answer unlike request {}'s: {why}",
-                    op.id, reference.id
-                ),
-            );
-        }
-    }
-    for (e, op) in ix.runs.get(key).map(Vec::as_slice).unwrap_or_default() {
-        let Some(epoch) = windows.epoch(e.started_ms, e.started_ms) else {
-            continue;
-        };
-        let Some(reference) = refs.get(&epoch) else {
-            continue;
-        };
-        if e.started_ms <= reference.complete_ms {
-            continue;
-        }
-        if ix.faulted(op.replica, &[FaultKind::Pause], op.invoke_ms, e.started_ms) {
-            report.excused += 1;
-            continue;
-        }
-        report.push(
-            Invariant::I1,
-            Some(key),
-            format!(
-                "execution {} (request {}, replica {}) started {} ms after request {} got the key's final answer",
-                e.sequence,
-                op.id,
-                op.replica,
-                e.started_ms - reference.complete_ms,
-                reference.id
-            ),
-        );
-    }
-}
-
-/// I2: on a charging route, at most one execution per key and epoch. An
-/// execution followed by another is excused only when its owner was
-/// killed or frozen between the two (at-least-once after a crash).
-fn i2(ix: &Index<'_>, history: &History, key: &KeyId, windows: &Windows, report: &mut Report) {
-    if !history.charging_routes.contains(&key.route) {
-        return;
-    }
-    let mut epochs: BTreeMap<usize, Vec<(&Execution, &Op)>> = BTreeMap::new();
-    for &(e, op) in ix.runs.get(key).map(Vec::as_slice).unwrap_or_default() {
-        if let Some(epoch) = windows.epoch(e.started_ms, e.started_ms) {
-            epochs.entry(epoch).or_default().push((e, op));
-        }
-    }
-    for runs in epochs.values() {
-        for pair in runs.windows(2) {
-            let [(first, owner), (next, _)] = pair else {
-                continue;
-            };
-            let kinds = [FaultKind::Kill, FaultKind::Pause];
-            if ix.faulted(owner.replica, &kinds, first.started_ms, next.started_ms) {
-                report.excused += 1;
-                continue;
-            }
-            report.push(
-                Invariant::I2,
-                Some(key),
-                format!(
-                    "charging key executed again: execution {} (request {}, replica {}) then {}",
-                    first.sequence, owner.id, owner.replica, next.sequence
-                ),
-            );
-        }
-    }
-}
-
 /// I3: every execution an answer names ran for that answer's tenant,
 /// route, key and request body.
 fn i3(ix: &Index<'_>, history: &History, report: &mut Report) {
@@ -520,23 +383,30 @@ fn i5(key: &KeyId, ops: &[&Op], windows: &Windows, report: &mut Report) {
     }
 }
 
-/// I6: once the faults stopped, a final read of every key got its answer
-/// (or the key-mismatch refusal of a key another body holds) before
-/// `quiet + pending_ttl + bound`.
+/// I6: once the faults stopped, every key was answered (or refused with
+/// the key-mismatch of a key another body holds) by a final read sent
+/// before `quiet + pending_ttl + bound`. A key the harness first asked
+/// only after that deadline (its final reads queue behind one another: a
+/// long run has thousands of keys) must be answered by that first read: a
+/// key still stuck is refused then.
 fn i6(history: &History, key: &KeyId, ops: &[&Op], report: &mut Report) {
     let reads: Vec<&&Op> = ops.iter().filter(|o| o.final_read).collect();
-    let Some(last) = reads.last() else {
+    let (Some(first), Some(last)) = (reads.first(), reads.last()) else {
         return;
     };
     let deadline = history
         .quiet_ms
         .saturating_add(history.pending_ttl_ms)
         .saturating_add(history.settle_bound_ms);
-    let answered = reads.iter().any(|o| {
-        o.complete_ms <= deadline
-            && (o.answer.is_final()
-                || (o.answer.complete && o.answer.problem.as_deref() == Some("key-mismatch")))
-    });
+    let got = |o: &Op| {
+        o.answer.is_final()
+            || (o.answer.complete && o.answer.problem.as_deref() == Some("key-mismatch"))
+    };
+    let answered = if first.invoke_ms > deadline {
+        got(first)
+    } else {
+        reads.iter().any(|o| o.invoke_ms <= deadline && got(o))
+    };
     if !answered {
         report.push(
             Invariant::I6,

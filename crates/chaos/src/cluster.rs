@@ -135,6 +135,10 @@ impl Upstream {
     }
 }
 
+/// libfaketime, under which the replicas run when the nemesis steps
+/// their clocks (Debian's `faketime`).
+pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
 /// How a replica's configuration is written.
 #[derive(Clone, Debug)]
 pub struct ReplicaConfig {
@@ -149,6 +153,9 @@ pub struct ReplicaConfig {
     /// The routes, each with its `charges` as written (a broken mode may
     /// write `false` where the promise judged says `true`).
     pub routes: Vec<Route>,
+    /// Run under [`LIBFAKETIME`] with this offset file (re-read at every
+    /// wall-clock read; the monotonic clock is left alone).
+    pub faketime: Option<PathBuf>,
 }
 
 /// One `idemgate serve` replica: its ports, its configuration file, and
@@ -165,6 +172,7 @@ pub struct Replica {
     log: PathBuf,
     bin: PathBuf,
     child: Option<Child>,
+    faketime: Option<PathBuf>,
     /// Starts so far (the log file of each start is kept apart).
     starts: usize,
 }
@@ -195,6 +203,7 @@ impl Replica {
             log: dir.join(format!("replica-{index}")),
             bin: bin.to_path_buf(),
             child: None,
+            faketime: cfg.faketime.clone(),
             starts: 0,
         })
     }
@@ -216,7 +225,14 @@ impl Replica {
     pub async fn start(&mut self) -> Result<()> {
         self.starts += 1;
         let log = std::fs::File::create(format!("{}.{}.log", self.log.display(), self.starts))?;
-        let mut child = Command::new(&self.bin)
+        let mut cmd = Command::new(&self.bin);
+        if let Some(offset) = &self.faketime {
+            cmd.env("LD_PRELOAD", LIBFAKETIME)
+                .env("FAKETIME_TIMESTAMP_FILE", offset)
+                .env("FAKETIME_NO_CACHE", "1")
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
+        let mut child = cmd
             .args(["serve", "--config"])
             .arg(&self.config)
             .stdout(Stdio::null())

@@ -11,6 +11,10 @@ pub enum Error {
     /// A process did not start or become ready.
     #[error("{0}")]
     Start(String),
+    /// A store server the run started would not do what a fault needs
+    /// (start, stop, promote, come back in sync).
+    #[error("store server: {0}")]
+    Server(String),
     /// The run's configuration is not one the harness can run.
     #[error("{0}")]
     Config(String),

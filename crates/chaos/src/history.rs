@@ -167,6 +167,21 @@ pub enum FaultKind {
     StoreCut,
     /// The store's connections stalled (no byte forwarded) for 0.3–1.5 s.
     StoreStall,
+    /// A store server killed (SIGKILL, or PostgreSQL's immediate stop) and
+    /// started again on its data: the primary of a pair, a random node of
+    /// a cluster.
+    StoreRestart,
+    /// The store's primary killed and its replica promoted: `REPLICAOF NO
+    /// ONE` (Redis) or `pg_ctl promote` (PostgreSQL) with the store's
+    /// address moved to it, or a cluster master killed until the cluster
+    /// promotes its replica; the old node then rejoins as a replica.
+    Failover,
+    /// One store call applied by the server whose reply is discarded and
+    /// its connection aborted (the FaultProxy's `drop_next_reply`).
+    DropReply,
+    /// Every replica's wall clock stepped (libfaketime), forward or back;
+    /// the monotonic clock is untouched, as with an NTP step.
+    ClockStep,
 }
 
 impl FaultKind {
@@ -174,12 +189,16 @@ impl FaultKind {
     pub const ALL: [Self; 3] = [Self::Kill, Self::Pause, Self::Terminate];
 
     /// Every kind a summary counts.
-    pub const EVERY: [Self; 5] = [
+    pub const EVERY: [Self; 9] = [
         Self::Kill,
         Self::Pause,
         Self::Terminate,
         Self::StoreCut,
         Self::StoreStall,
+        Self::StoreRestart,
+        Self::Failover,
+        Self::DropReply,
+        Self::ClockStep,
     ];
 
     /// The name printed in summaries and taken by `--faults`.
@@ -190,6 +209,10 @@ impl FaultKind {
             Self::Terminate => "terminate",
             Self::StoreCut => "store-cut",
             Self::StoreStall => "store-stall",
+            Self::StoreRestart => "store-restart",
+            Self::Failover => "failover",
+            Self::DropReply => "drop-reply",
+            Self::ClockStep => "clock-step",
         }
     }
 
@@ -198,24 +221,48 @@ impl FaultKind {
         Self::EVERY.into_iter().find(|k| k.as_str() == name)
     }
 
-    /// Whether it acts on the store's connections rather than a replica.
+    /// Whether it acts on the store (its connections or its servers)
+    /// rather than on one replica.
     pub fn on_store(self) -> bool {
-        matches!(self, Self::StoreCut | Self::StoreStall)
+        matches!(
+            self,
+            Self::StoreCut
+                | Self::StoreStall
+                | Self::StoreRestart
+                | Self::Failover
+                | Self::DropReply
+        )
+    }
+
+    /// Whether it needs the FaultProxy in front of the store.
+    pub fn through_proxy(self) -> bool {
+        matches!(self, Self::StoreCut | Self::StoreStall | Self::DropReply)
+    }
+
+    /// Whether it needs store servers the run started itself.
+    pub fn on_private_servers(self) -> bool {
+        matches!(self, Self::StoreRestart | Self::Failover)
     }
 }
 
-/// One fault: a replica down or frozen, or the store's connections cut or
-/// stalled, from `start_ms` to `end_ms`.
+/// One fault: a replica down or frozen, the store's connections cut or
+/// stalled, a store server restarted or failed over, a reply dropped, the
+/// clocks stepped, from `start_ms` to `end_ms`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Fault {
     /// What was done.
     pub kind: FaultKind,
-    /// To which replica (`None`: the store's connections).
+    /// To which replica (`None`: the store, or every replica's clock).
     pub replica: Option<usize>,
     /// When the signal was sent.
     pub start_ms: u64,
-    /// When the replica was serving again (restarted, or continued).
+    /// When the replica was serving again (restarted, or continued), or
+    /// the store whole again (a failed-over store has its new replica in
+    /// sync).
     pub end_ms: u64,
+    /// What exactly: the node restarted, the step of a clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 /// Everything a run recorded.

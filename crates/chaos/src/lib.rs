@@ -4,10 +4,13 @@
 //! invariants").
 //!
 //! Hand-picked fault scenarios find the bugs someone already imagined.
-//! Here 2–3 `idemgate serve` replicas share one store (an SQLite file or a
-//! Redis) in front of `idemgate-llm-sim`; clients send random requests
-//! over a small pool of keys, so duplicates meet across replicas, tenants
-//! and routes; a nemesis kills, freezes and restarts replicas at random.
+//! Here 2–3 `idemgate serve` replicas share one store (an SQLite file, a
+//! Redis master with its replica, a Redis Cluster, a PostgreSQL primary
+//! with its standby) in front of `idemgate-llm-sim`; clients send random
+//! requests over a small pool of keys, so duplicates meet across
+//! replicas, tenants and routes; a nemesis kills, freezes and restarts
+//! replicas, steps their clocks, restarts and fails the store over and
+//! drops its replies, at random.
 //! Every request and answer is recorded, the upstream logs every
 //! execution with its key, credential and the request that caused it,
 //! and [`check::check`] judges the two.
@@ -21,6 +24,9 @@
 //!   mode, with and without `charges`).
 //! - [`cluster`]: the processes: the upstream and the replicas, started,
 //!   signalled and restarted.
+//! - [`servers`]: the store servers a run owns (Redis master and replica,
+//!   Redis Cluster, PostgreSQL primary and standby), started, restarted
+//!   and failed over.
 //! - [`workload`]: the clients and what they record.
 //! - [`nemesis`]: the faults.
 //! - [`run`](mod@run): one run from start to verdict, and its summary line.
@@ -44,6 +50,7 @@ pub mod history;
 pub mod nemesis;
 pub mod routes;
 pub mod run;
+pub mod servers;
 pub mod workload;
 
 pub use check::{Invariant, Report, Violation, check};

@@ -19,17 +19,16 @@ use idemgate_chaos::{Broken, RunConfig, Store};
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Args {
-    /// `sqlite` or `redis` (`cluster` and `postgres` are not implemented
-    /// yet).
+    /// `sqlite` (one file), `redis` (a private master with one replica),
+    /// `cluster` (a private Redis Cluster, 3 masters and 3 replicas) or
+    /// `postgres` (a private primary with a synchronous standby).
     #[arg(long, default_value = "sqlite")]
     store: String,
-    /// Redis URL for `--store redis` (a prefix of the run's own is added).
-    #[arg(
-        long,
-        env = "IDEMGATE_CHAOS_REDIS",
-        default_value = "redis://127.0.0.1:6379"
-    )]
-    redis: String,
+    /// With `--store redis`: an existing Redis node instead of private
+    /// servers (a key prefix of the run's own is added; no fault restarts
+    /// or fails it over).
+    #[arg(long, env = "IDEMGATE_CHAOS_REDIS")]
+    redis: Option<String>,
     /// Minutes of clients and faults (fractions allowed).
     #[arg(long, default_value_t = 1.0)]
     minutes: f64,
@@ -51,11 +50,15 @@ struct Args {
     /// Seed of every random choice (default: random, printed).
     #[arg(long)]
     seed: Option<u64>,
-    /// Faults, comma-separated: kill, pause, terminate (the default),
-    /// store-cut, store-stall (Redis only: through a FaultProxy in front
-    /// of it); `none` for a run without faults.
-    #[arg(long, default_value = "kill,pause,terminate")]
-    faults: String,
+    /// Faults, comma-separated: kill, pause, terminate (on replicas);
+    /// clock-step (every replica's wall clock); store-restart, failover
+    /// (store servers of the run's own); drop-reply, store-cut,
+    /// store-stall (through the FaultProxy in front of redis or
+    /// postgres); `none` for a run without faults. Default: kill, pause,
+    /// terminate, and on a store of the run's own every fault it can take
+    /// but store-cut and store-stall.
+    #[arg(long)]
+    faults: Option<String>,
     /// Break the deployment on purpose: `charges-off`.
     #[arg(long)]
     broken: Option<String>,
@@ -104,10 +107,11 @@ fn recheck(dir: &std::path::Path) -> anyhow::Result<bool> {
         .map(|i| format!("{i}={}", report.count(*i)))
         .collect();
     println!(
-        "recheck {}: {} excused={}",
+        "recheck {}: {} excused={} held={}",
         dir.display(),
         counts.join(" "),
-        report.excused
+        report.excused,
+        report.held
     );
     Ok(report.is_clean())
 }
@@ -116,27 +120,27 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     if let Some(dir) = &args.recheck {
         return recheck(dir);
     }
-    let store = match args.store.as_str() {
-        "sqlite" => Store::Sqlite,
-        "redis" => Store::Redis(args.redis.clone()),
-        "cluster" | "postgres" => bail!(
-            "store `{}` is not implemented yet (docs/design.md, \"Not yet implemented\"); use sqlite or redis",
-            args.store
-        ),
-        other => bail!("unknown store `{other}`; use sqlite or redis"),
+    let store = match (args.store.as_str(), &args.redis) {
+        ("sqlite", _) => Store::Sqlite,
+        ("redis", None) => Store::Redis,
+        ("redis", Some(url)) => Store::RedisAt(url.clone()),
+        ("cluster", _) => Store::Cluster,
+        ("postgres", _) => Store::Postgres,
+        (other, _) => bail!("unknown store `{other}`; use sqlite, redis, cluster or postgres"),
     };
-    let faults = if args.faults == "none" {
-        Vec::new()
-    } else {
-        args.faults
+    let faults = match args.faults.as_deref() {
+        None => store.default_faults(),
+        Some("none") => Vec::new(),
+        Some(list) => list
             .split(',')
             .map(|f| match FaultKind::parse(f.trim()) {
                 Some(kind) => Ok(kind),
                 None => bail!(
-                    "unknown fault `{f}`; use kill, pause, terminate, store-cut, store-stall or none"
+                    "unknown fault `{f}`; use {} or none",
+                    FaultKind::EVERY.map(FaultKind::as_str).join(", ")
                 ),
             })
-            .collect::<anyhow::Result<_>>()?
+            .collect::<anyhow::Result<_>>()?,
     };
     let broken = match args.broken.as_deref() {
         None => None,

@@ -78,6 +78,7 @@ async fn forwards_both_ways_and_counts() {
         live: 1,
         bytes_to_server: total,
         bytes_to_client: total,
+        replies_dropped: 0,
     };
     // Counters move once a write returns, which may be just after the
     // peer has read the bytes.
@@ -266,6 +267,95 @@ async fn delay_adds_latency_per_chunk() {
     assert!(t.elapsed() >= Duration::from_millis(200));
     p.delay(Duration::ZERO);
     roundtrip(&mut s, b"fast").await;
+}
+
+#[tokio::test]
+async fn a_dropped_reply_reaches_the_server_and_aborts_only_its_connection() {
+    // A server that records every byte it is sent, and echoes it.
+    let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+    let server = listener.local_addr().unwrap();
+    let (got_tx, mut got) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let got_tx = got_tx.clone();
+            tokio::spawn(async move {
+                let mut b = [0u8; 1];
+                while s.read_exact(&mut b).await.is_ok() {
+                    got_tx.send(b[0]).unwrap();
+                    if s.write_all(&b).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let p = FaultProxy::start(server).await.unwrap();
+    let mut doomed = connect(&p).await;
+    roundtrip(&mut doomed, b"a").await;
+    assert_eq!(got.recv().await, Some(b'a'));
+    let mut other = connect(&p).await;
+    roundtrip(&mut other, b"b").await;
+    assert_eq!(got.recv().await, Some(b'b'));
+    p.drop_next_reply();
+    doomed.write_all(b"c").await.unwrap();
+    // The server applied it…
+    assert_eq!(got.recv().await, Some(b'c'));
+    // …and its answer never comes: the connection is aborted.
+    let mut buf = [0u8; 1];
+    assert!(matches!(doomed.read(&mut buf).await, Ok(0) | Err(_)));
+    until(|| p.stats().replies_dropped == 1).await;
+    // One shot: the other connection, and a new one, still work.
+    roundtrip(&mut other, b"d").await;
+    let mut fresh = connect(&p).await;
+    roundtrip(&mut fresh, b"e").await;
+    assert_eq!(p.stats().replies_dropped, 1);
+}
+
+#[tokio::test]
+async fn heal_disarms_a_dropped_reply() {
+    let p = proxy().await;
+    p.drop_next_reply();
+    p.heal();
+    let mut s = connect(&p).await;
+    roundtrip(&mut s, b"kept").await;
+    assert_eq!(p.stats().replies_dropped, 0);
+}
+
+#[tokio::test]
+async fn retarget_moves_new_connections_only() {
+    // Two servers that greet with their name.
+    async fn greeter(name: &'static [u8]) -> SocketAddr {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let _ = s.write_all(name).await;
+                    let mut b = [0u8; 1];
+                    let _ = s.read(&mut b).await;
+                });
+            }
+        });
+        addr
+    }
+    let first = greeter(b"one").await;
+    let second = greeter(b"two").await;
+    let p = FaultProxy::start(first).await.unwrap();
+    let greeting = |mut s: TcpStream| async move {
+        let mut b = [0u8; 3];
+        s.read_exact(&mut b).await.unwrap();
+        (s, b)
+    };
+    let (old, b) = greeting(connect(&p).await).await;
+    assert_eq!(&b, b"one");
+    p.retarget(second);
+    assert_eq!(p.target(), second);
+    let (_new, b) = greeting(connect(&p).await).await;
+    assert_eq!(&b, b"two");
+    // The live connection still reaches the first server until reset.
+    assert_eq!(p.stats().live, 2);
+    assert_eq!(p.reset().await, 2);
+    drop(old);
 }
 
 #[tokio::test]

@@ -120,6 +120,7 @@ fn i1_an_execution_after_a_final_answer_is_caught_unless_its_owner_was_frozen() 
         replica: Some(1),
         start_ms: 950,
         end_ms: 1_450,
+        detail: None,
     });
     let report = check(&h, &log);
     assert!(report.is_clean(), "{report:?}");
@@ -176,6 +177,7 @@ fn i2_a_second_execution_of_a_charging_key_is_caught_unless_its_owner_crashed() 
         replica: Some(0),
         start_ms: 1_500,
         end_ms: 2_000,
+        detail: None,
     });
     assert_eq!(only(&h, &log, Invariant::I2), 1);
     // ... a kill -9 does: at-least-once after a crash.
@@ -184,10 +186,101 @@ fn i2_a_second_execution_of_a_charging_key_is_caught_unless_its_owner_crashed() 
         replica: Some(0),
         start_ms: 1_500,
         end_ms: 2_000,
+        detail: None,
     });
     let report = check(&h, &log);
     assert!(report.is_clean(), "{report:?}");
     assert_eq!(report.excused, 1);
+}
+
+/// A held result released when a store outage outlasted its lease: the
+/// owner's client got the result marked `Idempotent-Stored: false`, the
+/// key was not stored, the next request ran the charge again and got
+/// other bytes. Excused as `held` only when the answer said it was not
+/// stored and a store restart or failover of at least half the lease came
+/// between the two; an unmarked answer is the key's, and its loss is
+/// never excused.
+#[test]
+fn a_result_released_in_a_store_outage_past_the_lease_is_counted_not_hidden() {
+    let mut owner = op(1, "charged", 1_000, 1, "A", false);
+    owner.complete_ms = 2_900;
+    owner.answer.stored = Some(false);
+    // Request 3 replays the answer the store holds: the second one.
+    let mut h = history(vec![
+        owner,
+        op(2, "charged", 3_000, 2, "B", false),
+        op(3, "charged", 4_000, 2, "B", true),
+    ]);
+    let log = [execution(1, 1, 1_001), execution(2, 2, 3_001)];
+    // Without an outage, a second execution of a charging key.
+    let report = check(&h, &log);
+    assert_eq!(report.count(Invariant::I2), 1, "{report:?}");
+    let fault = |kind, start_ms, end_ms| Fault {
+        kind,
+        replica: None,
+        start_ms,
+        end_ms,
+        detail: None,
+    };
+    // Shorter than half the lease (1.5 s): the result was stored in time.
+    h.faults.push(fault(FaultKind::Failover, 1_500, 2_900));
+    h.faults.push(fault(FaultKind::StoreCut, 1_500, 2_900));
+    assert_eq!(check(&h, &log).count(Invariant::I2), 1);
+    h.faults.clear();
+    h.faults.push(fault(FaultKind::Failover, 1_200, 2_950));
+    let report = check(&h, &log);
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(report.held, 1, "{report:?}");
+    assert_eq!(report.excused, 0);
+    // The same answer unmarked was the key's: its loss is I1 and I2,
+    // whatever the outage.
+    h.ops[0].answer.stored = None;
+    let report = check(&h, &log);
+    assert!(report.count(Invariant::I1) >= 1, "{report:?}");
+    assert_eq!(report.count(Invariant::I2), 1, "{report:?}");
+    // A store restart is such an outage too; after both executions it
+    // excuses nothing.
+    h.ops[0].answer.stored = Some(false);
+    h.faults.clear();
+    h.faults.push(fault(FaultKind::StoreRestart, 3_500, 6_000));
+    assert_eq!(check(&h, &log).count(Invariant::I2), 1);
+}
+
+/// Request 1's execution was in flight on replica 0 when a forget deleted
+/// the key; its result was then held in memory through a store restart.
+/// A held result is its owner's alone: a replay of it from memory, marked
+/// replayed, is an answer the store never held, and no outage excuses it.
+#[test]
+fn a_held_copy_replayed_in_a_store_outage_is_a_violation() {
+    let mut owner = op(1, "plain", 1_000, 1, "", false);
+    owner.answer = Answer {
+        error: Some("client timeout".into()),
+        ..Answer::default()
+    };
+    let held = op(2, "plain", 4_000, 1, "A", true);
+    let fresh = op(3, "plain", 6_000, 2, "B", false);
+    let mut read = op(4, "plain", 9_000, 2, "B", true);
+    read.final_read = true;
+    let mut h = history(vec![owner, held, fresh, read]);
+    h.forgets.push(Forget {
+        key: key("plain"),
+        replica: 1,
+        invoke_ms: 1_500,
+        complete_ms: 2_500,
+        status: Some(200),
+    });
+    let log = [execution(1, 1, 1_001), execution(2, 3, 6_001)];
+    h.faults.push(Fault {
+        kind: FaultKind::StoreRestart,
+        replica: None,
+        start_ms: 3_000,
+        end_ms: 4_500,
+        detail: None,
+    });
+    let report = check(&h, &log);
+    assert!(report.count(Invariant::I1) >= 1, "{report:?}");
+    assert!(report.count(Invariant::I5) >= 1, "{report:?}");
+    assert_eq!(report.held, 0, "{report:?}");
 }
 
 #[test]
@@ -353,6 +446,36 @@ fn i6_a_key_still_in_flight_past_the_bound_is_caught() {
     assert_eq!(only(&h, &[], Invariant::I6), 1);
 }
 
+/// The harness reached the key only after the deadline: answered by its
+/// first read, it kept the promise; refused then, it did not, whatever a
+/// later read got. A read sent before the deadline counts when it got
+/// the answer, even after it.
+#[test]
+fn i6_a_key_first_read_after_the_bound_is_judged_by_that_read() {
+    let mut late = op(2, "plain", 140_000, 1, "A", true);
+    late.final_read = true;
+    let h = history(vec![op(1, "plain", 1_000, 1, "A", false), late.clone()]);
+    assert!(check(&h, &[execution(1, 1, 1_001)]).is_clean());
+    // Sent just before the deadline (128 s), answered just after it.
+    let mut straddling = late.clone();
+    straddling.invoke_ms = 127_900;
+    straddling.complete_ms = 128_300;
+    let h = history(vec![op(1, "plain", 1_000, 1, "A", false), straddling]);
+    assert!(check(&h, &[execution(1, 1, 1_001)]).is_clean());
+    let mut refused = late.clone();
+    refused.answer = Answer {
+        status: Some(409),
+        problem: Some("in-flight".into()),
+        complete: true,
+        ..Answer::default()
+    };
+    late.id = 3;
+    late.invoke_ms = 141_000;
+    late.complete_ms = 141_010;
+    let h = history(vec![op(1, "plain", 1_000, 1, "A", false), refused, late]);
+    assert_eq!(only(&h, &[execution(1, 1, 1_001)], Invariant::I6), 1);
+}
+
 #[test]
 fn i1_a_forget_that_never_returned_still_ends_the_epoch() {
     // The forget's replica was killed before it answered: the delete may
@@ -375,6 +498,7 @@ fn i1_a_forget_that_never_returned_still_ends_the_epoch() {
         replica: Some(1),
         start_ms: 2_020,
         end_ms: 2_600,
+        detail: None,
     });
     let log = [execution(1, 1, 1_001), execution(2, 2, 2_201)];
     let report = check(&h, &log);

@@ -25,9 +25,16 @@
 //! - [`freeze_live`](FaultProxy::freeze_live): stall only the connections
 //!   open now, while new ones work — a black-holed connection (lost NAT or
 //!   firewall state) next to a healthy server;
+//! - [`drop_next_reply`](FaultProxy::drop_next_reply): let the next request
+//!   through, discard the server's answer to it and abort its connection —
+//!   a call the server applied whose reply the client never gets, on one
+//!   connection while the others work;
+//! - [`retarget`](FaultProxy::retarget): forward new connections to another
+//!   server (a promoted replica), as a virtual IP or a DNS name moved over
+//!   would (add a `reset` to end the live ones);
 //! - [`delay`](FaultProxy::delay): added latency before each forwarded chunk;
 //! - [`stats`](FaultProxy::stats): connections accepted and refused, live
-//!   connections, bytes forwarded each way.
+//!   connections, bytes forwarded each way, replies dropped.
 //!
 //! The controls are deterministic: `cut` and `reset` return once the sockets
 //! of the connections live at the call are closed; a stall holds every
@@ -56,9 +63,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{ReadHalf, WriteHalf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
@@ -96,6 +101,8 @@ pub struct Stats {
     pub bytes_to_server: u64,
     /// Bytes forwarded from the server to clients.
     pub bytes_to_client: u64,
+    /// Replies discarded by [`FaultProxy::drop_next_reply`].
+    pub replies_dropped: u64,
 }
 
 /// How a connection is ended on request.
@@ -124,13 +131,17 @@ struct ConnCtl {
 /// State shared by the proxy handle and its tasks.
 #[derive(Debug)]
 struct Shared {
-    target: SocketAddr,
+    /// Where new connections go ([`FaultProxy::retarget`]).
+    target: Mutex<SocketAddr>,
     refusing: Mutex<Refusing>,
     /// Stall flag per [`Direction::index`].
     stall: [watch::Sender<bool>; 2],
     delay_ns: AtomicU64,
     /// Set by [`FaultProxy::stall_replies_from_next_request`].
     stall_replies_armed: AtomicBool,
+    /// Set by [`FaultProxy::drop_next_reply`].
+    drop_reply_armed: AtomicBool,
+    replies_dropped: AtomicU64,
     conns: Mutex<HashMap<u64, ConnCtl>>,
     next_id: AtomicU64,
     accepted: AtomicU64,
@@ -151,6 +162,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
+    fn target(&self) -> SocketAddr {
+        *lock(&self.target)
+    }
+
     fn refusing(&self) -> bool {
         let r = lock(&self.refusing);
         r.on || r.until.is_some_and(|until| Instant::now() < until)
@@ -210,11 +225,13 @@ impl FaultProxy {
         let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
-            target,
+            target: Mutex::new(target),
             refusing: Mutex::new(Refusing::default()),
             stall: [watch::Sender::new(false), watch::Sender::new(false)],
             delay_ns: AtomicU64::new(0),
             stall_replies_armed: AtomicBool::new(false),
+            drop_reply_armed: AtomicBool::new(false),
+            replies_dropped: AtomicU64::new(0),
             conns: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
             accepted: AtomicU64::new(0),
@@ -241,9 +258,25 @@ impl FaultProxy {
         self.addr.port()
     }
 
-    /// The address connections are forwarded to.
+    /// The address new connections are forwarded to.
     pub fn target(&self) -> SocketAddr {
-        self.shared.target
+        self.shared.target()
+    }
+
+    /// Forwards new connections to `target` from now on; live ones stay
+    /// with the server they reached (a [`reset`](Self::reset) ends them).
+    pub fn retarget(&self, target: SocketAddr) {
+        *lock(&self.shared.target) = target;
+    }
+
+    /// Lets the next chunk from any client through to the server, then
+    /// discards whatever the server sends back on that connection and
+    /// aborts it (RST both ways) as soon as the first byte of the answer
+    /// arrives: the server applied the call, the client never learns how.
+    /// Other connections are unaffected. One shot: it disarms once taken;
+    /// [`heal`](Self::heal) disarms it before it is.
+    pub fn drop_next_reply(&self) {
+        self.shared.drop_reply_armed.store(true, Ordering::SeqCst);
     }
 
     /// Closes every live connection now with a FIN in both directions (to
@@ -342,6 +375,7 @@ impl FaultProxy {
         self.shared
             .stall_replies_armed
             .store(false, Ordering::SeqCst);
+        self.shared.drop_reply_armed.store(false, Ordering::SeqCst);
         self.set_refusing(false);
         self.stall(false);
         self.delay(Duration::ZERO);
@@ -356,6 +390,7 @@ impl FaultProxy {
             live: lock(&s.conns).len(),
             bytes_to_server: s.bytes[Direction::ToServer.index()].load(Ordering::SeqCst),
             bytes_to_client: s.bytes[Direction::ToClient.index()].load(Ordering::SeqCst),
+            replies_dropped: s.replies_dropped.load(Ordering::SeqCst),
         }
     }
 }
@@ -396,144 +431,14 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: watch
             id,
             shared: Arc::clone(&shared),
             frozen: frozen_rx,
+            doomed: AtomicBool::new(false),
         };
         tokio::spawn(conn.serve(client, killed, stop.clone()));
     }
 }
 
-/// How a connection's forwarding ended.
-enum End {
-    /// Both sides closed, or one failed.
-    Done,
-    Kill(Kill),
-    Shutdown,
-}
-
-struct Conn {
-    id: u64,
-    shared: Arc<Shared>,
-    frozen: watch::Receiver<bool>,
-}
-
-impl Conn {
-    async fn serve(
-        self,
-        mut client: TcpStream,
-        mut killed: oneshot::Receiver<Kill>,
-        mut stop: watch::Receiver<()>,
-    ) {
-        let connecting = tokio::select! {
-            r = TcpStream::connect(self.shared.target) => r,
-            k = &mut killed => {
-                if let Ok(kill) = k {
-                    close(&mut client, None, kill.how).await;
-                    let _ = kill.ack.send(());
-                }
-                return;
-            }
-            _ = stop.changed() => return,
-        };
-        let Ok(mut server) = connecting else {
-            // The target is down: the client sees its connection closed.
-            self.shared.forget(self.id);
-            return;
-        };
-        let _ = client.set_nodelay(true);
-        let _ = server.set_nodelay(true);
-        let end = {
-            let (client_read, client_write) = client.split();
-            let (server_read, server_write) = server.split();
-            let up = self.pump(client_read, server_write, Direction::ToServer);
-            let down = self.pump(server_read, client_write, Direction::ToClient);
-            tokio::select! {
-                // A kill wins over a pump that ended because the kill dropped
-                // the connection's controls (a frozen pump wakes with an error).
-                biased;
-                k = &mut killed => k.map_or(End::Done, End::Kill),
-                _ = async { tokio::try_join!(up, down) } => End::Done,
-                _ = stop.changed() => End::Shutdown,
-            }
-        };
-        match end {
-            End::Kill(kill) => {
-                close(&mut client, Some(&mut server), kill.how).await;
-                drop((client, server));
-                let _ = kill.ack.send(());
-            }
-            End::Done => self.shared.forget(self.id),
-            End::Shutdown => {}
-        }
-    }
-
-    /// Forwards `from` → `to` chunk by chunk, honouring stalls and delay;
-    /// passes a half-close on. Ends at EOF (`Ok`) or on the first error.
-    async fn pump(
-        &self,
-        mut from: ReadHalf<'_>,
-        mut to: WriteHalf<'_>,
-        dir: Direction,
-    ) -> io::Result<()> {
-        let mut stall = self.shared.stall[dir.index()].subscribe();
-        let mut frozen = self.frozen.clone();
-        let mut buf = vec![0u8; CHUNK];
-        loop {
-            let n = from.read(&mut buf).await?;
-            self.hold(&mut stall, &mut frozen).await?;
-            if n == 0 {
-                to.shutdown().await?;
-                return Ok(());
-            }
-            let delay = self.shared.delay();
-            if !delay.is_zero() {
-                tokio::time::sleep(delay).await;
-            }
-            if dir == Direction::ToServer
-                && self
-                    .shared
-                    .stall_replies_armed
-                    .swap(false, Ordering::SeqCst)
-            {
-                self.shared.stall[Direction::ToClient.index()].send_replace(true);
-            }
-            to.write_all(&buf[..n]).await?;
-            self.shared.bytes[dir.index()].fetch_add(n as u64, Ordering::SeqCst);
-        }
-    }
-
-    /// Waits while this direction is stalled or the connection is frozen.
-    async fn hold(
-        &self,
-        stall: &mut watch::Receiver<bool>,
-        frozen: &mut watch::Receiver<bool>,
-    ) -> io::Result<()> {
-        let gone = |_| io::Error::other("fault proxy stopped");
-        loop {
-            if *frozen.borrow_and_update() {
-                // A frozen connection never thaws: wait for the cut.
-                frozen.wait_for(|f| !*f).await.map_err(gone)?;
-            } else if *stall.borrow_and_update() {
-                stall.wait_for(|s| !*s).await.map_err(gone)?;
-            } else {
-                return Ok(());
-            }
-        }
-    }
-}
-
-/// Closes the connection's sockets `how` (FIN or RST).
-async fn close(client: &mut TcpStream, server: Option<&mut TcpStream>, how: Close) {
-    for s in std::iter::once(client).chain(server) {
-        match how {
-            // Best effort: a socket the peer already closed cannot send FIN.
-            Close::Fin => {
-                let _ = s.shutdown().await;
-            }
-            Close::Rst => {
-                let _ = s.set_zero_linger();
-            }
-        }
-    }
-}
+mod conn;
+use conn::Conn;
 
 pub mod scenarios;
 
