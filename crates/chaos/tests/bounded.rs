@@ -112,8 +112,8 @@ async fn postgres_replicas_keep_the_promise_under_faults_and_failovers() {
     keeps_the_promise(&outcome);
 }
 
-/// The seeds pick store faults early: the run is not only about the
-/// replicas.
+/// The fixed random choices of these runs put store faults early: the
+/// run is not only about the replicas.
 fn store_faults_were_injected(outcome: &Outcome) {
     assert!(
         outcome.history.faults.iter().any(|f| f.kind.on_store()),

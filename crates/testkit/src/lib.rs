@@ -85,9 +85,19 @@ pub fn require(what: &str, ok: bool) {
 
 /// Sends `kill -SIGNAL` to process `pid` once this test process has exited
 /// (panics and statics included: statics are never dropped), so that a
-/// private server never outlives its test. The watchdog shell ends by
-/// itself and is deliberately never waited for.
+/// private server never outlives its test. Panics if the shell cannot be
+/// started; [`try_watchdog`] reports it instead.
 pub fn watchdog(pid: &str, signal: &str) {
+    try_watchdog(pid, signal).expect("spawn a watchdog shell");
+}
+
+/// [`watchdog`], for a harness that reports errors rather than panics. The
+/// watchdog shell ends by itself with either process and is deliberately
+/// never waited for.
+///
+/// # Errors
+/// The shell cannot be started.
+pub fn try_watchdog(pid: &str, signal: &str) -> std::io::Result<()> {
     #[allow(clippy::zombie_processes)]
     std::process::Command::new("sh")
         .arg("-c")
@@ -97,8 +107,8 @@ pub fn watchdog(pid: &str, signal: &str) {
         ))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("spawn a watchdog shell");
+        .spawn()?;
+    Ok(())
 }
 
 /// A loopback port nothing listens on (bound, then released at once).

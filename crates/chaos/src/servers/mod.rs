@@ -100,26 +100,6 @@ where
     }
 }
 
-/// Starts a shell that stops process `pid` with `signal` once this
-/// process is gone: statics and a harness killed -9 never run destructors.
-///
-/// # Errors
-/// The shell cannot be started.
-pub(crate) fn watchdog(pid: u32, signal: &str) -> Result<()> {
-    let me = std::process::id();
-    // It ends by itself with either process; never waited for.
-    let _ = Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "while kill -0 {me} 2>/dev/null && kill -0 {pid} 2>/dev/null; do sleep 1; done; \
-             kill -{signal} {pid} 2>/dev/null"
-        ))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()?;
-    Ok(())
-}
-
 /// Runs `cmd` to its end; its stdout, or [`Error::Server`] with its
 /// stderr.
 pub(crate) async fn output(what: &str, cmd: &mut Command) -> Result<String> {

@@ -21,7 +21,7 @@ use std::time::Duration;
 use idemgate_testkit::FaultProxy;
 use tokio::process::Command;
 
-use super::{output, wait_until, watchdog};
+use super::{output, wait_until};
 use crate::error::{Error, Result};
 
 /// How long a server may take to start, a standby to catch up.
@@ -91,8 +91,13 @@ impl PgNode {
         )
         .await?;
         let pid = std::fs::read_to_string(self.data.join("postmaster.pid"))?;
-        if let Some(pid) = pid.lines().next().and_then(|l| l.trim().parse().ok()) {
-            watchdog(pid, "QUIT")?;
+        // A number, never the file's text, reaches the watchdog's shell.
+        if let Some(pid) = pid
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse::<u32>().ok())
+        {
+            idemgate_testkit::try_watchdog(&pid.to_string(), "QUIT")?;
         }
         Ok(())
     }

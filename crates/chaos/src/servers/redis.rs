@@ -11,7 +11,7 @@ use std::time::Duration;
 use idemgate_testkit::FaultProxy;
 use tokio::process::{Child, Command};
 
-use super::{output, runs, wait_until, watchdog};
+use super::{output, runs, wait_until};
 use crate::error::{Error, Result};
 
 /// How long a node may take to start, a replica to sync, a cluster to
@@ -118,7 +118,7 @@ impl RedisNode {
             .kill_on_drop(true)
             .spawn()?;
         if let Some(pid) = child.id() {
-            watchdog(pid, "KILL")?;
+            idemgate_testkit::try_watchdog(&pid.to_string(), "KILL")?;
         }
         self.child = Some(child);
         let port = self.port;
