@@ -17,7 +17,7 @@
 //! execution ends (`executed`, `failed`, `fenced`), before the client hears
 //! the end, so a client that saw its answer also sees it counted.
 
-use idemgate_engine::ScopedKey;
+use idemgate_engine::{AttemptOutcome, ScopedKey};
 #[cfg(test)]
 use idemgate_telemetry::key_id;
 pub use idemgate_telemetry::{ReleaseReason, RequestOutcome, names};
@@ -25,6 +25,13 @@ use idemgate_telemetry::{RouteTelemetry, RunningKey, Telemetry};
 
 use crate::config::{LayerConfig, OutcomeUnknownMode};
 use crate::stored::Usage;
+
+/// The outcome counted for a request whose timeline entry is `attempt`
+/// ([`RequestOutcome::of_attempt`]); every attempt the layer's requests
+/// record is one.
+pub(crate) fn counted(attempt: AttemptOutcome) -> RequestOutcome {
+    RequestOutcome::of_attempt(attempt).unwrap_or(RequestOutcome::Failed)
+}
 
 /// The route's metrics.
 #[derive(Debug, Clone)]

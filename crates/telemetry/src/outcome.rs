@@ -2,6 +2,12 @@
 //! `idempotency_requests_total`, and which outcomes are hits. A leaf
 //! module, since the counters, the recent-keys table and the layer all
 //! speak it.
+//!
+//! The engine's [`AttemptOutcome`] is the timeline's word for the same
+//! event; [`RequestOutcome::of_attempt`] is the one place the two meet, so
+//! a request counted here and its timeline entry never disagree.
+
+use idemgate_engine::AttemptOutcome;
 
 /// How a keyed request ended, as counted in `idempotency_requests_total{outcome}`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -87,7 +93,58 @@ impl RequestOutcome {
         matches!(self, Self::Replayed | Self::Attached)
     }
 
+    /// The outcome counted for a request whose attempt the key's timeline
+    /// records as `attempt`; `None` for a timeline entry that is no
+    /// request of a client's (an operator's forget).
+    ///
+    /// The names agree but for one: an attempt stored as
+    /// `outcome_unknown` (it failed after it was handed on) is a `failed`
+    /// request, which the route also counts among its outcome-unknown
+    /// executions.
+    pub fn of_attempt(attempt: AttemptOutcome) -> Option<Self> {
+        Some(match attempt {
+            AttemptOutcome::Executed => Self::Executed,
+            AttemptOutcome::Replayed => Self::Replayed,
+            AttemptOutcome::Conflict => Self::Conflict,
+            AttemptOutcome::Attached => Self::Attached,
+            AttemptOutcome::Mismatch => Self::Mismatch,
+            AttemptOutcome::Failed | AttemptOutcome::OutcomeUnknown => Self::Failed,
+            AttemptOutcome::Fenced => Self::Fenced,
+            _ => return None,
+        })
+    }
+
     pub(crate) fn index(self) -> usize {
         Self::ALL.iter().position(|o| *o == self).unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every attempt a client's request makes is counted under the label
+    /// the timeline gives it, but `outcome_unknown`, which is a failure;
+    /// an operator's forget is no request.
+    #[test]
+    fn attempts_are_counted_under_their_timeline_name() {
+        let attempts = [
+            AttemptOutcome::Executed,
+            AttemptOutcome::Replayed,
+            AttemptOutcome::Conflict,
+            AttemptOutcome::Attached,
+            AttemptOutcome::Mismatch,
+            AttemptOutcome::Failed,
+            AttemptOutcome::Fenced,
+        ];
+        for a in attempts {
+            let counted = RequestOutcome::of_attempt(a).map(RequestOutcome::as_str);
+            assert_eq!(counted, Some(a.as_str()), "{a:?}");
+        }
+        assert_eq!(
+            RequestOutcome::of_attempt(AttemptOutcome::OutcomeUnknown),
+            Some(RequestOutcome::Failed)
+        );
+        assert_eq!(RequestOutcome::of_attempt(AttemptOutcome::Forgotten), None);
     }
 }

@@ -31,7 +31,7 @@ use crate::replay::mark;
 use crate::shared::Shared;
 use crate::sse::STREAM_RESTARTED;
 use crate::stored::{StoredBody, StoredResponse};
-use crate::telemetry::RequestOutcome;
+use crate::telemetry::{RequestOutcome, counted};
 
 /// Joins an execution in flight: its live stream if this process runs it
 /// and it streams, otherwise its stored result once DONE. Takes the key over
@@ -61,14 +61,13 @@ pub(super) async fn attach<S: Inner>(
                 headers,
                 follow,
             } => {
-                inflight
-                    .note(AttemptOutcome::Attached, Some(status.as_u16()))
-                    .await;
+                let attached = AttemptOutcome::Attached;
+                inflight.note(attached, Some(status.as_u16())).await;
                 // Tokens saved are counted when the stored result is
                 // replayed; a joined live stream has no stored usage yet.
                 shared
                     .metrics
-                    .request(RequestOutcome::Attached, Some(&keyed.scoped));
+                    .request(counted(attached), Some(&keyed.scoped));
                 let head = Head {
                     status,
                     headers,
@@ -95,8 +94,9 @@ pub(super) async fn attach<S: Inner>(
         match looked {
             Ok(Settled::StillPending) => {}
             Ok(Settled::Done(record)) if record.fingerprint == keyed.fingerprint => {
-                inflight.note(AttemptOutcome::Attached, None).await;
-                return keyed.replay(&shared, &record, RequestOutcome::Attached);
+                let attached = AttemptOutcome::Attached;
+                inflight.note(attached, None).await;
+                return keyed.replay(&shared, &record, counted(attached));
             }
             Ok(Settled::Done(_)) => return keyed.mismatch(&shared),
             Ok(Settled::Free) => {

@@ -25,7 +25,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::future::Either;
 use futures_util::{FutureExt, StreamExt};
 use http::{Request, StatusCode, header};
-use idemgate_engine::{Completion, Fenced, LeaseGuard, ScopedKey};
+use idemgate_engine::{AttemptOutcome, Completion, Fenced, LeaseGuard, ScopedKey};
 use idemgate_telemetry::RunningKey;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -46,7 +46,7 @@ use crate::replay::mark;
 use crate::shared::Shared;
 use crate::sse::{Resume, STREAM_RESTARTED, is_event_stream};
 use crate::stored::{StoredBody, StoredResponse, usage_of_json};
-use crate::telemetry::{ReleaseReason, RequestOutcome};
+use crate::telemetry::{ReleaseReason, RequestOutcome, counted};
 
 mod stream;
 
@@ -433,11 +433,11 @@ impl Detached {
                                     status,
                                     "outcome unknown; stored as the key's answer"
                                 );
-                                RequestOutcome::Failed
+                                counted(AttemptOutcome::OutcomeUnknown)
                             }
                             Ok(Fenced::Applied) => {
                                 tracing::info!(status, "executed; result stored");
-                                RequestOutcome::Executed
+                                counted(AttemptOutcome::Executed)
                             }
                             Ok(Fenced::Stale) => {
                                 tracing::warn!("lease lost before completion; result not stored");
@@ -446,7 +446,7 @@ impl Detached {
                                 // as if it were (its retry gets the key's).
                                 self.client
                                     .replace_held(Problem::lease_lost().into_response());
-                                RequestOutcome::Fenced
+                                counted(AttemptOutcome::Fenced)
                             }
                             Err(e) => {
                                 tracing::warn!(
