@@ -7,6 +7,11 @@
 #   nginx    wrk -> nginx proxy_pass -> upstream   (the plain-proxy floor)
 #   idemgate wrk -> idemgate (fresh keys, then replayed keys) -> upstream
 #   idempotent-proxy-server (Redis stores only, when its binary is there)
+#   on PostgreSQL, two pgbench floors first (-c CONNS, as long): the minimal
+#     one (bench/pg_floor_minimal.sql, two plain statements) and the
+#     store's own claim and completion as this build sends them (the
+#     idemgate-postgres example pgbench_script); the fresh-key row is then
+#     given as a ratio to each
 #
 # Part 2, held rate (bench/loadgen, open loop: request i is due at
 # start + i/rate, latency from that time, so queueing is counted). The
@@ -116,6 +121,54 @@ us_per_req() { # ticks-before ticks-after requests
     'BEGIN { if (n > 0 && b > a) printf "%.0f", (b - a) / hz * 1e6 / n; else print "-" }'
 }
 
+pg_url() { # the store URL without idemgate's query parameters, for pgbench and psql
+  echo "${STORE%%\?*}"
+}
+
+# pgbench -D values shaped like what the gateway sends for one fresh key:
+# a 32-byte fingerprint, an 8-byte token, a stored answer of about the
+# static upstream's size with its headers, a timeline entry, the default
+# lease and retention.
+pg_floor_vars() {
+  local hex
+  hex() { head -c "$1" /dev/urandom | od -An -v -tx1 | tr -d ' \n'; }
+  printf '%s\n' -D tenant=bench-tenant -D namespace=/ \
+    -D "fingerprint=\\x$(hex 32)" -D "token=\\x$(hex 8)" -D "payload=\\x$(hex 420)" \
+    -D 'entry={"at_ms":1,"replica":"bench","outcome":"executed","status":200,"latency_us":900}' \
+    -D pending_ms=30000 -D done_ms=86400000
+}
+
+run_pgbench() { # name script: a floor row, with the server's CPU per transaction
+  local name=$1 script=$2 out tps n s0 s1 vars
+  mapfile -t vars < <(pg_floor_vars)
+  # shellcheck disable=SC2046 # one word per pid
+  s0=$(cpu_ticks $(store_pids))
+  out=$(pgbench -n -M prepared -c "$CONNS" -j "$THREADS" -T "$(seconds "$DURATION")" \
+    -f "$script" "${vars[@]}" "$(pg_url)" 2>&1) || { echo "$out" >&2; exit 1; }
+  # shellcheck disable=SC2046
+  s1=$(cpu_ticks $(store_pids))
+  tps=$(awk '/^tps/ {printf "%.2f", $3}' <<<"$out")
+  n=$(awk '/actually processed/ {print $NF}' <<<"$out")
+  printf '%-30s %12s %10s %10s %8s %10s %10s\n' "$name" "$tps" - - 0 - "$(us_per_req "$s0" "$s1" "$n")"
+  echo "$name|$tps" >>"$WORK/floors"
+}
+
+pg_floors() {
+  local own=$TARGET/release/examples/pgbench_script
+  cargo build --release -q -p idemgate-postgres --example pgbench_script
+  psql -q -X -v ON_ERROR_STOP=1 "$(pg_url)" >/dev/null <<'SQL'
+DROP SCHEMA IF EXISTS bench_floor CASCADE;
+DROP SCHEMA IF EXISTS bench_floor_minimal CASCADE;
+CREATE SCHEMA bench_floor_minimal;
+CREATE TABLE bench_floor_minimal.records (id text PRIMARY KEY, fence bigint NOT NULL,
+  state text NOT NULL, expires_at timestamptz NOT NULL, payload bytea);
+SQL
+  "$own" "$STORE" bench_floor >"$WORK/own.sql" 2>"$WORK/own.log" || { cat "$WORK/own.log" >&2; exit 1; }
+  : >"$WORK/floors"
+  run_pgbench "pgbench minimal floor" bench/pg_floor_minimal.sql
+  run_pgbench "pgbench idemgate statements" "$WORK/own.sql"
+}
+
 run_wrk() { # name url path script [pid...]: the pids' CPU is charged per request
   local name=$1 url=$2 path=$3 script=$4 out rps p50 p99 errs reqs t0 t1 s0 s1 cpu scpu
   shift 4
@@ -180,6 +233,7 @@ NGX
   : >"$WORK/rps"
   local nginx_pids
   nginx_pids=$(pgrep -P "$(cat "$WORK/nginx.pid")" | tr '\n' ' ')
+  case "$STORE" in postgres://*|postgresql://*) pg_floors ;; esac
   # shellcheck disable=SC2086 # one word per pid
   run_wrk "upstream direct" "http://127.0.0.1:$UP/v1/chat/completions" "" bench/fresh.lua $nginx_pids
   # shellcheck disable=SC2086
@@ -197,6 +251,14 @@ NGX
   while IFS='|' read -r name val; do
     awk -v n="$name" -v v="$val" -v g="$nginx_rps" 'BEGIN { printf "  %-30s %.2fx\n", n, v/g }'
   done <"$WORK/rps"
+  if [ -s "$WORK/floors" ]; then
+    local fresh
+    fresh=$(awk -F'|' '$1 == "idemgate fresh keys" {print $2}' "$WORK/rps")
+    echo "idemgate fresh keys as a ratio to each PostgreSQL floor (target: >= 0.6x the minimal):"
+    while IFS='|' read -r name val; do
+      awk -v n="$name" -v v="$val" -v f="$fresh" 'BEGIN { printf "  %-30s %.2fx\n", n, f/v }'
+    done <"$WORK/floors"
+  fi
   echo
 }
 

@@ -22,6 +22,8 @@
 //! - `error`: the one mapping from sqlx errors to `StoreError` kinds.
 //! - `fuzzing` (feature `fuzzing` only): row decoding for the fuzz
 //!   targets; not part of the API.
+//! - `pgbench` (hidden): the claim and completion as a pgbench script,
+//!   for the floor `bench/gateway.sh` measures; not part of the API.
 //! - `replication`: whether the server keeps a committed DONE across a
 //!   failover (a synchronous standby), for `idemgate check`.
 //!
@@ -65,6 +67,8 @@ mod error;
 pub mod fuzzing;
 mod ops;
 mod options;
+#[doc(hidden)]
+pub mod pgbench;
 mod replication;
 mod rows;
 mod sql;

@@ -1,0 +1,97 @@
+//! The statements a fresh key costs, as a pgbench script: the floor
+//! `bench/gateway.sh` measures beside the gateway on PostgreSQL. Not part
+//! of the API (hidden from the docs): it exists so the floor follows the
+//! statements this build sends, never a copy of them.
+//!
+//! A fresh key is a claim and a completion, each its own commit. The
+//! claim's timeline entry goes to the background writer, in batches, so
+//! it is not here; the completion's is part of its statement.
+
+use crate::options::PostgresOptions;
+use crate::sql::Sql;
+
+/// The variables the script reads, besides the ones it sets itself; the
+/// caller defines them with `pgbench -D NAME=VALUE`.
+pub const VARIABLES: [&str; 8] = [
+    "tenant",
+    "namespace",
+    "fingerprint",
+    "token",
+    "payload",
+    "entry",
+    "pending_ms",
+    "done_ms",
+];
+
+/// A pgbench script of one fresh key under `opts`' schema and tables: the
+/// claim exactly as the store sends it (its fence kept with `\gset` as
+/// `claim_fence`: the prefix keeps its other columns from overwriting the
+/// caller's variables), then
+/// the completion exactly as the store sends it. The key's id is a number
+/// (pgbench variables are numbers), `client × 10¹² + random`, fresh with
+/// near certainty; [`VARIABLES`] come from the caller.
+pub fn fresh_key_script(opts: &PostgresOptions) -> String {
+    let sql = Sql::new(
+        &opts.schema,
+        &opts.records_table,
+        &opts.timeline_table,
+        opts.purge_batch.max(1),
+        opts.synchronous_claims,
+    );
+    let claim = with_variables(
+        &sql.claim,
+        &[
+            ":id",
+            ":tenant",
+            ":namespace",
+            ":id",
+            ":fingerprint",
+            ":token",
+            ":pending_ms",
+        ],
+    );
+    let complete = with_variables(
+        &sql.complete,
+        &[
+            ":id",
+            ":token",
+            ":claim_fence",
+            ":payload",
+            ":done_ms",
+            ":entry",
+        ],
+    );
+    format!(
+        "\\set id :client_id * 1000000000000 + random(1, 999999999999)\n\
+         {claim} \\gset claim_\n\
+         {complete};\n"
+    )
+}
+
+/// `statement` with its parameters `$1`, `$2`… replaced by pgbench
+/// variables, the highest number first so `$1` never eats `$10`'s digit.
+fn with_variables(statement: &str, variables: &[&str]) -> String {
+    let mut out = statement.to_owned();
+    for (i, var) in variables.iter().enumerate().rev() {
+        out = out.replace(&format!("${}", i + 1), var);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_parameter_becomes_a_variable() {
+        let script = fresh_key_script(&PostgresOptions::default());
+        assert!(!script.contains('$'), "{script}");
+        for var in VARIABLES.iter().chain(&["id", "claim_fence"]) {
+            assert!(
+                script.contains(&format!(":{var}")),
+                "{var} unused: {script}"
+            );
+        }
+        assert!(script.contains("\\gset"));
+    }
+}

@@ -1,0 +1,76 @@
+//! The fresh-key floor `bench/gateway.sh` measures is the store's own
+//! statements: pgbench, running the script `idemgate_postgres::pgbench`
+//! writes, leaves every key it claimed DONE with the completion's payload
+//! and its timeline entry, the end state a claim and a completion of the
+//! store leave. A script that no longer matched the statements' parameters
+//! would fail here instead of measuring something else.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use idemgate_postgres::pgbench::{VARIABLES, fresh_key_script};
+use sqlx::Row;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_floor_script_completes_every_key_it_claims() {
+    let store = support::shared_store().await;
+    let schema = support::run_schema();
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("fresh.sql");
+    std::fs::write(&script, fresh_key_script(store.options())).unwrap();
+    let payload = "\\x0123456789abcdef";
+    let values = [
+        ("tenant", "bench-tenant"),
+        ("namespace", "/"),
+        ("fingerprint", "\\x00112233"),
+        ("token", "\\x0102030405060708"),
+        ("payload", payload),
+        (
+            "entry",
+            r#"{"at_ms":1,"replica":"bench","outcome":"executed","latency_us":9}"#,
+        ),
+        ("pending_ms", "30000"),
+        ("done_ms", "60000"),
+    ];
+    assert_eq!(
+        values.map(|(name, _)| name),
+        VARIABLES,
+        "every variable the script reads is defined"
+    );
+    let mut pgbench = tokio::process::Command::new("pgbench");
+    pgbench.args(["-n", "-M", "prepared", "-c", "2", "-t", "25", "-f"]);
+    pgbench.arg(&script);
+    for (name, value) in values {
+        pgbench.arg("-D").arg(format!("{name}={value}"));
+    }
+    let out = match pgbench.arg(support::shared_url()).output().await {
+        Ok(out) => out,
+        Err(e) => {
+            support::require(&format!("pgbench ({e})"), false);
+            unreachable!()
+        }
+    };
+    assert!(
+        out.status.success(),
+        "pgbench failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) AS keys, \
+                count(*) FILTER (WHERE state = 'D' AND payload = '{payload}'::bytea \
+                                 AND fence > 0 AND expires_at > now()) AS done, \
+                (SELECT count(*) FROM {schema}.timeline t \
+                  WHERE t.id ~ '^[0-9]+$' AND t.entry->>'outcome' = 'executed') AS entries \
+         FROM {schema}.records WHERE id ~ '^[0-9]+$'"
+    )))
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    let (keys, done, entries): (i64, i64, i64) =
+        (row.get("keys"), row.get("done"), row.get("entries"));
+    assert_eq!(keys, 50, "one key per transaction of 2 clients × 25");
+    assert_eq!(done, keys, "every key claimed was completed");
+    assert_eq!(entries, keys, "each completion wrote its timeline entry");
+}
