@@ -54,6 +54,27 @@ pub enum Error {
         /// Why it cannot go on.
         reason: RestartReason,
     },
+    /// The stream ended in the gateway's `outcome-unknown` event: it broke
+    /// upstream after the request was sent, on a route that charges, so
+    /// the upstream may have run and billed the whole generation. The
+    /// events delivered are the operation's whole answer: the gateway
+    /// stored them (and this event) as the key's answer, so sending the
+    /// request again with the same key gets the same partial stream, never
+    /// a second generation. A new generation needs a new key.
+    #[error(
+        "the stream of idempotency key `{key}` broke upstream after {delivered} events and its outcome is unknown: {message}"
+    )]
+    OutcomeUnknown {
+        /// The operation's key.
+        key: IdempotencyKey,
+        /// Events the caller received (the terminal event not counted).
+        delivered: u64,
+        /// Tokens the broken stream carried, as the gateway counted them
+        /// (`None` on a route without a stream dialect).
+        tokens: Option<u64>,
+        /// The gateway's message.
+        message: String,
+    },
     /// A success response to a stream request that is not an event stream.
     #[error(
         "expected an event stream for idempotency key `{key}`, got content type `{content_type}`"
@@ -109,6 +130,7 @@ impl Error {
             Self::KeyReused(r) | Self::Rejected(r) => Some(&r.key),
             Self::GaveUp(g) => Some(&g.key),
             Self::StreamRestarted { key, .. }
+            | Self::OutcomeUnknown { key, .. }
             | Self::NotAStream { key, .. }
             | Self::EventTooLarge { key } => Some(key),
             _ => None,

@@ -45,6 +45,32 @@ fn restart_reason(headers: &HeaderMap) -> Option<RestartReason> {
         .then_some(RestartReason::OtherExecution)
 }
 
+/// Problem slug of the gateway's terminal event on a stream kept as a
+/// partial answer.
+const OUTCOME_UNKNOWN: &str = "outcome-unknown";
+
+/// The tokens and message of the gateway's terminal `outcome-unknown`
+/// event (in every dialect, data holding an `error` object with that
+/// `code`), or `None` for any other event. Only data that names the code
+/// is parsed.
+fn outcome_unknown(event: &Event) -> Option<(Option<u64>, String)> {
+    if !event.data.contains(OUTCOME_UNKNOWN) {
+        return None;
+    }
+    let data: serde_json::Value = serde_json::from_str(&event.data).ok()?;
+    let error = data.get("error")?;
+    if error.get("code")?.as_str()? != OUTCOME_UNKNOWN {
+        return None;
+    }
+    let tokens = error.get("tokens").and_then(serde_json::Value::as_u64);
+    let message = error
+        .get("message")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or(OUTCOME_UNKNOWN)
+        .to_owned();
+    Some((tokens, message))
+}
+
 /// An event id as a position: the gateway's `RUN-N` (event `N` of
 /// execution `RUN`), or a bare number from another server.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -172,13 +198,24 @@ impl EventStream {
     ///
     /// # Errors
     /// [`Error::GaveUp`] when resuming failed as often as the policy
-    /// allows, [`Error::StreamRestarted`] when the stream cannot be
+    /// allows, [`Error::OutcomeUnknown`] at the gateway's terminal event
+    /// of a stream that broke upstream on a charging route (after the
+    /// events before it), [`Error::StreamRestarted`] when the stream cannot be
     /// continued where it broke, [`Error::Rejected`] /
     /// [`Error::KeyReused`] for a final answer to a resumption,
     /// [`Error::EventTooLarge`].
     pub async fn next(&mut self) -> Option<Result<Event, Error>> {
         loop {
             if let Some((event, id)) = self.queue.pop_front() {
+                if let Some((tokens, message)) = outcome_unknown(&event) {
+                    let e = Error::OutcomeUnknown {
+                        key: self.prepared.key.clone(),
+                        delivered: self.delivered,
+                        tokens,
+                        message,
+                    };
+                    return Some(Err(self.fail(e)));
+                }
                 self.delivered_id = id;
                 self.delivered += 1;
                 self.holds_events = true;
