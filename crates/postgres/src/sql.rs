@@ -151,19 +151,26 @@ impl Sql {
         // `again`: the DONE row this very lease wrote with this payload — a
         // retry of a complete whose reply was lost — counts as applied and
         // writes nothing. It reads the statement's snapshot, so it never
-        // sees the row `done` updates.
+        // sees the row `done` updates, and it is looked for only when
+        // `done` updated nothing (a one-time filter: no index scan on the
+        // common path).
+        //
+        // The completion appends its timeline entry without trimming the
+        // key's timeline: the claim before it went through a trimming
+        // write (the background batch, or `record_attempt`), so a key
+        // holds at most one entry over `MAX_TIMELINE` per completion
+        // since, and reads return the newest `MAX_TIMELINE` only.
         let complete = format!(
             "WITH done AS (\
                UPDATE {rec} SET state = 'D', payload = $4, expires_at = {exp} \
                WHERE {owned} RETURNING id, expires_at), \
              tl AS (INSERT INTO {tl} (id, entry, keep_until) \
                     SELECT id, $6::jsonb, expires_at FROM done), \
-             {trim}, \
-             again AS (SELECT 1 FROM {rec} WHERE id = $1 AND token = $2 AND fence = $3 \
+             again AS (SELECT 1 FROM {rec} WHERE NOT EXISTS (SELECT 1 FROM done) \
+                       AND id = $1 AND token = $2 AND fence = $3 \
                        AND state = 'D' AND payload = $4 AND expires_at > now()) \
              SELECT (SELECT count(*) FROM done) + (SELECT count(*) FROM again) AS applied",
             exp = after_ms("$5"),
-            trim = trim("(SELECT id FROM done)"),
         );
         let release = format!(
             "WITH gone AS (DELETE FROM {rec} WHERE {owned} RETURNING id), \
