@@ -5,6 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+mod support;
+
 const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
 
 /// The rules file shipped with the project: a sound configuration points
@@ -302,13 +304,10 @@ fn missing_alert_rules_warn_whatever_the_reason() {
         r.stdout
     );
     // A rules file without the hit-ratio alert.
-    let dir = tempfile::tempdir().expect("create a temp dir");
-    let rules = dir.path().join("other.yml");
-    std::fs::write(
-        &rules,
+    let (_dir, rules) = support::temp_file(
+        "other.yml",
         "groups:\n  - name: other\n    rules:\n      - alert: IdempotencyInflightConflictSurge\n        expr: vector(1)\n",
-    )
-    .expect("write the file");
+    );
     let r = check(&config("", "").replace(
         &alerts_line,
         &format!("alert_rules = {:?}\n", rules.display().to_string()),

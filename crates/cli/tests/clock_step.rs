@@ -15,20 +15,14 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, SystemTime};
 
-use idemgate_llm_sim::SimConfig;
 use idemgate_testkit::require;
 use tokio::process::Command;
 
+mod support;
+use support::{free_port, sim, spawn_quiet, wait_admin};
+
 const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 async fn send(port: u16, key: &str, latency_ms: u64) -> reqwest::Response {
     let body = serde_json::json!({
@@ -64,11 +58,11 @@ fn set_offset(file: &Path, offset: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forward_wall_clock_step_does_not_expire_a_live_lease() {
     require("libfaketime", Path::new(LIBFAKETIME).exists());
-    let sim = idemgate_llm_sim::spawn(SimConfig::default()).await.unwrap();
+    let sim = sim().await;
     let dir = tempfile::tempdir().unwrap();
     let offset = dir.path().join("offset");
     set_offset(&offset, "+0");
-    let (port, admin) = (free_port(), free_port());
+    let (port, admin) = (free_port().await, free_port().await);
     let config = dir.path().join("gateway.toml");
     std::fs::write(
         &config,
@@ -89,30 +83,17 @@ timeouts = {{ connect = "1s", first_byte = "20s", idle = "10s", total = "30s" }}
         ),
     )
     .unwrap();
-    let mut gw = Command::new(BIN)
-        .args(["serve", "--config"])
-        .arg(&config)
-        .env("LD_PRELOAD", LIBFAKETIME)
-        .env("FAKETIME_TIMESTAMP_FILE", &offset)
-        .env("FAKETIME_NO_CACHE", "1")
-        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut ready = false;
-    for _ in 0..200 {
-        if reqwest::get(format!("http://127.0.0.1:{admin}/readyz"))
-            .await
-            .is_ok_and(|r| r.status() == 200)
-        {
-            ready = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(ready, "the gateway never became ready");
+    let mut gw = spawn_quiet(
+        Command::new(BIN)
+            .args(["serve", "--config"])
+            .arg(&config)
+            .env("LD_PRELOAD", LIBFAKETIME)
+            .env("FAKETIME_TIMESTAMP_FILE", &offset)
+            .env("FAKETIME_NO_CACHE", "1")
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+        Stdio::null(),
+    );
+    wait_admin(admin, "/readyz", &mut gw).await;
 
     let key = format!("step-{:08x}", rand::random::<u32>());
     let first = tokio::spawn({

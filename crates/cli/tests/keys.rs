@@ -3,14 +3,13 @@
 //! runs as its own process on the same file.
 
 mod support;
-use support::{assert_says, text};
+use support::{assert_exit_says, assert_says, sim, text};
 
 use std::path::Path;
 use std::process::Output;
 
 use idemgate_gateway::test_util::TestGateway;
 use idemgate_gateway::{GatewayConfig, Overrides};
-use idemgate_llm_sim::SimConfig;
 use idemgate_testkit::http::replayed;
 use tokio::process::Command;
 
@@ -82,9 +81,7 @@ async fn chat(client: &reqwest::Client, url: &str) -> (u16, Option<String>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_show_prints_the_state_and_timeline_a_gateway_stored() {
-    let sim = idemgate_llm_sim::spawn(SimConfig::default())
-        .await
-        .expect("spawn the process");
+    let sim = sim().await;
     let dir = tempfile::tempdir().expect("create a temp dir");
     let db = dir.path().join("gateway.db");
     let store = format!("sqlite:{}", db.display());
@@ -184,8 +181,7 @@ async fn keys_show_prints_the_state_and_timeline_a_gateway_stored() {
         dir.path(),
     )
     .await;
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(text(&out.stdout).contains("`Bearer <credential>`"));
+    assert_says(&out, "`Bearer <credential>`");
 
     // Another tenant's view of the same key: nothing, exit 1.
     let out = keys_show(
@@ -223,12 +219,7 @@ async fn keys_show_prints_the_state_and_timeline_a_gateway_stored() {
         dir.path(),
     )
     .await;
-    assert_eq!(out.status.code(), Some(2));
-    assert!(
-        text(&out.stderr).contains("pass --namespace"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_exit_says(&out, 2, "pass --namespace");
     let out = keys_show(
         &[
             KEY,
@@ -242,8 +233,7 @@ async fn keys_show_prints_the_state_and_timeline_a_gateway_stored() {
         dir.path(),
     )
     .await;
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(text(&out.stdout).contains("replayed"));
+    assert_says(&out, "replayed");
 
     // The credential read from standard input finds the same record; on
     // the command line it is refused without being echoed.
@@ -253,43 +243,27 @@ async fn keys_show_prints_the_state_and_timeline_a_gateway_stored() {
         dir.path(),
     )
     .await;
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(text(&out.stdout).contains("replayed"));
+    assert_says(&out, "replayed");
     let out = keys_show_raw(
         &[KEY, "--credential-stdin", "--store", &store],
         None,
         dir.path(),
     )
     .await;
-    assert_eq!(out.status.code(), Some(2));
-    assert!(
-        text(&out.stderr).contains("no credential"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_exit_says(&out, 2, "no credential");
     let out = keys_show_raw(
         &[KEY, "--credential", CREDENTIAL, "--store", &store],
         None,
         dir.path(),
     )
     .await;
-    assert_eq!(out.status.code(), Some(2));
-    assert!(
-        text(&out.stderr).contains("IDEMGATE_CREDENTIAL"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_exit_says(&out, 2, "IDEMGATE_CREDENTIAL");
     assert!(!text(&out.stderr).contains("sk-test-credential"));
     assert!(!text(&out.stdout).contains("sk-test-credential"));
 
     // A mistyped store path is an error, and no file is created there.
     let out = keys_show(&[KEY, "--store", "sqlite:typo.db"], dir.path()).await;
-    assert_eq!(out.status.code(), Some(2));
-    assert!(
-        text(&out.stderr).contains("no store file"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_exit_says(&out, 2, "no store file");
     assert!(!dir.path().join("typo.db").exists());
     // Keys are validated as the gateway validates them.
     let out = keys_show(

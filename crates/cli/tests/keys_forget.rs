@@ -8,7 +8,7 @@
 //! forgotten by the command.
 
 mod support;
-use support::{assert_says, text};
+use support::{assert_says, fresh_postgres, fresh_redis, sim, text};
 
 use std::path::Path;
 use std::process::Output;
@@ -16,7 +16,6 @@ use std::process::Output;
 use idemgate_engine::{AttemptOutcome, ClientKey, Engine, Fingerprint, ScopedKey};
 use idemgate_gateway::test_util::TestGateway;
 use idemgate_gateway::{GatewayConfig, Overrides, StoreUrl, open_records};
-use idemgate_llm_sim::SimConfig;
 use idemgate_testkit::http::replayed;
 use tokio::process::Command;
 
@@ -54,9 +53,7 @@ async fn charge(url: &str, key: &str, hang: bool) -> (u16, Option<String>, Strin
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_forget_clears_an_outcome_unknown_answer_on_sqlite() {
-    let sim = idemgate_llm_sim::spawn(SimConfig::default())
-        .await
-        .expect("spawn the simulator");
+    let sim = sim().await;
     let dir = tempfile::tempdir().expect("create a temp dir");
     let db = dir.path().join("gateway.db");
     let file = dir.path().join("gw.toml");
@@ -147,15 +144,10 @@ async fn forgets_on(url: String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_forget_clears_a_redis_key() {
-    let prefix = format!("forget{:08x}", rand::random::<u32>());
-    forgets_on(format!("redis://127.0.0.1:6379/?prefix={prefix}")).await;
+    forgets_on(fresh_redis("forget")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_forget_clears_a_postgres_key() {
-    let schema = format!("forget{:08x}", rand::random::<u32>());
-    forgets_on(format!(
-        "postgres://postgres@127.0.0.1:5432/test?schema={schema}"
-    ))
-    .await;
+    forgets_on(fresh_postgres("forget")).await;
 }

@@ -8,10 +8,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use idemgate_llm_sim::SimConfig;
-
 mod support;
-use support::{free_port, post_chat, wait_ready};
+use support::{free_port, post_chat, sim, spawn_quiet, wait_admin};
 
 const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
 
@@ -99,9 +97,7 @@ async fn the_readme_commands_start_a_gateway_that_seals_what_it_stores() {
         3,
         "generate, chmod, serve: {commands:?} (update this test with the README)"
     );
-    let sim = idemgate_llm_sim::spawn(SimConfig::default())
-        .await
-        .expect("spawn the simulator");
+    let sim = sim().await;
     let dir = tempfile::tempdir().expect("create a temp dir");
     let (serve, setup) = commands.split_last().expect("three commands");
     for command in setup {
@@ -123,21 +119,13 @@ async fn the_readme_commands_start_a_gateway_that_seals_what_it_stores() {
     assert!(serve.contains("https://api.openai.com"), "{serve}");
     let serve = serve.replace("https://api.openai.com", &sim.url());
     let (port, admin_port) = (free_port().await, free_port().await);
-    let mut child = tokio::process::Command::from(shell(dir.path(), &format!("exec {serve}")))
-        .env("IDEMGATE_LISTEN", format!("127.0.0.1:{port}"))
-        .env("IDEMGATE_ADMIN_LISTEN", format!("127.0.0.1:{admin_port}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn the gateway");
-    let client = reqwest::Client::new();
-    wait_ready(
-        &client,
-        &format!("http://127.0.0.1:{admin_port}/readyz"),
-        &mut child,
-    )
-    .await;
+    let mut child = spawn_quiet(
+        tokio::process::Command::from(shell(dir.path(), &format!("exec {serve}")))
+            .env("IDEMGATE_LISTEN", format!("127.0.0.1:{port}"))
+            .env("IDEMGATE_ADMIN_LISTEN", format!("127.0.0.1:{admin_port}")),
+        Stdio::null(),
+    );
+    let client = wait_admin(admin_port, "/readyz", &mut child).await;
     let body = r#"{"model":"sim-1","messages":[{"role":"user","content":"seal me"}]}"#;
     let mut answers = Vec::new();
     for _ in 0..2 {
@@ -185,17 +173,15 @@ async fn a_second_key_appended_unmarked_is_not_taken_as_active() {
             .expect("run the command");
         assert!(out.status.success(), "{command}");
     }
-    let child = tokio::process::Command::from(shell(
-        dir.path(),
-        "exec idemgate serve --upstream http://127.0.0.1:9 --encryption-key-file keys",
-    ))
-    .env("IDEMGATE_LISTEN", "127.0.0.1:0")
-    .env("IDEMGATE_ADMIN_LISTEN", "127.0.0.1:0")
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .kill_on_drop(true)
-    .spawn()
-    .expect("spawn the gateway");
+    let child = spawn_quiet(
+        tokio::process::Command::from(shell(
+            dir.path(),
+            "exec idemgate serve --upstream http://127.0.0.1:9 --encryption-key-file keys",
+        ))
+        .env("IDEMGATE_LISTEN", "127.0.0.1:0")
+        .env("IDEMGATE_ADMIN_LISTEN", "127.0.0.1:0"),
+        Stdio::piped(),
+    );
     let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
         .await
         .expect("the gateway refuses to start instead of serving")

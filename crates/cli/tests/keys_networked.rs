@@ -8,6 +8,9 @@ use idemgate_engine::{ClientKey, Engine, Fingerprint, ScopedKey};
 use idemgate_gateway::{StoreUrl, open_records};
 use tokio::process::Command;
 
+mod support;
+use support::{fresh_postgres, fresh_redis};
+
 const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
 
 async fn shows_executed_then_replayed(url: String) {
@@ -53,15 +56,10 @@ async fn shows_executed_then_replayed(url: String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_show_reads_redis() {
-    let prefix = format!("keys{:08x}", rand::random::<u32>());
-    shows_executed_then_replayed(format!("redis://127.0.0.1:6379/?prefix={prefix}")).await;
+    shows_executed_then_replayed(fresh_redis("keys")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_show_reads_postgres() {
-    let schema = format!("keys{:08x}", rand::random::<u32>());
-    shows_executed_then_replayed(format!(
-        "postgres://postgres@127.0.0.1:5432/test?schema={schema}"
-    ))
-    .await;
+    shows_executed_then_replayed(fresh_postgres("keys")).await;
 }

@@ -3,12 +3,11 @@
 //! ever written.
 
 mod support;
-use support::{read_log, sigterm};
+use support::{MEMORY_ON_ANY_PORT, read_log, sigterm, sim, spawn_quiet};
 
 use std::process::Stdio;
 use std::time::Duration;
 
-use idemgate_llm_sim::SimConfig;
 use tokio::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
@@ -23,32 +22,19 @@ fn string_field<'a>(line: &'a str, field: &str) -> Option<&'a str> {
 
 #[tokio::test]
 async fn keyed_lines_carry_key_and_trace_id_and_never_content() {
-    let sim = idemgate_llm_sim::spawn(SimConfig::default())
-        .await
-        .expect("spawn the process");
+    let sim = sim().await;
     let dir = tempfile::tempdir().expect("create a temp dir");
     // Port 0 for both listeners (no race with other tests for a port); the
     // bound addresses are read from the "gateway started" log line.
-    let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--upstream",
-            &sim.url(),
-            "--store",
-            "memory:",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-        ])
-        .env_remove("IDEMGATE_LOG")
-        .env_remove("RUST_LOG")
-        .current_dir(dir.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn the process");
+    let mut child = spawn_quiet(
+        Command::new(BIN)
+            .args(["serve", "--upstream", &sim.url()])
+            .args(MEMORY_ON_ANY_PORT)
+            .env_remove("IDEMGATE_LOG")
+            .env_remove("RUST_LOG")
+            .current_dir(dir.path()),
+        Stdio::piped(),
+    );
     // A plain thread reads the log as it is written, until the pipe closes.
     let (started, reader) = read_log(&mut child).await;
     let listen = string_field(&started, "listen").unwrap_or_else(|| panic!("{started}"));

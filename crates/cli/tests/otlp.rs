@@ -8,14 +8,13 @@
 #![cfg(feature = "otlp")]
 
 mod support;
-use support::{read_log, sigterm};
+use support::{MEMORY_ON_ANY_PORT, read_log, sigterm, sim, spawn_quiet};
 
 use std::net::SocketAddr;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use idemgate_llm_sim::{SimConfig, SimHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
@@ -202,20 +201,11 @@ struct Gateway {
 impl Gateway {
     async fn start(upstream: &str, extra_args: &[&str], env: &[(&str, &str)]) -> Gateway {
         let mut cmd = Command::new(BIN);
-        cmd.args([
-            "serve",
-            "--upstream",
-            upstream,
-            "--store",
-            "memory:",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-        ])
-        .args(extra_args)
-        .env_remove("IDEMGATE_LOG")
-        .env_remove("RUST_LOG");
+        cmd.args(["serve", "--upstream", upstream])
+            .args(MEMORY_ON_ANY_PORT)
+            .args(extra_args)
+            .env_remove("IDEMGATE_LOG")
+            .env_remove("RUST_LOG");
         for var in [
             "OTEL_EXPORTER_OTLP_ENDPOINT",
             "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
@@ -227,12 +217,7 @@ impl Gateway {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let mut child = cmd
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn the process");
+        let mut child = spawn_quiet(&mut cmd, Stdio::piped());
         let (started, log) = read_log(&mut child).await;
         let pat = "\"listen\":\"";
         let at = started.find(pat).unwrap_or_else(|| panic!("{started}")) + pat.len();
@@ -275,12 +260,6 @@ impl Gateway {
             .unwrap_or_else(|_| panic!("log reader panicked"));
         (status, log)
     }
-}
-
-async fn sim() -> SimHandle {
-    idemgate_llm_sim::spawn(SimConfig::default())
-        .await
-        .expect("spawn the process")
 }
 
 #[tokio::test]

@@ -13,14 +13,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
-use idemgate_llm_sim::{SimConfig, SimHandle};
+use idemgate_llm_sim::SimHandle;
 use tokio::process::{Child, Command};
 
 mod support;
-use support::{free_port, wait_ready};
+use support::{free_port, route_toml, sim, spawn_quiet, wait_admin};
 
 const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
 
@@ -34,17 +33,15 @@ impl Gw {
     async fn start(dir: &Path, upstream: &str) -> Self {
         let (port, admin) = (free_port().await, free_port().await);
         let route = |name: &str, charges: bool| {
-            format!(
-                r#"
-[[routes]]
-prefix = "/{name}"
-strip_prefix = true
-upstream = "{upstream}"
-key = "require"
-on_inflight = "wait"
+            route_toml(
+                name,
+                upstream,
+                &format!(
+                    r#"on_inflight = "wait"
 charges = {charges}
 timeouts = {{ connect = "1s", first_byte = "30s", idle = "30s", total = "60s" }}
 "#
+                ),
             )
         };
         let file = dir.join(format!("gateway-{port}.toml"));
@@ -59,22 +56,14 @@ timeouts = {{ connect = "1s", first_byte = "30s", idle = "30s", total = "60s" }}
         )
         .unwrap();
         let log = dir.join(format!("stderr-{port}.log"));
-        let mut child = Command::new(BIN)
-            .args(["serve", "--config"])
-            .arg(&file)
-            .current_dir(dir)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let client = reqwest::Client::new();
-        wait_ready(
-            &client,
-            &format!("http://127.0.0.1:{admin}/healthz"),
-            &mut child,
-        )
-        .await;
+        let mut child = spawn_quiet(
+            Command::new(BIN)
+                .args(["serve", "--config"])
+                .arg(&file)
+                .current_dir(dir),
+            std::fs::File::create(&log).unwrap(),
+        );
+        wait_admin(admin, "/healthz", &mut child).await;
         Self { child, port }
     }
 
@@ -181,10 +170,6 @@ async fn sigterm_mid_answer(
     };
     gw.terminate().await;
     (status, replayed, slug, sim.executions_for(key))
-}
-
-async fn sim() -> SimHandle {
-    idemgate_llm_sim::spawn(SimConfig::default()).await.unwrap()
 }
 
 fn dir() -> (tempfile::TempDir, PathBuf) {

@@ -11,12 +11,11 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use idemgate_llm_sim::SimConfig;
 use idemgate_testkit::postgres_server;
 use tokio::process::Command;
 
 mod support;
-use support::{free_port, post_chat, sigterm};
+use support::{free_port, post_chat, sigterm, sim};
 
 const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
 
@@ -149,9 +148,7 @@ async fn stores_that_cannot_be_opened_never_show_the_password() {
 
 #[tokio::test]
 async fn a_running_gateway_never_logs_its_secrets() {
-    let sim = idemgate_llm_sim::spawn(SimConfig::default())
-        .await
-        .expect("spawn the simulator");
+    let sim = sim().await;
     let dir = tempfile::tempdir().expect("create a temp dir");
     let key_line = idemgate_seal::generate_key_line("k1").expect("a key line");
     let key_text = key_line

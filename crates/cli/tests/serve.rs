@@ -3,41 +3,30 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use idemgate_llm_sim::SimConfig;
 use tokio::process::Command;
 
 mod support;
-use support::{free_port, post_chat, sigterm, wait_ready};
+use support::{free_port, post_chat, sigterm, sim, spawn_quiet, temp_file, wait_admin};
 
 const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
 
 #[tokio::test]
 async fn serve_with_only_upstream_answers_and_exits_cleanly_on_sigterm() {
-    let sim = idemgate_llm_sim::spawn(SimConfig::default())
-        .await
-        .expect("spawn the process");
+    let sim = sim().await;
     let dir = tempfile::tempdir().expect("create a temp dir");
     let (port, admin_port) = (free_port().await, free_port().await);
     // Only --upstream on the command line; the listen addresses come from
     // the environment so the test does not need the default ports, and the
     // default SQLite store lands in the temporary directory.
-    let mut child = Command::new(BIN)
-        .args(["serve", "--upstream", &sim.url()])
-        .env("IDEMGATE_LISTEN", format!("127.0.0.1:{port}"))
-        .env("IDEMGATE_ADMIN_LISTEN", format!("127.0.0.1:{admin_port}"))
-        .current_dir(dir.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn the process");
-    let client = reqwest::Client::new();
-    wait_ready(
-        &client,
-        &format!("http://127.0.0.1:{admin_port}/readyz"),
-        &mut child,
-    )
-    .await;
+    let mut child = spawn_quiet(
+        Command::new(BIN)
+            .args(["serve", "--upstream", &sim.url()])
+            .env("IDEMGATE_LISTEN", format!("127.0.0.1:{port}"))
+            .env("IDEMGATE_ADMIN_LISTEN", format!("127.0.0.1:{admin_port}"))
+            .current_dir(dir.path()),
+        Stdio::piped(),
+    );
+    let client = wait_admin(admin_port, "/readyz", &mut child).await;
     let health = client
         .get(format!("http://127.0.0.1:{admin_port}/healthz"))
         .send()
@@ -91,13 +80,10 @@ async fn refused(dir: &std::path::Path, args: &[&str]) -> String {
 
 #[tokio::test]
 async fn a_bad_config_file_exits_non_zero_with_a_message() {
-    let dir = tempfile::tempdir().expect("create a temp dir");
-    let file = dir.path().join("bad.toml");
-    std::fs::write(
-        &file,
+    let (dir, _) = temp_file(
+        "bad.toml",
         "upstream = \"http://127.0.0.1:1\"\n[[routes]]\nprefix = \"/\"\non_inflight = \"queue\"\n",
-    )
-    .expect("write the file");
+    );
     let stderr = refused(dir.path(), &["serve", "--config", "bad.toml"]).await;
     assert!(stderr.contains("routes[0].on_inflight"), "{stderr}");
 
@@ -125,25 +111,19 @@ async fn a_bad_config_file_exits_non_zero_with_a_message() {
 #[cfg(target_os = "linux")]
 #[tokio::test]
 async fn workers_size_the_runtime() {
-    let sim = idemgate_llm_sim::spawn(SimConfig::default())
-        .await
-        .expect("spawn the simulator");
+    let sim = sim().await;
     let mut threads = Vec::new();
     for workers in ["1", "3"] {
         let (port, admin_port) = (free_port().await, free_port().await);
-        let mut child = Command::new(BIN)
-            .args(["serve", "--upstream", &sim.url(), "--store", "memory:"])
-            .args(["--workers", workers])
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn the gateway");
-        let client = reqwest::Client::new();
-        let ready = format!("http://127.0.0.1:{admin_port}/readyz");
-        wait_ready(&client, &ready, &mut child).await;
+        let mut child = spawn_quiet(
+            Command::new(BIN)
+                .args(["serve", "--upstream", &sim.url(), "--store", "memory:"])
+                .args(["--workers", workers])
+                .args(["--listen", &format!("127.0.0.1:{port}")])
+                .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")]),
+            Stdio::null(),
+        );
+        let client = wait_admin(admin_port, "/readyz", &mut child).await;
         let r = post_chat(
             &client,
             port,
@@ -215,13 +195,10 @@ async fn an_unreachable_store_is_a_clear_startup_error() {
 
 #[tokio::test]
 async fn serve_refuses_a_key_template_that_merges_different_users() {
-    let dir = tempfile::tempdir().expect("create a temp dir");
-    let file = dir.path().join("merge.toml");
-    std::fs::write(
-        &file,
+    let (dir, file) = temp_file(
+        "merge.toml",
         "upstream = \"http://127.0.0.1:1\"\nstore = \"memory:\"\n[[routes]]\nprefix = \"/v1\"\nkey = \"derive\"\nkey_template = [\"body\"]\nkey_window = \"10m\"\n",
-    )
-    .expect("write the file");
+    );
     let out = Command::new(BIN)
         .args(["serve", "--config"])
         .arg(&file)
@@ -242,22 +219,14 @@ async fn serve_refuses_a_key_template_that_merges_different_users() {
         "upstream = \"http://127.0.0.1:1\"\nstore = \"memory:\"\n[[routes]]\nprefix = \"/v1\"\nkey = \"derive\"\nkey_template = [\"header:x-user-id\", \"body\"]\nkey_window = \"10m\"\n",
     )
     .expect("write the file");
-    let mut child = Command::new(BIN)
-        .args(["serve", "--config"])
-        .arg(&file)
-        .env("IDEMGATE_LISTEN", format!("127.0.0.1:{port}"))
-        .env("IDEMGATE_ADMIN_LISTEN", format!("127.0.0.1:{admin_port}"))
-        .current_dir(dir.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn the process");
-    let client = reqwest::Client::new();
-    wait_ready(
-        &client,
-        &format!("http://127.0.0.1:{admin_port}/readyz"),
-        &mut child,
-    )
-    .await;
+    let mut child = spawn_quiet(
+        Command::new(BIN)
+            .args(["serve", "--config"])
+            .arg(&file)
+            .env("IDEMGATE_LISTEN", format!("127.0.0.1:{port}"))
+            .env("IDEMGATE_ADMIN_LISTEN", format!("127.0.0.1:{admin_port}"))
+            .current_dir(dir.path()),
+        Stdio::null(),
+    );
+    wait_admin(admin_port, "/readyz", &mut child).await;
 }

@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idemgate_llm_sim::SimConfig;
 use idemgate_testkit::tls::TestCerts;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
@@ -22,7 +21,7 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 mod support;
 
-use support::{free_port, wait_ready};
+use support::{free_port, sim, spawn_quiet, wait_admin};
 
 const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
 
@@ -73,20 +72,17 @@ async fn tls_front(certs: &TestCerts, backend: std::net::SocketAddr) -> TlsFront
 /// `ca_file`; returns the process and its listen port once it is ready.
 async fn serve(upstream: &str, ca_file: &std::path::Path, dir: &std::path::Path) -> (Child, u16) {
     let (port, admin) = (free_port().await, free_port().await);
-    let mut child = Command::new(BIN)
-        .args(["serve", "--upstream", upstream, "--store", "memory:"])
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
-        .env("SSL_CERT_FILE", ca_file)
-        .env_remove("SSL_CERT_DIR")
-        .current_dir(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn the gateway");
-    let ready = format!("http://127.0.0.1:{admin}/readyz");
-    wait_ready(&reqwest::Client::new(), &ready, &mut child).await;
+    let mut child = spawn_quiet(
+        Command::new(BIN)
+            .args(["serve", "--upstream", upstream, "--store", "memory:"])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+            .env("SSL_CERT_FILE", ca_file)
+            .env_remove("SSL_CERT_DIR")
+            .current_dir(dir),
+        Stdio::null(),
+    );
+    wait_admin(admin, "/readyz", &mut child).await;
     (child, port)
 }
 
@@ -113,9 +109,7 @@ struct Setup {
 }
 
 async fn setup(trusted: bool) -> Setup {
-    let sim = idemgate_llm_sim::spawn(SimConfig::default())
-        .await
-        .expect("start the simulator");
+    let sim = sim().await;
     let certs = TestCerts::generate();
     let dir = tempfile::tempdir().expect("a temp dir");
     let other = tempfile::tempdir().expect("a temp dir");

@@ -10,9 +10,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use idemgate_engine::{AttemptOutcome, Claim, Engine, Fenced, ScopedKey, Store, StoreErrorKind};
+use idemgate_engine::{Claim, Engine, Fenced, ScopedKey, Store, StoreErrorKind};
 use idemgate_postgres::{PostgresOptions, PostgresStore};
 use idemgate_testkit::postgres_server::Server as Private;
+use idemgate_testkit::round_trips::{
+    assert_replays_in_order, claim_and_complete, claim_done, record_replays, run, timeline_reaches,
+    warm_up, warm_up_timeline,
+};
 use idemgate_testkit::{executed, fp, fresh_key};
 
 const LONG: Duration = Duration::from_secs(300);
@@ -38,8 +42,9 @@ async fn statements(admin: &sqlx::PgPool) -> i64 {
     .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_statement_per_operation() {
+/// A private server with `pg_stat_statements`, a one-connection pool on
+/// it to count with, and a store with a one-connection pool (no purges).
+async fn counted() -> (Private, sqlx::PgPool, PostgresStore) {
     let pg = private().await;
     let admin = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
@@ -54,43 +59,22 @@ async fn one_statement_per_operation() {
         .max_connections(1)
         .purge_interval(None);
     let store = PostgresStore::connect_with(&pg.url(), opts).await.unwrap();
+    (pg, admin, store)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_statement_per_operation() {
+    let (_pg, admin, store) = counted().await;
     // Warm up: prepare every statement on the pool's one connection.
-    let warm = fresh_key();
-    let Claim::Acquired(lease) = store.claim(&warm, &fp("{}"), LONG).await.unwrap() else {
-        panic!("warm-up claim")
-    };
-    let mut l2 = lease.clone();
-    assert_eq!(store.renew(&mut l2, LONG).await.unwrap(), Fenced::Applied);
-    let _ = store.release(&l2, &executed(), LONG).await.unwrap();
-    store
-        .record_attempt(&warm, &executed(), LONG)
-        .await
-        .unwrap();
-    store.get(&warm).await.unwrap();
-    landed(&store, &warm, 2).await;
-    let Claim::Acquired(lease) = store.claim(&warm, &fp("{}"), LONG).await.unwrap() else {
-        panic!("warm-up claim")
-    };
-    let _ = store
-        .complete(&lease, Bytes::from_static(b"w"), LONG, &executed())
-        .await
-        .unwrap();
+    warm_up(&store).await;
 
     let k = fresh_key();
     let before = statements(&admin).await;
-    let Claim::Acquired(lease) = store.claim(&k, &fp("{}"), LONG).await.unwrap() else {
-        panic!("claim")
-    };
-    let w = store
-        .complete(&lease, Bytes::from_static(b"r"), LONG, &executed())
-        .await
-        .unwrap();
-    assert_eq!(w, Fenced::Applied);
+    assert_eq!(claim_and_complete(&store, &k, b"r").await, Fenced::Applied);
     assert_eq!(statements(&admin).await - before, 2, "first execution");
 
     let before = statements(&admin).await;
-    let c = store.claim(&k, &fp("{}"), LONG).await.unwrap();
-    assert!(matches!(c, Claim::Existing(ref r) if r.is_done()));
+    claim_done(&store, &k).await;
     assert_eq!(statements(&admin).await - before, 1, "replay");
 
     let before = statements(&admin).await;
@@ -101,11 +85,7 @@ async fn one_statement_per_operation() {
     let engine = Engine::new(Arc::new(store.clone()));
     let k = fresh_key();
     let before = statements(&admin).await;
-    let first = engine
-        .execute(&k, &fp("{}"), || async { Ok::<_, std::io::Error>(1u8) })
-        .await
-        .unwrap();
-    assert!(!first.replayed());
+    assert!(!run(&engine, &k, 1).await.replayed());
     assert_eq!(
         statements(&admin).await - before,
         2,
@@ -115,11 +95,7 @@ async fn one_statement_per_operation() {
     // written by the background writer, off the request path (one more
     // statement, counted once it has landed; the polls are subtracted).
     let before = statements(&admin).await;
-    let again = engine
-        .execute(&k, &fp("{}"), || async { Ok::<_, std::io::Error>(2u8) })
-        .await
-        .unwrap();
-    assert!(again.replayed());
+    assert!(run(&engine, &k, 2).await.replayed());
     let polls = landed(&store, &k, 2).await;
     assert_eq!(
         statements(&admin).await - before - polls,
@@ -129,15 +105,9 @@ async fn one_statement_per_operation() {
 }
 
 /// Waits until `key`'s timeline holds `n` entries; returns how many
-/// timeline reads that took.
+/// timeline reads (statements) that took.
 async fn landed(store: &PostgresStore, key: &ScopedKey, n: usize) -> i64 {
-    for polls in 1..=200 {
-        if store.timeline(key).await.unwrap().len() >= n {
-            return polls;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("timeline of {key:?} never reached {n} entries");
+    i64::try_from(timeline_reaches(store, key, n).await).unwrap()
 }
 
 /// Timeline entries of replays are batched: 64 entries queued without the
@@ -145,44 +115,19 @@ async fn landed(store: &PostgresStore, key: &ScopedKey, n: usize) -> i64 {
 /// them land, in order.
 #[tokio::test]
 async fn background_timeline_entries_are_batched() {
-    let pg = private().await;
-    let admin = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&pg.url())
-        .await
-        .unwrap();
-    sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        .execute(&admin)
-        .await
-        .unwrap();
-    let opts = PostgresOptions::default()
-        .max_connections(1)
-        .purge_interval(None);
-    let store = PostgresStore::connect_with(&pg.url(), opts).await.unwrap();
-    let warm = fresh_key();
-    store
-        .record_attempt(&warm, &executed(), LONG)
-        .await
-        .unwrap();
-    landed(&store, &warm, 1).await;
+    let (_pg, admin, store) = counted().await;
+    warm_up_timeline(&store).await;
 
     let k = fresh_key();
     let before = statements(&admin).await;
-    for i in 0..64u64 {
-        let mut a = executed();
-        a.outcome = AttemptOutcome::Replayed;
-        a.latency_us = i;
-        store.record_attempt(&k, &a, LONG).await.unwrap();
-    }
+    record_replays(&store, &k, 64).await;
     let polls = landed(&store, &k, 64).await;
     assert_eq!(
         statements(&admin).await - before - polls,
         1,
         "64 entries, one statement"
     );
-    let tl = store.timeline(&k).await.unwrap();
-    assert_eq!(tl.len(), 64);
-    assert!(tl.iter().map(|a| a.latency_us).eq(0..64), "in order");
+    assert_replays_in_order(&store, &k, 64).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -376,14 +321,7 @@ async fn statements_are_prepared_once_and_reused() {
             .synchronous_claims(synchronous_claims);
         let store = PostgresStore::connect_with(&pg.url(), opts).await.unwrap();
         for _ in 0..10 {
-            let Claim::Acquired(lease) = store.claim(&fresh_key(), &fp("{}"), LONG).await.unwrap()
-            else {
-                panic!("a fresh key is free");
-            };
-            let done = store
-                .complete(&lease, Bytes::from_static(b"r"), LONG, &executed())
-                .await
-                .unwrap();
+            let done = claim_and_complete(&store, &fresh_key(), b"r").await;
             assert_eq!(done, Fenced::Applied);
         }
         // The pool's one connection: the one that ran the claims.

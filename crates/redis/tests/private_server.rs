@@ -10,9 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idemgate_engine::{AttemptOutcome, Claim, Engine, Fenced, ScopedKey, Store, StoreErrorKind};
+use idemgate_engine::{Claim, Engine, Fenced, Store, StoreErrorKind};
 use idemgate_redis::RedisStore;
-use idemgate_testkit::{executed, fp, fresh_key};
+use idemgate_testkit::round_trips::{
+    assert_replays_in_order, claim_and_complete, claim_done, record_replays, run, timeline_reaches,
+    warm_up, warm_up_timeline,
+};
+use idemgate_testkit::{complete_executed, executed, fp, fresh_key};
 use support::Server;
 
 const LONG: Duration = Duration::from_secs(300);
@@ -65,9 +69,8 @@ const fn c(evalsha: u64, get: u64, lrange: u64) -> Counts {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_round_trip_per_operation() {
-    let root = tempfile::tempdir().unwrap();
+/// A private server (its data under `root`) and a store on it.
+async fn private(root: &tempfile::TempDir) -> (Server, RedisStore) {
     let server = tokio::task::spawn_blocking({
         let root = root.path().to_owned();
         move || Server::start(&root, false)
@@ -77,48 +80,29 @@ async fn one_round_trip_per_operation() {
     let store = RedisStore::connect_with(&server.url(), support::options())
         .await
         .unwrap();
+    (server, store)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_round_trip_per_operation() {
+    let root = tempfile::tempdir().unwrap();
+    let (server, store) = private(&root).await;
     // Warm up: load every script once (the first EVALSHA of a script answers
     // NOSCRIPT and is followed by SCRIPT LOAD).
-    let warm = fresh_key();
-    let Claim::Acquired(lease) = store.claim(&warm, &fp("{}"), LONG).await.unwrap() else {
-        panic!("warm-up claim")
-    };
-    let mut l2 = lease.clone();
-    assert_eq!(store.renew(&mut l2, LONG).await.unwrap(), Fenced::Applied);
-    let _ = store.release(&lease, &executed(), LONG).await.unwrap();
-    store
-        .record_attempt(&warm, &executed(), LONG)
-        .await
-        .unwrap();
-    store.timeline(&warm).await.unwrap();
-    let Claim::Acquired(lease) = store.claim(&warm, &fp("{}"), LONG).await.unwrap() else {
-        panic!("warm-up claim")
-    };
-    let _ = store
-        .complete(&lease, Bytes::from_static(b"w"), LONG, &executed())
-        .await
-        .unwrap();
+    warm_up(&store).await;
 
     let stats = || tokio::task::block_in_place(|| counts(&server));
 
     // Store level: first execution = claim + complete; replay = claim.
     let k = fresh_key();
     let before = stats();
-    let Claim::Acquired(lease) = store.claim(&k, &fp("{}"), LONG).await.unwrap() else {
-        panic!("claim")
-    };
-    let w = store
-        .complete(&lease, Bytes::from_static(b"r"), LONG, &executed())
-        .await
-        .unwrap();
-    assert_eq!(w, Fenced::Applied);
+    assert_eq!(claim_and_complete(&store, &k, b"r").await, Fenced::Applied);
     // GETs inside: the claim's of the record and of the fence counter, the
     // completion's of the record.
     assert_eq!(delta(before, stats()), c(2, 3, 0), "first execution");
 
     let before = stats();
-    let claim = store.claim(&k, &fp("{}"), LONG).await.unwrap();
-    assert!(matches!(claim, Claim::Existing(ref r) if r.is_done()));
+    claim_done(&store, &k).await;
     assert_eq!(delta(before, stats()), c(1, 1, 0), "replay: one EVALSHA");
 
     let before = stats();
@@ -139,19 +123,11 @@ async fn one_round_trip_per_operation() {
     let engine = Engine::new(Arc::new(store.clone()));
     let k = fresh_key();
     let before = stats();
-    let first = engine
-        .execute(&k, &fp("{}"), || async { Ok::<_, std::io::Error>(1u8) })
-        .await
-        .unwrap();
-    assert!(!first.replayed());
+    assert!(!run(&engine, &k, 1).await.replayed());
     assert_eq!(delta(before, stats()), c(2, 3, 0), "engine first execution");
     let before = stats();
-    let again = engine
-        .execute(&k, &fp("{}"), || async { Ok::<_, std::io::Error>(2u8) })
-        .await
-        .unwrap();
-    assert!(again.replayed());
-    let polls = landed(&store, &k, 2).await;
+    assert!(run(&engine, &k, 2).await.replayed());
+    let polls = timeline_reaches(&store, &k, 2).await;
     let d = delta(before, stats());
     // GETs: the claim's, the entry's (the list it creates adopts the
     // record's entry), and one per timeline read.
@@ -162,79 +138,36 @@ async fn one_round_trip_per_operation() {
     );
 }
 
-/// Waits until `key`'s timeline holds `n` entries; returns how many
-/// times it read the timeline (one EVALSHA each).
-async fn landed(store: &RedisStore, key: &ScopedKey, n: usize) -> u64 {
-    for reads in 1..=200 {
-        if store.timeline(key).await.unwrap().len() >= n {
-            return reads;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("timeline of {key:?} never reached {n} entries");
-}
-
 /// Timeline entries of replays are batched: 64 entries queued without the
 /// caller yielding (one thread) are written with one script call, and all
 /// of them land, in order.
 #[tokio::test]
 async fn background_timeline_entries_are_batched() {
     let root = tempfile::tempdir().unwrap();
-    let server = tokio::task::spawn_blocking({
-        let root = root.path().to_owned();
-        move || Server::start(&root, false)
-    })
-    .await
-    .unwrap();
-    let store = RedisStore::connect_with(&server.url(), support::options())
-        .await
-        .unwrap();
+    let (server, store) = private(&root).await;
     // Warm up: the first call of the batch script loads it.
-    let warm = fresh_key();
-    store
-        .record_attempt(&warm, &executed(), LONG)
-        .await
-        .unwrap();
-    landed(&store, &warm, 1).await;
+    warm_up_timeline(&store).await;
 
     let k = fresh_key();
     // `counts` blocks this (only) thread briefly: nothing else needs it then.
     let c0 = counts(&server);
-    for i in 0..64u64 {
-        let mut a = executed();
-        a.outcome = AttemptOutcome::Replayed;
-        a.latency_us = i;
-        store.record_attempt(&k, &a, LONG).await.unwrap();
-    }
-    let polls = landed(&store, &k, 64).await;
+    record_replays(&store, &k, 64).await;
+    let polls = timeline_reaches(&store, &k, 64).await;
     let d = delta(c0, counts(&server));
     assert_eq!(d.evalsha - polls, 1, "64 entries, one script call: {d:?}");
     assert_eq!(d.stray, 0);
-    let tl = store.timeline(&k).await.unwrap();
-    assert_eq!(tl.len(), 64);
-    assert!(tl.iter().map(|a| a.latency_us).eq(0..64), "in order");
+    assert_replays_in_order(&store, &k, 64).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn survives_a_server_restart() {
     let root = tempfile::tempdir().unwrap();
-    let mut server = tokio::task::spawn_blocking({
-        let root = root.path().to_owned();
-        move || Server::start(&root, false)
-    })
-    .await
-    .unwrap();
-    let store = RedisStore::connect_with(&server.url(), support::options())
-        .await
-        .unwrap();
+    let (mut server, store) = private(&root).await;
     let done = fresh_key();
     let Claim::Acquired(lease) = store.claim(&done, &fp("{}"), LONG).await.unwrap() else {
         panic!("claim")
     };
-    let w = store
-        .complete(&lease, Bytes::from_static(b"kept"), LONG, &executed())
-        .await
-        .unwrap();
+    let w = complete_executed(&store, &lease, b"kept", LONG).await;
     assert_eq!(w, Fenced::Applied);
 
     server = tokio::task::spawn_blocking(move || {

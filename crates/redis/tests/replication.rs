@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idemgate_engine::{
-    Attempt, AttemptOutcome, Claim, Fenced, Lease, ScopedKey, Store, StoreErrorKind,
+    Attempt, AttemptOutcome, Claim, Fenced, Lease, ScopedKey, Store, StoreError, StoreErrorKind,
 };
 use idemgate_redis::{RedisStore, WaitReplicas};
 use idemgate_testkit::{acquired, attempt, fp, fresh_key};
@@ -22,8 +22,26 @@ fn done() -> Attempt {
     attempt(AttemptOutcome::Executed)
 }
 
-async fn claim(store: &RedisStore, key: &ScopedKey) -> Lease {
-    acquired(store.claim(key, &fp("q"), TTL).await.unwrap())
+/// A fresh key, claimed on `store`, and its lease.
+async fn claim_fresh(store: &RedisStore) -> (ScopedKey, Lease) {
+    let key = fresh_key();
+    let lease = acquired(store.claim(&key, &fp("q"), TTL).await.unwrap());
+    (key, lease)
+}
+
+/// Completes `lease` and expects the DONE not to be trusted (`why`): a
+/// temporary `Unavailable` error, returned.
+async fn complete_refused(store: &RedisStore, lease: &Lease, why: &str) -> StoreError {
+    let err = complete(store, lease).await.expect_err(why);
+    assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
+    err
+}
+
+/// Completes `lease` with the answer every test writes.
+async fn complete(store: &RedisStore, lease: &Lease) -> Result<Fenced, StoreError> {
+    store
+        .complete(lease, Bytes::from_static(b"answer"), TTL, &done())
+        .await
 }
 
 async fn store(server: &Server, wanted: WaitReplicas) -> RedisStore {
@@ -56,13 +74,8 @@ async fn a_done_record_waits_for_its_replica() {
         .unwrap();
 
     // Acknowledged: the replica has it the moment complete returns.
-    let k = fresh_key();
-    let lease = claim(&store, &k).await;
-    let w = store
-        .complete(&lease, Bytes::from_static(b"answer"), TTL, &done())
-        .await
-        .unwrap();
-    assert_eq!(w, Fenced::Applied);
+    let (k, lease) = claim_fresh(&store).await;
+    assert_eq!(complete(&store, &lease).await.unwrap(), Fenced::Applied);
     let copy = on_replica.get(&k).await.unwrap().expect("on the replica");
     assert!(copy.is_done());
     assert!(master.calls(&["wait"]) >= 1);
@@ -70,22 +83,13 @@ async fn a_done_record_waits_for_its_replica() {
     // The replica stalls: the DONE is written on the master but not
     // acknowledged, so it is not trusted (a temporary error the owner holds
     // its result through).
-    let k = fresh_key();
-    let lease = claim(&store, &k).await;
+    let (k, lease) = claim_fresh(&store).await;
     replica.pause();
-    let err = store
-        .complete(&lease, Bytes::from_static(b"answer"), TTL, &done())
-        .await
-        .expect_err("an unacknowledged DONE is not trusted");
-    assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
+    let err = complete_refused(&store, &lease, "an unacknowledged DONE is not trusted").await;
     assert!(err.to_string().contains("replica"), "{err}");
     // Thawed, the owner's retry of the same completion is acknowledged.
     replica.resume();
-    let w = store
-        .complete(&lease, Bytes::from_static(b"answer"), TTL, &done())
-        .await
-        .unwrap();
-    assert_eq!(w, Fenced::Applied);
+    assert_eq!(complete(&store, &lease).await.unwrap(), Fenced::Applied);
     let copy = on_replica.get(&k).await.unwrap().expect("on the replica");
     assert_eq!(copy.payload().unwrap().as_ref(), b"answer");
 
@@ -94,13 +98,13 @@ async fn a_done_record_waits_for_its_replica() {
     replica.stop();
     master.wait_replication("connected_slaves", "0");
     tokio::time::sleep(Duration::from_millis(1100)).await; // past the cached ROLE
-    let k = fresh_key();
-    let lease = claim(&store, &k).await;
-    let err = store
-        .complete(&lease, Bytes::from_static(b"answer"), TTL, &done())
-        .await
-        .expect_err("a replica seen a moment ago is still waited for");
-    assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
+    let (_, lease) = claim_fresh(&store).await;
+    complete_refused(
+        &store,
+        &lease,
+        "a replica seen a moment ago is still waited for",
+    )
+    .await;
     master.stop();
 }
 
@@ -108,24 +112,14 @@ async fn a_done_record_waits_for_its_replica() {
 async fn a_node_without_replicas_waits_for_none_unless_told() {
     let mut node = Server::start(temp_root(), false);
     let auto = store(&node, WaitReplicas::Auto).await;
-    let k = fresh_key();
-    let lease = claim(&auto, &k).await;
-    let w = auto
-        .complete(&lease, Bytes::from_static(b"answer"), TTL, &done())
-        .await
-        .unwrap();
-    assert_eq!(w, Fenced::Applied);
+    let (_, lease) = claim_fresh(&auto).await;
+    assert_eq!(complete(&auto, &lease).await.unwrap(), Fenced::Applied);
     assert_eq!(node.calls(&["wait"]), 0, "no replica, no WAIT");
 
     // Told to wait for one replica that does not exist: never trusted.
     let one = store(&node, WaitReplicas::Count(1)).await;
-    let k = fresh_key();
-    let lease = claim(&one, &k).await;
-    let err = one
-        .complete(&lease, Bytes::from_static(b"answer"), TTL, &done())
-        .await
-        .expect_err("no replica acknowledged");
-    assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
+    let (_, lease) = claim_fresh(&one).await;
+    complete_refused(&one, &lease, "no replica acknowledged").await;
     node.stop();
 }
 
@@ -138,8 +132,7 @@ async fn a_node_without_replicas_waits_for_none_unless_told() {
 async fn a_vanished_record_is_written_again_by_its_owner() {
     let mut node = Server::start(temp_root(), false);
     let store = store(&node, WaitReplicas::Auto).await;
-    let k = fresh_key();
-    let lease = claim(&store, &k).await;
+    let (k, lease) = claim_fresh(&store).await;
     // What a promoted replica that never had the claim looks like.
     let tag = idemgate_redis::hash_tag(&k);
     let prefix = options().prefix;
@@ -151,11 +144,7 @@ async fn a_vanished_record_is_written_again_by_its_owner() {
         .unwrap();
     assert!(deleted.status.success());
     assert_eq!(store.get(&k).await.unwrap(), None);
-    let w = store
-        .complete(&lease, Bytes::from_static(b"answer"), TTL, &done())
-        .await
-        .unwrap();
-    assert_eq!(w, Fenced::Applied);
+    assert_eq!(complete(&store, &lease).await.unwrap(), Fenced::Applied);
     let rec = store.get(&k).await.unwrap().expect("DONE again");
     assert!(rec.is_done());
     assert_eq!(rec.fingerprint, lease.fingerprint);
@@ -166,19 +155,12 @@ async fn a_vanished_record_is_written_again_by_its_owner() {
         Claim::Existing(r) if r.is_done()
     ));
     // Released, the owner cannot write it back.
-    let k = fresh_key();
-    let lease = claim(&store, &k).await;
+    let (k, lease) = claim_fresh(&store).await;
     assert_eq!(
         store.release(&lease, &done(), TTL).await.unwrap(),
         Fenced::Applied
     );
-    assert_eq!(
-        store
-            .complete(&lease, Bytes::from_static(b"answer"), TTL, &done())
-            .await
-            .unwrap(),
-        Fenced::Stale
-    );
+    assert_eq!(complete(&store, &lease).await.unwrap(), Fenced::Stale);
     assert_eq!(store.get(&k).await.unwrap(), None);
     node.stop();
 }

@@ -11,10 +11,9 @@ mod support;
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use idemgate_engine::{AttemptOutcome, Fenced, MAX_TIMELINE, ScopedKey, Store};
 use idemgate_redis::{RedisStore, hash_tag};
-use idemgate_testkit::{acquired, attempt, fp, fresh_key};
+use idemgate_testkit::{acquired, attempt, complete_executed, fp, fresh_key};
 
 const SHARED_PORT: u16 = 6379;
 
@@ -71,15 +70,7 @@ const HOUR: Duration = Duration::from_secs(3600);
 /// Claims and completes `key` with a first execution kept `ttl`.
 async fn run_once(store: &RedisStore, key: &ScopedKey, ttl: Duration) {
     let lease = acquired(store.claim(key, &fp("a"), ttl).await.expect("claim"));
-    let done = store
-        .complete(
-            &lease,
-            Bytes::from_static(b"answer"),
-            ttl,
-            &attempt(AttemptOutcome::Executed),
-        )
-        .await
-        .expect("complete");
+    let done = complete_executed(store, &lease, b"answer", ttl).await;
     assert_eq!(done, Fenced::Applied);
 }
 
@@ -194,15 +185,7 @@ async fn a_completion_appends_to_the_list_a_key_already_has() {
         .record_attempt(&key, &attempt(AttemptOutcome::Conflict), MINUTE)
         .await
         .unwrap();
-    let done = store
-        .complete(
-            &lease,
-            Bytes::from_static(b"answer"),
-            HOUR,
-            &attempt(AttemptOutcome::Executed),
-        )
-        .await
-        .unwrap();
+    let done = complete_executed(&store, &lease, b"answer", HOUR).await;
     assert_eq!(done, Fenced::Applied);
     assert!(!record_holds_entry(&key));
     assert_eq!(llen(&key), 2);

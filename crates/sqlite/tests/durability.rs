@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use idemgate_engine::{AttemptOutcome, Claim, Fenced, Lease, ScopedKey, Store};
 use idemgate_sqlite::SqliteStore;
-use idemgate_testkit::{attempt, fp, key_n};
+use idemgate_testkit::{attempt, complete_executed, fp, key_n};
 
 const LONG: Duration = Duration::from_secs(300);
 
@@ -32,15 +32,7 @@ async fn claims_are_committed_unsynced_and_results_synced() {
     assert_eq!(after_claims.synced, before.synced, "claims are not fsynced");
     assert_eq!(after_claims.unsynced, before.unsynced + 5);
 
-    let done = store
-        .complete(
-            &first,
-            Bytes::from_static(b"result"),
-            LONG,
-            &attempt(AttemptOutcome::Executed),
-        )
-        .await
-        .expect("complete");
+    let done = complete_executed(&store, &first, b"result", LONG).await;
     assert_eq!(done, Fenced::Applied);
     let after_done = store.commit_counts();
     assert_eq!(

@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idemgate_engine::{
-    Attempt, AttemptOutcome, Claim, Fenced, MAX_TIMELINE, Store, StoreErrorKind,
+    Attempt, AttemptOutcome, Claim, Fenced, Lease, MAX_TIMELINE, Store, StoreErrorKind,
 };
 use idemgate_sqlite::{SqliteError, SqliteStore};
-use idemgate_testkit::{fp, key};
+use idemgate_testkit::{acquired, fp, key};
 
 const LONG: Duration = Duration::from_secs(300);
 
@@ -24,6 +24,24 @@ fn attempt(n: u64) -> Attempt {
         latency_us: n,
         repeated: None,
     }
+}
+
+/// Claims the key `name`, which must be free; its lease.
+async fn claim(store: &SqliteStore, name: &str) -> Lease {
+    acquired(
+        store
+            .claim(&key(name), &fp("{}"), LONG)
+            .await
+            .expect("claim"),
+    )
+}
+
+/// Completes `lease` with `body` as attempt 1; what the store said.
+async fn complete(store: &SqliteStore, lease: &Lease, body: &'static [u8]) -> Fenced {
+    store
+        .complete(lease, Bytes::from_static(body), LONG, &attempt(1))
+        .await
+        .expect("complete")
 }
 
 #[test]
@@ -97,25 +115,9 @@ fn the_file_is_in_wal_mode() {
 async fn operations_after_close_fail_with_closed() {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = SqliteStore::open(dir.path().join("closed.db")).expect("open");
-    let Claim::Acquired(lease) = store
-        .claim(&key("a"), &fp("{}"), LONG)
-        .await
-        .expect("claim")
-    else {
-        panic!("fresh key");
-    };
-    let Claim::Acquired(mut other) = store
-        .claim(&key("b"), &fp("{}"), LONG)
-        .await
-        .expect("claim")
-    else {
-        panic!("fresh key");
-    };
-    let w = store
-        .complete(&lease, Bytes::from_static(b"x"), LONG, &attempt(1))
-        .await
-        .expect("complete");
-    assert_eq!(w, Fenced::Applied);
+    let lease = claim(&store, "a").await;
+    let mut other = claim(&store, "b").await;
+    assert_eq!(complete(&store, &lease, b"x").await, Fenced::Applied);
     store.close();
     store.close(); // idempotent
 
@@ -235,18 +237,8 @@ async fn a_held_write_lock_is_unavailable_then_recovers() {
         .busy_timeout(Duration::from_millis(200))
         .open(&path)
         .expect("open");
-    let Claim::Acquired(lease) = store
-        .claim(&key("done"), &fp("{}"), LONG)
-        .await
-        .expect("claim")
-    else {
-        panic!("fresh key");
-    };
-    let w = store
-        .complete(&lease, Bytes::from_static(b"d"), LONG, &attempt(1))
-        .await
-        .expect("complete");
-    assert_eq!(w, Fenced::Applied);
+    let lease = claim(&store, "done").await;
+    assert_eq!(complete(&store, &lease, b"d").await, Fenced::Applied);
 
     let other = rusqlite::Connection::open(&path).expect("second connection");
     other

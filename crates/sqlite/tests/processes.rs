@@ -17,7 +17,7 @@ use idemgate_engine::{
     Attempt, AttemptOutcome, Claim, ClientKey, Fenced, RecordState, ScopedKey, Store,
 };
 use idemgate_sqlite::SqliteStore;
-use idemgate_testkit::{fp, key_n};
+use idemgate_testkit::{acquired, fp, key_n};
 
 /// Set in a child process: which part it plays.
 const ROLE: &str = "IDEMGATE_SQLITE_TEST_ROLE";
@@ -380,13 +380,12 @@ fn reopen_keeps_records() {
     let db = dir.path().join("reopen.db");
     runtime().block_on(async {
         let store = SqliteStore::open(&db).expect("open");
-        let Claim::Acquired(lease) = store
-            .claim(&key_n(1), &fp("same body"), LONG)
-            .await
-            .expect("claim")
-        else {
-            panic!("fresh key");
-        };
+        let lease = acquired(
+            store
+                .claim(&key_n(1), &fp("same body"), LONG)
+                .await
+                .expect("claim"),
+        );
         let w = store
             .complete(&lease, Bytes::from_static(b"kept"), LONG, &attempt())
             .await

@@ -5,7 +5,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use idemgate_engine::{Claim, Fenced, Store};
 use idemgate_sqlite::SqliteStore;
-use idemgate_testkit::{eventually, executed, fp, key_n};
+use idemgate_testkit::{acquired, eventually, executed, fp, key_n};
 
 const SHORT: Duration = Duration::from_millis(300);
 const LONG: Duration = Duration::from_secs(300);
@@ -126,12 +126,11 @@ async fn fences_grow_across_a_purge() {
     // Reopening keeps the counter too.
     drop(store);
     let store = SqliteStore::open(&path).expect("reopen");
-    let Claim::Acquired(lease) = store
-        .claim(&key_n(1), &fp("{}"), LONG)
-        .await
-        .expect("claim")
-    else {
-        panic!("key should be free");
-    };
+    let lease = acquired(
+        store
+            .claim(&key_n(1), &fp("{}"), LONG)
+            .await
+            .expect("claim"),
+    );
     assert!(lease.fence > last);
 }

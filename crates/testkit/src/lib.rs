@@ -36,6 +36,8 @@
 //!   directory) for the tests that restart one, count its statements or
 //!   speak TLS to it.
 //! - [`tls`]: certificates for the suites over TLS.
+//! - [`round_trips`]: the steps of the tests that count what a store sends
+//!   to its server.
 //!
 //! The small values every store, engine, seal and telemetry test needs are
 //! here too, defined once: [`key`], [`key_n`] and [`fresh_key`], [`fp`], [`attempt`]
@@ -53,6 +55,7 @@ pub mod http;
 pub mod latency;
 pub mod postgres_server;
 pub mod redis_server;
+pub mod round_trips;
 pub use blinking::{BlinkingStore, Switches};
 pub use counting::{Calls, CountingStore};
 pub use fault::FaultProxy;
@@ -193,6 +196,20 @@ pub fn attempt(outcome: AttemptOutcome) -> idemgate_engine::Attempt {
 /// The attempt most tests record: executed, status 200, stamped now.
 pub fn executed() -> idemgate_engine::Attempt {
     attempt(AttemptOutcome::Executed)
+}
+
+/// Completes `lease` with `body`, kept for `ttl`, as an [`executed`]
+/// attempt; returns what the store said (a store error panics).
+pub async fn complete_executed(
+    store: &dyn idemgate_engine::Store,
+    lease: &Lease,
+    body: &'static [u8],
+    ttl: Duration,
+) -> idemgate_engine::Fenced {
+    store
+        .complete(lease, Bytes::from_static(body), ttl, &executed())
+        .await
+        .unwrap()
 }
 
 /// Polls `check` until it is true or 5 s pass (for best-effort writes).

@@ -3,9 +3,91 @@
 
 pub mod replicas;
 
+use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::process::Child;
+use idemgate_llm_sim::{SimConfig, SimHandle};
+use tokio::process::{Child, Command};
+
+/// The simulated LLM with its default configuration, for a test's
+/// gateway to stand in front of.
+pub async fn sim() -> SimHandle {
+    idemgate_llm_sim::spawn(SimConfig::default())
+        .await
+        .expect("spawn the simulated LLM")
+}
+
+/// A store URL for the shared Redis, under a fresh key prefix that starts
+/// with `tag`.
+pub fn fresh_redis(tag: &str) -> String {
+    format!(
+        "redis://127.0.0.1:6379/?prefix={tag}{:08x}",
+        rand::random::<u32>()
+    )
+}
+
+/// A store URL for the shared PostgreSQL, in a fresh schema whose name
+/// starts with `tag`.
+pub fn fresh_postgres(tag: &str) -> String {
+    format!(
+        "postgres://postgres@127.0.0.1:5432/test?schema={tag}{:08x}",
+        rand::random::<u32>()
+    )
+}
+
+/// `serve` arguments for a gateway on the memory store whose proxy and
+/// admin listeners take any free loopback port (read back from its log).
+pub const MEMORY_ON_ANY_PORT: [&str; 6] = [
+    "--store",
+    "memory:",
+    "--listen",
+    "127.0.0.1:0",
+    "--admin-listen",
+    "127.0.0.1:0",
+];
+
+/// Starts `cmd` (an `idemgate` command line) with its stdout discarded and
+/// its stderr sent to `stderr`; the process is killed when its handle is
+/// dropped.
+pub fn spawn_quiet(cmd: &mut Command, stderr: impl Into<Stdio>) -> Child {
+    cmd.stdout(Stdio::null())
+        .stderr(stderr)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn the gateway")
+}
+
+/// Waits (as [`wait_ready`]) until the admin listener on `admin_port`
+/// answers 200 at `path` (`/readyz`, `/healthz`); returns a client for the
+/// rest of the test.
+pub async fn wait_admin(admin_port: u16, path: &str, child: &mut Child) -> reqwest::Client {
+    let client = reqwest::Client::new();
+    wait_ready(
+        &client,
+        &format!("http://127.0.0.1:{admin_port}{path}"),
+        child,
+    )
+    .await;
+    client
+}
+
+/// A temporary directory (removed when dropped) holding one file `name`
+/// with `contents`; returns the directory and the file's path.
+pub fn temp_file(name: &str, contents: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("create a temp dir");
+    let file = dir.path().join(name);
+    std::fs::write(&file, contents).expect("write the file");
+    (dir, file)
+}
+
+/// One `[[routes]]` table for a gateway config: `/{name}` (the prefix
+/// stripped) to `upstream`, keys required, followed by `rest` (more TOML
+/// lines of the same table).
+pub fn route_toml(name: &str, upstream: &str, rest: &str) -> String {
+    format!(
+        "\n[[routes]]\nprefix = \"/{name}\"\nstrip_prefix = true\nupstream = \"{upstream}\"\nkey = \"require\"\n{rest}"
+    )
+}
 
 /// A loopback port free at the time of asking.
 pub async fn free_port() -> u16 {
@@ -64,6 +146,17 @@ pub fn assert_says(out: &std::process::Output, expected: &str) {
         text(&out.stdout).contains(expected),
         "{}",
         text(&out.stdout)
+    );
+}
+
+/// Asserts that a command exited with `code` and said `expected` on
+/// stderr.
+pub fn assert_exit_says(out: &std::process::Output, code: i32, expected: &str) {
+    assert_eq!(out.status.code(), Some(code), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains(expected),
+        "{}",
+        text(&out.stderr)
     );
 }
 

@@ -8,7 +8,6 @@
 use idemgate_testkit::require;
 use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::Duration;
 
 use idemgate_llm_sim::{SimConfig, SimHandle};
@@ -53,18 +52,16 @@ impl Gw {
         let dir = tempfile::tempdir().unwrap();
         let (port, admin) = (free_port(), free_port());
         let route = |name: &str| {
-            format!(
-                r#"
-[[routes]]
-prefix = "/{name}"
-strip_prefix = true
-upstream = "{upstream}"
-key = "require"
-on_inflight = "{name}"
+            super::route_toml(
+                name,
+                upstream,
+                &format!(
+                    r#"on_inflight = "{name}"
 inflight_wait = "20s"
 pending_ttl = "{pending_ttl}"
 timeouts = {{ connect = "1s", first_byte = "15s", idle = "10s", total = "30s" }}
 "#
+                ),
             )
         };
         let file = dir.path().join("gateway.toml");
@@ -78,15 +75,13 @@ timeouts = {{ connect = "1s", first_byte = "15s", idle = "10s", total = "30s" }}
         )
         .unwrap();
         let log = dir.path().join("stderr.log");
-        let child = Command::new(BIN)
-            .args(["serve", "--config"])
-            .arg(&file)
-            .current_dir(dir.path())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+        let child = super::spawn_quiet(
+            Command::new(BIN)
+                .args(["serve", "--config"])
+                .arg(&file)
+                .current_dir(dir.path()),
+            std::fs::File::create(&log).unwrap(),
+        );
         let mut gw = Self {
             child,
             port,

@@ -5,13 +5,8 @@
 //! Servers ([`Server`], from the testkit) run from a temp dir on free
 //! loopback ports, each watched so nothing outlives the test binary.
 
-#![allow(
-    dead_code,
-    unreachable_pub,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic
-)]
+#![allow(dead_code, unreachable_pub)] // each test binary uses a part
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::Path;
 use std::sync::OnceLock;

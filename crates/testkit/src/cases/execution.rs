@@ -10,7 +10,8 @@ use idemgate_engine::{
     ScopedKey, Settled, Store,
 };
 
-use crate::{LONG, SHORT_TTL, acquired, attempt, eventually, fp, fresh_key, payload};
+use super::{assert_only_the_new_owner_completes, complete, eventually_held, outcomes};
+use crate::{LONG, SHORT_TTL, acquired, attempt, fp, fresh_key, payload};
 
 /// 64 concurrent claimers on one key: exactly one wins, every time.
 pub async fn race_one_winner(store: Arc<dyn Store>) {
@@ -131,20 +132,10 @@ pub async fn cancel_releases_key(store: Arc<dyn Store>) {
         })
         .await
     });
-    let claimed = eventually(|| {
-        let store = Arc::clone(&store);
-        let key = key.clone();
-        async move { store.get(&key).await.unwrap().is_some() }
-    })
-    .await;
+    let claimed = eventually_held(&store, &key, true).await;
     assert!(claimed, "work never claimed the key");
     task.abort();
-    let released = eventually(|| {
-        let store = Arc::clone(&store);
-        let key = key.clone();
-        async move { store.get(&key).await.unwrap().is_none() }
-    })
-    .await;
+    let released = eventually_held(&store, &key, false).await;
     assert!(released, "cancelled work left the key PENDING");
 }
 
@@ -219,20 +210,11 @@ pub async fn forget_clears_the_key(store: Arc<dyn Store>) {
     // DONE → absent.
     let first = acquired(store.claim(&key, &fp("a"), LONG).await.unwrap());
     let done = attempt(AttemptOutcome::OutcomeUnknown);
-    let w = store
-        .complete(&first, payload(b"unknown"), LONG, &done)
-        .await
-        .unwrap();
+    let w = complete(&*store, &first, b"unknown", LONG, &done).await;
     assert_eq!(w, Fenced::Applied);
     assert!(store.forget(&key, &forgotten(), LONG).await.unwrap());
     assert_eq!(store.get(&key).await.unwrap(), None);
-    let outcomes: Vec<_> = store
-        .timeline(&key)
-        .await
-        .unwrap()
-        .iter()
-        .map(|a| a.outcome)
-        .collect();
+    let outcomes = outcomes(&*store, &key).await;
     assert_eq!(
         outcomes,
         [AttemptOutcome::OutcomeUnknown, AttemptOutcome::Forgotten]
@@ -245,23 +227,7 @@ pub async fn forget_clears_the_key(store: Arc<dyn Store>) {
     assert!(store.forget(&key, &forgotten(), LONG).await.unwrap());
     let third = acquired(store.claim(&key, &fp("a"), LONG).await.unwrap());
     assert!(third.fence > second.fence);
-    let ok = attempt(AttemptOutcome::Executed);
-    assert_eq!(
-        store
-            .complete(&second, payload(b"late"), LONG, &ok)
-            .await
-            .unwrap(),
-        Fenced::Stale
-    );
-    assert_eq!(
-        store
-            .complete(&third, payload(b"new"), LONG, &ok)
-            .await
-            .unwrap(),
-        Fenced::Applied
-    );
-    let rec = store.get(&key).await.unwrap().expect("DONE after forget");
-    assert_eq!(rec.payload().map(|p| p.to_vec()), Some(b"new".to_vec()));
+    assert_only_the_new_owner_completes(&*store, &key, &second, &third).await;
 
     // Another tenant's record with the same client key is untouched.
     let other = ScopedKey::new("someone-else", key.namespace.clone(), key.key.clone());

@@ -12,3 +12,82 @@ mod records;
 
 pub use execution::*;
 pub use records::*;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idemgate_engine::{Attempt, AttemptOutcome, Fenced, Lease, ScopedKey, Store};
+
+use crate::{LONG, eventually, executed, payload};
+
+/// Completes `lease` with `body`, kept for `ttl`, recording `attempt`;
+/// returns what the store said (a store error fails the case).
+pub(crate) async fn complete(
+    store: &dyn Store,
+    lease: &Lease,
+    body: &[u8],
+    ttl: Duration,
+    attempt: &Attempt,
+) -> Fenced {
+    store
+        .complete(lease, payload(body), ttl, attempt)
+        .await
+        .unwrap()
+}
+
+/// After a takeover of `key`: completing the `old` lease is fenced,
+/// completing the `new` one applies, and the record holds the new owner's
+/// payload.
+pub(crate) async fn assert_only_the_new_owner_completes(
+    store: &dyn Store,
+    key: &ScopedKey,
+    old: &Lease,
+    new: &Lease,
+) {
+    let ok = executed();
+    assert_eq!(complete(store, old, b"old", LONG, &ok).await, Fenced::Stale);
+    assert_eq!(
+        complete(store, new, b"new", LONG, &ok).await,
+        Fenced::Applied
+    );
+    let rec = store
+        .get(key)
+        .await
+        .unwrap()
+        .expect("DONE by the new owner");
+    assert_eq!(rec.payload().map(|p| p.to_vec()), Some(b"new".to_vec()));
+}
+
+/// The outcomes of `key`'s timeline entries, oldest first.
+pub(crate) async fn outcomes(store: &dyn Store, key: &ScopedKey) -> Vec<AttemptOutcome> {
+    let timeline = store.timeline(key).await.unwrap();
+    timeline.iter().map(|a| a.outcome).collect()
+}
+
+/// Polls (as [`eventually`]) until `key` holds a record, when `present`,
+/// or none; false if that never happened.
+pub(crate) async fn eventually_held(
+    store: &Arc<dyn Store>,
+    key: &ScopedKey,
+    present: bool,
+) -> bool {
+    eventually(|| {
+        let (store, key) = (Arc::clone(store), key.clone());
+        async move { store.get(&key).await.unwrap().is_some() == present }
+    })
+    .await
+}
+
+/// Polls (as [`eventually`]) until `key`'s timeline holds at least
+/// `entries` entries (written in the background); false if it never did.
+pub(crate) async fn eventually_entries(
+    store: &Arc<dyn Store>,
+    key: &ScopedKey,
+    entries: usize,
+) -> bool {
+    eventually(|| {
+        let (store, key) = (Arc::clone(store), key.clone());
+        async move { store.timeline(&key).await.unwrap().len() >= entries }
+    })
+    .await
+}

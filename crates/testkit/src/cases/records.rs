@@ -10,9 +10,10 @@ use idemgate_engine::{
     ScopedKey, Store,
 };
 
+use super::{assert_only_the_new_owner_completes, complete, eventually_entries, outcomes};
 use crate::{
-    LONG, PAST_SHORT_TTL, SHORT_TTL, acquired, attempt, eventually, existing, fp, fresh_key,
-    payload,
+    LONG, PAST_SHORT_TTL, SHORT_TTL, acquired, attempt, eventually, executed, existing, fp,
+    fresh_key,
 };
 
 /// Claim on an absent key acquires a lease and leaves a PENDING record.
@@ -39,15 +40,7 @@ pub async fn existing_record_returned(store: Arc<dyn Store>) {
     let rec = existing(store.claim(&key, &fp("a"), LONG).await.unwrap());
     assert!(matches!(rec.state, RecordState::Pending { .. }));
     let body = b"{\"answer\":42}\n\x00binary-safe\xff";
-    let w = store
-        .complete(
-            &lease,
-            payload(body),
-            LONG,
-            &attempt(AttemptOutcome::Executed),
-        )
-        .await
-        .unwrap();
+    let w = complete(&*store, &lease, body, LONG, &executed()).await;
     assert_eq!(w, Fenced::Applied);
     let rec = existing(store.claim(&key, &fp("a"), LONG).await.unwrap());
     assert_eq!(rec.fingerprint, fp("a"));
@@ -69,23 +62,7 @@ pub async fn takeover_after_lease_expiry(store: Arc<dyn Store>) {
         old.fence,
         new.fence
     );
-    let ok = attempt(AttemptOutcome::Executed);
-    assert_eq!(
-        store
-            .complete(&old, payload(b"old"), LONG, &ok)
-            .await
-            .unwrap(),
-        Fenced::Stale
-    );
-    assert_eq!(
-        store
-            .complete(&new, payload(b"new"), LONG, &ok)
-            .await
-            .unwrap(),
-        Fenced::Applied
-    );
-    let rec = store.get(&key).await.unwrap().expect("done");
-    assert_eq!(rec.payload().map(|p| p.to_vec()), Some(b"new".to_vec()));
+    assert_only_the_new_owner_completes(&*store, &key, &old, &new).await;
 }
 
 /// Renewing the lease keeps the claim past the original expiry.
@@ -127,10 +104,7 @@ pub async fn fenced_complete_and_release(store: Arc<dyn Store>) {
         store.release(&a, &failed, LONG).await.unwrap(),
         Fenced::Stale
     );
-    assert_eq!(
-        store.complete(&a, payload(b"a"), LONG, &ok).await.unwrap(),
-        Fenced::Stale
-    );
+    assert_eq!(complete(&*store, &a, b"a", LONG, &ok).await, Fenced::Stale);
     assert_eq!(
         store.get(&key).await.unwrap(),
         None,
@@ -139,10 +113,7 @@ pub async fn fenced_complete_and_release(store: Arc<dyn Store>) {
 
     let b = acquired(store.claim(&key, &fp("a"), LONG).await.unwrap());
     assert_ne!(a.token, b.token);
-    assert_eq!(
-        store.complete(&a, payload(b"a"), LONG, &ok).await.unwrap(),
-        Fenced::Stale
-    );
+    assert_eq!(complete(&*store, &a, b"a", LONG, &ok).await, Fenced::Stale);
     assert_eq!(
         store.release(&a, &failed, LONG).await.unwrap(),
         Fenced::Stale
@@ -154,10 +125,7 @@ pub async fn fenced_complete_and_release(store: Arc<dyn Store>) {
         ..b.clone()
     };
     assert_eq!(
-        store
-            .complete(&forged, payload(b"x"), LONG, &ok)
-            .await
-            .unwrap(),
+        complete(&*store, &forged, b"x", LONG, &ok).await,
         Fenced::Stale
     );
     assert!(matches!(
@@ -165,7 +133,7 @@ pub async fn fenced_complete_and_release(store: Arc<dyn Store>) {
         Some(RecordState::Pending { .. })
     ));
     assert_eq!(
-        store.complete(&b, payload(b"b"), LONG, &ok).await.unwrap(),
+        complete(&*store, &b, b"b", LONG, &ok).await,
         Fenced::Applied
     );
     // Once DONE, the owner's own lease no longer releases or rewrites it.
@@ -173,10 +141,7 @@ pub async fn fenced_complete_and_release(store: Arc<dyn Store>) {
         store.release(&b, &failed, LONG).await.unwrap(),
         Fenced::Stale
     );
-    assert_eq!(
-        store.complete(&b, payload(b"c"), LONG, &ok).await.unwrap(),
-        Fenced::Stale
-    );
+    assert_eq!(complete(&*store, &b, b"c", LONG, &ok).await, Fenced::Stale);
     let rec = store.get(&key).await.unwrap().expect("done");
     assert_eq!(rec.payload().map(|p| p.to_vec()), Some(b"b".to_vec()));
 }
@@ -192,13 +157,13 @@ pub async fn complete_retry_is_idempotent(store: Arc<dyn Store>) {
     tokio::time::sleep(PAST_SHORT_TTL).await;
     let b = acquired(store.claim(&key, &fp("a"), LONG).await.unwrap());
     assert_eq!(
-        store.complete(&b, payload(b"b"), LONG, &ok).await.unwrap(),
+        complete(&*store, &b, b"b", LONG, &ok).await,
         Fenced::Applied
     );
     let done = store.get(&key).await.unwrap().expect("done");
     for _ in 0..2 {
         assert_eq!(
-            store.complete(&b, payload(b"b"), LONG, &ok).await.unwrap(),
+            complete(&*store, &b, b"b", LONG, &ok).await,
             Fenced::Applied,
             "a retried complete of the same lease and payload"
         );
@@ -213,7 +178,7 @@ pub async fn complete_retry_is_idempotent(store: Arc<dyn Store>) {
         .count();
     assert_eq!(executed, 1, "the retry appended to the timeline");
     assert_eq!(
-        store.complete(&b, payload(b"c"), LONG, &ok).await.unwrap(),
+        complete(&*store, &b, b"c", LONG, &ok).await,
         Fenced::Stale,
         "same lease, another payload"
     );
@@ -222,15 +187,12 @@ pub async fn complete_retry_is_idempotent(store: Arc<dyn Store>) {
         ..b.clone()
     };
     assert_eq!(
-        store
-            .complete(&forged, payload(b"b"), LONG, &ok)
-            .await
-            .unwrap(),
+        complete(&*store, &forged, b"b", LONG, &ok).await,
         Fenced::Stale,
         "another token, same fence and payload"
     );
     assert_eq!(
-        store.complete(&a, payload(b"b"), LONG, &ok).await.unwrap(),
+        complete(&*store, &a, b"b", LONG, &ok).await,
         Fenced::Stale,
         "the lease taken over, same payload"
     );
@@ -241,15 +203,7 @@ pub async fn complete_retry_is_idempotent(store: Arc<dyn Store>) {
 pub async fn done_expiry(store: Arc<dyn Store>) {
     let key = fresh_key();
     let lease = acquired(store.claim(&key, &fp("a"), LONG).await.unwrap());
-    let w = store
-        .complete(
-            &lease,
-            payload(b"r"),
-            SHORT_TTL,
-            &attempt(AttemptOutcome::Executed),
-        )
-        .await
-        .unwrap();
+    let w = complete(&*store, &lease, b"r", SHORT_TTL, &executed()).await;
     assert_eq!(w, Fenced::Applied);
     assert!(store.get(&key).await.unwrap().is_some_and(|r| r.is_done()));
     tokio::time::sleep(PAST_SHORT_TTL).await;
@@ -275,29 +229,19 @@ pub async fn mismatch(store: Arc<dyn Store>) {
     assert_eq!(rec.fingerprint, fp("a"));
     let engine = Engine::new(Arc::clone(&store));
     let runs = AtomicUsize::new(0);
-    let r = engine
-        .execute(&key, &fp("b"), || async {
-            runs.fetch_add(1, Ordering::SeqCst);
-            Ok::<_, std::io::Error>(1)
-        })
-        .await;
+    let other_body = || async {
+        engine
+            .execute(&key, &fp("b"), || async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, std::io::Error>(1)
+            })
+            .await
+    };
+    let r = other_body().await;
     assert!(matches!(r, Err(ExecuteError::Mismatch)), "{r:?}");
-    let w = store
-        .complete(
-            &lease,
-            payload(b"1"),
-            LONG,
-            &attempt(AttemptOutcome::Executed),
-        )
-        .await
-        .unwrap();
+    let w = complete(&*store, &lease, b"1", LONG, &executed()).await;
     assert_eq!(w, Fenced::Applied);
-    let r = engine
-        .execute(&key, &fp("b"), || async {
-            runs.fetch_add(1, Ordering::SeqCst);
-            Ok::<_, std::io::Error>(1)
-        })
-        .await;
+    let r = other_body().await;
     assert!(matches!(r, Err(ExecuteError::Mismatch)), "{r:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
@@ -337,12 +281,7 @@ pub async fn timeline_entries(store: Arc<dyn Store>) {
         AttemptOutcome::Replayed,
         AttemptOutcome::Mismatch,
     ];
-    let got = eventually(|| {
-        let store = Arc::clone(&store);
-        let key = key.clone();
-        async move { store.timeline(&key).await.unwrap().len() >= expected.len() }
-    })
-    .await;
+    let got = eventually_entries(&store, &key, expected.len()).await;
     assert!(got, "timeline never reached {} entries", expected.len());
     let timeline = store.timeline(&key).await.unwrap();
     let outcomes: Vec<_> = timeline.iter().map(|a| a.outcome).collect();
@@ -364,12 +303,7 @@ pub async fn timeline_keeps_repeated_entries(store: Arc<dyn Store>) {
         last_at_ms: gathered.at_ms + 900,
     });
     store.record_attempt(&key, &gathered, LONG).await.unwrap();
-    let got = eventually(|| {
-        let store = Arc::clone(&store);
-        let key = key.clone();
-        async move { !store.timeline(&key).await.unwrap().is_empty() }
-    })
-    .await;
+    let got = eventually_entries(&store, &key, 1).await;
     assert!(got, "the entry never landed");
     let timeline = store.timeline(&key).await.unwrap();
     assert_eq!(timeline, vec![gathered]);
@@ -438,20 +372,9 @@ pub async fn timeline_is_ordered_by_attempt_time(store: Arc<dyn Store>) {
     for a in [&first, &late, &early] {
         store.record_attempt(&key, a, LONG).await.unwrap();
     }
-    let got = eventually(|| {
-        let store = Arc::clone(&store);
-        let key = key.clone();
-        async move { store.timeline(&key).await.unwrap().len() >= 3 }
-    })
-    .await;
+    let got = eventually_entries(&store, &key, 3).await;
     assert!(got, "the entries never landed");
-    let outcomes: Vec<_> = store
-        .timeline(&key)
-        .await
-        .unwrap()
-        .iter()
-        .map(|a| a.outcome)
-        .collect();
+    let outcomes = outcomes(&*store, &key).await;
     assert_eq!(
         outcomes,
         [
@@ -474,7 +397,7 @@ pub async fn tenant_isolation(store: Arc<dyn Store>) {
     let lb = acquired(store.claim(&b, &fp("x"), LONG).await.unwrap());
     let ok = attempt(AttemptOutcome::Executed);
     assert_eq!(
-        store.complete(&la, payload(b"A"), LONG, &ok).await.unwrap(),
+        complete(&*store, &la, b"A", LONG, &ok).await,
         Fenced::Applied
     );
     assert_eq!(
@@ -486,7 +409,7 @@ pub async fn tenant_isolation(store: Arc<dyn Store>) {
         None
     );
     assert_eq!(
-        store.complete(&lb, payload(b"B"), LONG, &ok).await.unwrap(),
+        complete(&*store, &lb, b"B", LONG, &ok).await,
         Fenced::Applied
     );
     let ra = store.get(&a).await.unwrap().expect("a");
@@ -504,10 +427,7 @@ pub async fn a_forgotten_owner_cannot_complete(store: Arc<dyn Store>) {
     assert!(store.forget(&key, &forgotten, LONG).await.unwrap());
     let ok = attempt(AttemptOutcome::Executed);
     assert_eq!(
-        store
-            .complete(&lease, payload(b"late"), LONG, &ok)
-            .await
-            .unwrap(),
+        complete(&*store, &lease, b"late", LONG, &ok).await,
         Fenced::Stale
     );
     assert_eq!(store.get(&key).await.unwrap(), None);
