@@ -4,22 +4,24 @@
 
 mod common;
 
-use common::{anthropic_body, events, post, post_json, sim};
+use common::{
+    MESSAGES, STATUS_FAILS, anthropic_body, assert_fields, events_of, json_with, post, post_json,
+    sim,
+};
 use serde_json::{Value, json};
-
-const PATH: &str = "/v1/messages";
 
 #[tokio::test]
 async fn non_streaming_message_and_usage() {
     let sim = sim().await;
-    let response = post(&sim, PATH, &anthropic_body("hi there", false), &[]).await;
-    assert_eq!(response.status(), 200);
-    let body: Value = response.json().await.unwrap();
-    assert_eq!(body["type"], "message");
-    assert_eq!(body["role"], "assistant");
-    assert_eq!(body["model"], "claude-test");
+    let body = post_json(&sim, MESSAGES, &anthropic_body("hi there", false), &[]).await;
+    let expected = json!({
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-test",
+        "stop_reason": "end_turn",
+    });
+    assert_fields(&body, expected);
     assert!(body["id"].as_str().unwrap().starts_with("msg_"));
-    assert_eq!(body["stop_reason"], "end_turn");
     assert!(body["stop_sequence"].is_null());
     assert_eq!(body["content"].as_array().unwrap().len(), 1);
     assert_eq!(body["content"][0]["type"], "text");
@@ -51,16 +53,15 @@ async fn non_streaming_message_and_usage() {
 #[tokio::test]
 async fn streaming_event_sequence() {
     let sim = sim().await;
-    let plain: Value = post_json(&sim, PATH, &anthropic_body("stream me", false), &[]).await;
-    let response = post(&sim, PATH, &anthropic_body("stream me", true), &[]).await;
-    assert_eq!(response.status(), 200);
+    let plain: Value = post_json(&sim, MESSAGES, &anthropic_body("stream me", false), &[]).await;
+    let response = post(&sim, MESSAGES, &anthropic_body("stream me", true), &[]).await;
     assert!(
         response.headers()["content-type"]
             .to_str()
             .unwrap()
             .starts_with("text/event-stream")
     );
-    let events = events(&response.text().await.unwrap());
+    let events = events_of(response).await;
     let data: Vec<Value> = events
         .iter()
         .map(|e| {
@@ -104,14 +105,12 @@ async fn max_tokens_is_required_and_caps() {
     let sim = sim().await;
     let mut body = anthropic_body("x", false);
     body.as_object_mut().unwrap().remove("max_tokens");
-    let response = post(&sim, PATH, &body, &[]).await;
-    assert_eq!(response.status(), 400);
-    let error: Value = response.json().await.unwrap();
+    let error = json_with(post(&sim, MESSAGES, &body, &[]).await, 400).await;
     assert_eq!(error["type"], "error");
     assert_eq!(error["error"]["type"], "invalid_request_error");
 
     body["max_tokens"] = json!(2);
-    let message: Value = post_json(&sim, PATH, &body, &[]).await;
+    let message: Value = post_json(&sim, MESSAGES, &body, &[]).await;
     assert_eq!(message["stop_reason"], "max_tokens");
     assert_eq!(message["usage"]["output_tokens"], 2);
     assert_eq!(sim.stats().executions, 1);
@@ -120,21 +119,15 @@ async fn max_tokens_is_required_and_caps() {
 #[tokio::test]
 async fn injected_errors_use_anthropic_error_shape() {
     let sim = sim().await;
-    for (fail, status, kind) in [
-        ("400", 400, "invalid_request_error"),
-        ("429", 429, "rate_limit_error"),
-        ("500", 500, "api_error"),
-        ("503", 503, "overloaded_error"),
-    ] {
+    for (fail, status, _, kind) in STATUS_FAILS {
         let response = post(
             &sim,
-            PATH,
+            MESSAGES,
             &anthropic_body("x", true),
             &[("x-sim-fail", fail)],
         )
         .await;
-        assert_eq!(response.status(), status);
-        let error: Value = response.json().await.unwrap();
+        let error = json_with(response, status).await;
         assert_eq!(error["type"], "error");
         assert_eq!(error["error"]["type"], kind);
     }

@@ -8,30 +8,22 @@ mod common;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::{client, json_of, openai_body, post, post_json, sim, until};
+use common::{CHAT, MESSAGES, client, json_of, openai_body, post, post_json, sim, until};
 use futures_util::StreamExt;
 use idemgate_llm_sim::{EXECUTION_HEADER, SimConfig, StatsSnapshot};
 use serde_json::{Value, json};
-
-const PATH: &str = "/v1/chat/completions";
 
 #[tokio::test]
 async fn executions_are_counted_per_key() {
     let sim = sim().await;
     let body = openai_body("count me", false);
     for _ in 0..3 {
-        post(&sim, PATH, &body, &[("Idempotency-Key", "a")]).await;
+        post(&sim, CHAT, &body, &[("Idempotency-Key", "a")]).await;
     }
-    post(&sim, PATH, &body, &[("x-idempotency-key", "b")]).await;
-    post(&sim, PATH, &body, &[("Idempotency-Key", "\"b\"")]).await;
-    post(&sim, PATH, &body, &[]).await;
-    post(
-        &sim,
-        "/v1/messages",
-        &common::anthropic_body("x", true),
-        &[],
-    )
-    .await;
+    post(&sim, CHAT, &body, &[("x-idempotency-key", "b")]).await;
+    post(&sim, CHAT, &body, &[("Idempotency-Key", "\"b\"")]).await;
+    post(&sim, CHAT, &body, &[]).await;
+    post(&sim, MESSAGES, &common::anthropic_body("x", true), &[]).await;
 
     assert_eq!(sim.executions_for("a"), 3);
     assert_eq!(
@@ -59,7 +51,7 @@ async fn executions_are_counted_per_key() {
     assert_eq!(reset.status(), 204);
     assert_eq!(sim.stats(), StatsSnapshot::default());
     assert_eq!(sim.executions_for("a"), 0);
-    post(&sim, PATH, &body, &[("Idempotency-Key", "a")]).await;
+    post(&sim, CHAT, &body, &[("Idempotency-Key", "a")]).await;
     assert_eq!(sim.executions_for("a"), 1);
     sim.reset();
     assert_eq!(sim.stats(), StatsSnapshot::default());
@@ -70,7 +62,7 @@ async fn executions_are_counted_per_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_executions_are_all_counted_with_unique_ids() {
     let sim = sim().await;
-    let url = format!("{}{PATH}", sim.url());
+    let url = format!("{}{CHAT}", sim.url());
     let http = client();
     for round in 0..3 {
         let mut tasks = Vec::new();
@@ -116,9 +108,9 @@ async fn concurrent_executions_are_all_counted_with_unique_ids() {
 async fn same_request_same_text_new_id() {
     let sim = sim().await;
     let body = openai_body("deterministic please", false);
-    let first: Value = post_json(&sim, PATH, &body, &[]).await;
-    let second: Value = post_json(&sim, PATH, &body, &[]).await;
-    let other: Value = post_json(&sim, PATH, &openai_body("something else", false), &[]).await;
+    let first = post_json(&sim, CHAT, &body, &[]).await;
+    let second = post_json(&sim, CHAT, &body, &[]).await;
+    let other = post_json(&sim, CHAT, &openai_body("something else", false), &[]).await;
     let text = |v: &Value| {
         v["choices"][0]["message"]["content"]
             .as_str()
@@ -142,7 +134,7 @@ async fn abandoned_non_streaming_generation_completes_and_is_billed() {
         .build()
         .unwrap();
     let result = impatient
-        .post(format!("{}{PATH}", sim.url()))
+        .post(format!("{}{CHAT}", sim.url()))
         .header("x-sim-latency-ms", "400")
         .header("Idempotency-Key", "left")
         .json(&openai_body("one two", false))
@@ -161,7 +153,7 @@ async fn dropped_stream_counts_a_disconnect_and_bills_what_was_generated() {
     let sim = sim().await;
     let response = post(
         &sim,
-        PATH,
+        CHAT,
         &openai_body("long one", true),
         &[("x-sim-tokens", "100000"), ("x-sim-token-interval-ms", "5")],
     )
@@ -194,7 +186,7 @@ async fn router_can_be_embedded() {
     let addr = listener.local_addr().unwrap();
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
     let response = client()
-        .post(format!("http://{addr}{PATH}"))
+        .post(format!("http://{addr}{CHAT}"))
         .header("Idempotency-Key", "e")
         .json(&openai_body("embedded", false))
         .send()
@@ -227,7 +219,7 @@ async fn binary_serves_until_killed() {
     let url = line.strip_prefix("listening on ").unwrap().to_owned();
     let body: Value = json_of(
         client()
-            .post(format!("{url}{PATH}"))
+            .post(format!("{url}{CHAT}"))
             .json(&openai_body("from a process", false)),
     )
     .await;

@@ -6,33 +6,51 @@ mod common;
 
 use std::time::Duration;
 
-use common::{events, openai_body, post, sim, until};
+use common::{
+    CHAT, MESSAGES, STATUS_FAILS, anthropic_body, events, events_of, openai_body, post, sim, until,
+};
 use futures_util::StreamExt;
+use idemgate_llm_sim::SimHandle;
 use serde_json::Value;
-
-const PATH: &str = "/v1/chat/completions";
 
 /// How long "nothing more arrives" is watched for. A client-side bound,
 /// not a claim about server speed.
 const QUIET: Duration = Duration::from_millis(300);
 
+/// POSTs `body` to `path` with `x-sim-fail: fail` and the `extra` headers.
+async fn failing(
+    sim: &SimHandle,
+    path: &str,
+    body: &Value,
+    fail: &str,
+    extra: &[(&str, &str)],
+) -> reqwest::Response {
+    let mut headers = vec![("x-sim-fail", fail)];
+    headers.extend_from_slice(extra);
+    post(sim, path, body, &headers).await
+}
+
+/// A Chat Completions request for "x", streamed or not, failing as `fail`.
+async fn chat(
+    sim: &SimHandle,
+    stream: bool,
+    fail: &str,
+    extra: &[(&str, &str)],
+) -> reqwest::Response {
+    failing(sim, CHAT, &openai_body("x", stream), fail, extra).await
+}
+
+/// A streamed Anthropic Messages request for "x", failing as `fail`.
+async fn messages(sim: &SimHandle, fail: &str, extra: &[(&str, &str)]) -> reqwest::Response {
+    failing(sim, MESSAGES, &anthropic_body("x", true), fail, extra).await
+}
+
 #[tokio::test]
 async fn status_failures_in_openai_shape() {
     let sim = sim().await;
-    for (fail, status, kind) in [
-        ("400", 400, "invalid_request_error"),
-        ("429", 429, "requests"),
-        ("500", 500, "server_error"),
-        ("503", 503, "server_error"),
-    ] {
+    for (fail, status, kind, _) in STATUS_FAILS {
         for stream in [false, true] {
-            let response = post(
-                &sim,
-                PATH,
-                &openai_body("x", stream),
-                &[("x-sim-fail", fail), ("Idempotency-Key", fail)],
-            )
-            .await;
+            let response = chat(&sim, stream, fail, &[("Idempotency-Key", fail)]).await;
             assert_eq!(response.status(), status);
             assert_eq!(
                 response.headers()["content-type"].to_str().unwrap(),
@@ -58,13 +76,7 @@ async fn status_failures_in_openai_shape() {
     assert_eq!(stats.completed, 0);
     assert_eq!(stats.completion_tokens_billed, 0);
 
-    let response = post(
-        &sim,
-        PATH,
-        &openai_body("x", false),
-        &[("x-sim-fail", "502")],
-    )
-    .await;
+    let response = chat(&sim, false, "502", &[]).await;
     assert_eq!(response.status(), 400, "unknown fail modes are refused");
 }
 
@@ -93,13 +105,7 @@ async fn reset_after_breaks_the_stream() {
     let sim = sim().await;
     for (n, interval) in [(0, "2"), (3, "2"), (3, "0")] {
         let fail = format!("reset-after:{n}");
-        let response = post(
-            &sim,
-            PATH,
-            &openai_body("x", true),
-            &[("x-sim-fail", &fail), ("x-sim-token-interval-ms", interval)],
-        )
-        .await;
+        let response = chat(&sim, true, &fail, &[("x-sim-token-interval-ms", interval)]).await;
         assert_eq!(response.status(), 200, "headers arrive");
         let (text, errored) = read_to_end(response).await;
         assert!(errored, "the client sees a broken body, not a clean end");
@@ -119,13 +125,7 @@ async fn reset_after_breaks_the_stream() {
 #[tokio::test]
 async fn reset_after_in_anthropic_stream() {
     let sim = sim().await;
-    let response = post(
-        &sim,
-        "/v1/messages",
-        &common::anthropic_body("x", true),
-        &[("x-sim-fail", "reset-after:2")],
-    )
-    .await;
+    let response = messages(&sim, "reset-after:2", &[]).await;
     let (text, errored) = read_to_end(response).await;
     assert!(errored);
     let names: Vec<_> = events(&text).into_iter().map(|e| e.name.unwrap()).collect();
@@ -144,13 +144,7 @@ async fn reset_after_in_anthropic_stream() {
 #[tokio::test]
 async fn reset_after_non_streaming_breaks_the_body_after_the_work_is_done() {
     let sim = sim().await;
-    let response = post(
-        &sim,
-        PATH,
-        &openai_body("x", false),
-        &[("x-sim-fail", "reset-after:10")],
-    )
-    .await;
+    let response = chat(&sim, false, "reset-after:10", &[]).await;
     assert_eq!(response.status(), 200);
     let (text, errored) = read_to_end(response).await;
     assert!(errored);
@@ -165,13 +159,7 @@ async fn stall_after_keeps_the_connection_open_and_silent() {
     let sim = sim().await;
     for n in [0, 2] {
         let fail = format!("stall-after:{n}");
-        let response = post(
-            &sim,
-            PATH,
-            &openai_body("x", true),
-            &[("x-sim-fail", &fail)],
-        )
-        .await;
+        let response = chat(&sim, true, &fail, &[]).await;
         assert_eq!(response.status(), 200);
         let mut body = response.bytes_stream();
         let mut text = Vec::new();
@@ -195,13 +183,7 @@ async fn stall_after_keeps_the_connection_open_and_silent() {
 #[tokio::test]
 async fn stall_after_non_streaming_sends_part_of_the_body() {
     let sim = sim().await;
-    let response = post(
-        &sim,
-        PATH,
-        &openai_body("x", false),
-        &[("x-sim-fail", "stall-after:5")],
-    )
-    .await;
+    let response = chat(&sim, false, "stall-after:5", &[]).await;
     let mut body = response.bytes_stream();
     let first = body.next().await.unwrap().unwrap();
     assert_eq!(first.len(), 5);
@@ -214,7 +196,7 @@ async fn stall_after_non_streaming_sends_part_of_the_body() {
 async fn hang_never_sends_headers() {
     let sim = sim().await;
     let request = common::client()
-        .post(format!("{}{PATH}", sim.url()))
+        .post(format!("{}{CHAT}", sim.url()))
         .header("x-sim-fail", "hang")
         .header("Idempotency-Key", "h")
         .json(&openai_body("x", true))
@@ -230,7 +212,7 @@ async fn hang_never_sends_headers() {
 #[tokio::test]
 async fn shutdown_ends_stalled_and_hanging_requests() {
     let sim = sim().await;
-    let url = format!("{}{PATH}", sim.url());
+    let url = format!("{}{CHAT}", sim.url());
     let http = common::client();
     let hang = tokio::spawn(
         http.post(&url)
@@ -238,13 +220,7 @@ async fn shutdown_ends_stalled_and_hanging_requests() {
             .json(&openai_body("x", false))
             .send(),
     );
-    let stalled = post(
-        &sim,
-        PATH,
-        &openai_body("x", true),
-        &[("x-sim-fail", "stall-after:1")],
-    )
-    .await;
+    let stalled = chat(&sim, true, "stall-after:1", &[]).await;
     until(&sim, |s| s.executions == 2).await;
     tokio::time::timeout(Duration::from_secs(10), sim.shutdown())
         .await
@@ -258,30 +234,16 @@ async fn shutdown_ends_stalled_and_hanging_requests() {
 #[tokio::test]
 async fn error_events_after_a_200_in_both_dialects() {
     let sim = sim().await;
-    let response = post(
-        &sim,
-        PATH,
-        &openai_body("x", true),
-        &[("x-sim-fail", "error-after:2"), ("Idempotency-Key", "oe")],
-    )
-    .await;
-    assert_eq!(response.status(), 200);
-    let got = events(&response.text().await.unwrap());
+    let response = chat(&sim, true, "error-after:2", &[("Idempotency-Key", "oe")]).await;
+    let got = events_of(response).await;
     let last = got.last().unwrap();
     assert_eq!(last.name, None);
     let error: Value = serde_json::from_str(&last.data).unwrap();
     assert_eq!(error["error"]["type"], "server_error");
     assert!(got.iter().all(|e| e.data != "[DONE]"), "no terminal event");
 
-    let response = post(
-        &sim,
-        "/v1/messages",
-        &common::anthropic_body("x", true),
-        &[("x-sim-fail", "error-after:1"), ("Idempotency-Key", "ae")],
-    )
-    .await;
-    assert_eq!(response.status(), 200);
-    let got = events(&response.text().await.unwrap());
+    let response = messages(&sim, "error-after:1", &[("Idempotency-Key", "ae")]).await;
+    let got = events_of(response).await;
     let last = got.last().unwrap();
     assert_eq!(last.name.as_deref(), Some("error"));
     let error: Value = serde_json::from_str(&last.data).unwrap();
@@ -297,15 +259,8 @@ async fn error_events_after_a_200_in_both_dialects() {
 #[tokio::test]
 async fn end_after_ends_cleanly_without_the_terminal_event() {
     let sim = sim().await;
-    let response = post(
-        &sim,
-        PATH,
-        &openai_body("x", true),
-        &[("x-sim-fail", "end-after:2"), ("Idempotency-Key", "ea")],
-    )
-    .await;
-    assert_eq!(response.status(), 200);
-    let got = events(&response.text().await.unwrap());
+    let response = chat(&sim, true, "end-after:2", &[("Idempotency-Key", "ea")]).await;
+    let got = events_of(response).await;
     assert!(!got.is_empty());
     assert!(got.iter().all(|e| e.data != "[DONE]"));
     assert_eq!(sim.executions_for("ea"), 1);
@@ -316,7 +271,7 @@ async fn close_drops_the_connection_after_reading_the_request() {
     let sim = sim().await;
     for stream in [false, true] {
         let sent = common::client()
-            .post(format!("{}{PATH}", sim.url()))
+            .post(format!("{}{CHAT}", sim.url()))
             .json(&openai_body("x", stream))
             .header("x-sim-fail", "close")
             .header("Idempotency-Key", "closed")
@@ -349,7 +304,7 @@ async fn answers_are_compressed_when_asked_or_forced() {
     ] {
         for stream in [false, true] {
             let mut request = raw_client
-                .post(format!("{}{PATH}", sim.url()))
+                .post(format!("{}{CHAT}", sim.url()))
                 .json(&openai_body("x", stream));
             for (k, v) in &headers {
                 request = request.header(*k, *v);
@@ -378,7 +333,7 @@ async fn answers_are_compressed_when_asked_or_forced() {
     }
     // Without Accept-Encoding: identity.
     let response = raw_client
-        .post(format!("{}{PATH}", sim.url()))
+        .post(format!("{}{CHAT}", sim.url()))
         .json(&openai_body("x", false))
         .send()
         .await

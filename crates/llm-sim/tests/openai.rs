@@ -4,26 +4,26 @@
 
 mod common;
 
-use common::{events, json_of, openai_body, post, post_json, sim};
+use common::{
+    CHAT, assert_fields, events_of, json_of, json_with, openai_body, post, post_json, sim,
+};
 use idemgate_llm_sim::EXECUTION_HEADER;
 use serde_json::{Value, json};
-
-const PATH: &str = "/v1/chat/completions";
 
 #[tokio::test]
 async fn non_streaming_shape_and_usage() {
     let sim = sim().await;
-    let response = post(&sim, PATH, &openai_body("one two three", false), &[]).await;
-    assert_eq!(response.status(), 200);
+    let response = post(&sim, CHAT, &openai_body("one two three", false), &[]).await;
     assert_eq!(
         response.headers()["content-type"].to_str().unwrap(),
         "application/json"
     );
     assert_eq!(response.headers()[EXECUTION_HEADER].to_str().unwrap(), "1");
-    let body: Value = response.json().await.unwrap();
-    assert_eq!(body["object"], "chat.completion");
-    assert_eq!(body["id"], "chatcmpl-1");
-    assert_eq!(body["model"], "gpt-test");
+    let body = json_with(response, 200).await;
+    assert_fields(
+        &body,
+        json!({"object": "chat.completion", "id": "chatcmpl-1", "model": "gpt-test"}),
+    );
     assert!(body["created"].as_u64().unwrap() > 1_700_000_000);
     let choice = &body["choices"][0];
     assert_eq!(choice["index"], 0);
@@ -48,13 +48,11 @@ async fn non_streaming_shape_and_usage() {
 /// Reads a whole stream and checks every event is `data: JSON` up to a
 /// final `data: [DONE]`; returns the parsed chunks.
 async fn stream_chunks(response: reqwest::Response) -> Vec<Value> {
-    assert_eq!(response.status(), 200);
     assert_eq!(
         response.headers()["content-type"].to_str().unwrap(),
         "text/event-stream; charset=utf-8"
     );
-    let text = response.text().await.unwrap();
-    let events = events(&text);
+    let events = events_of(response).await;
     let (last, rest) = events.split_last().expect("at least one event");
     assert_eq!(last.data, "[DONE]");
     assert!(last.name.is_none());
@@ -78,8 +76,8 @@ fn content_of(chunks: &[Value]) -> (usize, String) {
 #[tokio::test]
 async fn streaming_framing_without_usage() {
     let sim = sim().await;
-    let plain: Value = post_json(&sim, PATH, &openai_body("hello", false), &[]).await;
-    let chunks = stream_chunks(post(&sim, PATH, &openai_body("hello", true), &[]).await).await;
+    let plain: Value = post_json(&sim, CHAT, &openai_body("hello", false), &[]).await;
+    let chunks = stream_chunks(post(&sim, CHAT, &openai_body("hello", true), &[]).await).await;
 
     let id = chunks[0]["id"].as_str().unwrap();
     assert_eq!(id, "chatcmpl-2");
@@ -121,7 +119,7 @@ async fn streaming_usage_chunk_iff_include_usage() {
     let sim = sim().await;
     let mut body = openai_body("a b c d", true);
     body["stream_options"] = json!({"include_usage": true});
-    let chunks = stream_chunks(post(&sim, PATH, &body, &[]).await).await;
+    let chunks = stream_chunks(post(&sim, CHAT, &body, &[]).await).await;
     let (usage_chunk, others) = chunks.split_last().unwrap();
     assert_eq!(usage_chunk["choices"], json!([]));
     assert_eq!(
@@ -134,7 +132,7 @@ async fn streaming_usage_chunk_iff_include_usage() {
     assert_eq!(content_of(others).0, 8);
 
     body["stream_options"] = json!({"include_usage": false});
-    let chunks = stream_chunks(post(&sim, PATH, &body, &[]).await).await;
+    let chunks = stream_chunks(post(&sim, CHAT, &body, &[]).await).await;
     assert!(chunks.iter().all(|c| c.get("usage").is_none()));
     assert_eq!(
         chunks.last().unwrap()["choices"][0]["finish_reason"],
@@ -147,14 +145,14 @@ async fn max_tokens_caps_output_with_finish_reason_length() {
     let sim = sim().await;
     let mut body = openai_body("cap me", false);
     body["max_tokens"] = json!(3);
-    let plain: Value = post_json(&sim, PATH, &body, &[]).await;
+    let plain: Value = post_json(&sim, CHAT, &body, &[]).await;
     assert_eq!(plain["choices"][0]["finish_reason"], "length");
     assert_eq!(plain["usage"]["completion_tokens"], 3);
 
     body["stream"] = json!(true);
     body.as_object_mut().unwrap().remove("max_tokens");
     body["max_completion_tokens"] = json!(2);
-    let chunks = stream_chunks(post(&sim, PATH, &body, &[]).await).await;
+    let chunks = stream_chunks(post(&sim, CHAT, &body, &[]).await).await;
     assert_eq!(content_of(&chunks).0, 2);
     assert_eq!(
         chunks.last().unwrap()["choices"][0]["finish_reason"],
@@ -168,7 +166,7 @@ async fn header_overrides_and_bad_headers() {
     let sim = sim().await;
     let body: Value = post_json(
         &sim,
-        PATH,
+        CHAT,
         &openai_body("x", false),
         &[("x-sim-tokens", "3")],
     )
@@ -177,7 +175,7 @@ async fn header_overrides_and_bad_headers() {
     let chunks = stream_chunks(
         post(
             &sim,
-            PATH,
+            CHAT,
             &openai_body("x", true),
             &[("x-sim-tokens", "0"), ("x-sim-first-token-ms", "0")],
         )
@@ -190,15 +188,9 @@ async fn header_overrides_and_bad_headers() {
         "stop"
     );
 
-    let response = post(
-        &sim,
-        PATH,
-        &openai_body("x", false),
-        &[("x-sim-latency-ms", "soon")],
-    )
-    .await;
-    assert_eq!(response.status(), 400);
-    let error: Value = response.json().await.unwrap();
+    let unparsable = [("x-sim-latency-ms", "soon")];
+    let response = post(&sim, CHAT, &openai_body("x", false), &unparsable).await;
+    let error = json_with(response, 400).await;
     assert_eq!(error["error"]["type"], "invalid_request_error");
     assert!(
         error["error"]["message"]
@@ -217,30 +209,20 @@ async fn header_overrides_and_bad_headers() {
 #[tokio::test]
 async fn malformed_requests_get_provider_errors() {
     let sim = sim().await;
-    let response = common::client()
-        .post(format!("{}{PATH}", sim.url()))
-        .body("{not json")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 400);
-    let error: Value = response.json().await.unwrap();
+    let http = common::client();
+    let not_json = http.post(format!("{}{CHAT}", sim.url())).body("{not json");
+    let error = json_with(not_json.send().await.unwrap(), 400).await;
     assert_eq!(error["error"]["type"], "invalid_request_error");
     for body in [
         json!({"messages": []}),
         json!({"model": "m", "messages": []}),
         json!([1]),
     ] {
-        let response = post(&sim, PATH, &body, &[]).await;
+        let response = post(&sim, CHAT, &body, &[]).await;
         assert_eq!(response.status(), 400, "{body}");
     }
-    let response = common::client()
-        .post(format!("{}/v1/nope", sim.url()))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 404);
-    let error: Value = response.json().await.unwrap();
+    let unknown = http.post(format!("{}/v1/nope", sim.url()));
+    let error = json_with(unknown.send().await.unwrap(), 404).await;
     assert_eq!(error["error"]["code"], "unknown_url");
     assert_eq!(sim.stats().executions, 0);
 }

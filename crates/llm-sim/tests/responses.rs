@@ -4,10 +4,8 @@
 
 mod common;
 
-use common::{events, post, post_json, sim};
+use common::{RESPONSES, assert_fields, events, events_of, json_with, post, post_json, sim};
 use serde_json::{Value, json};
-
-const PATH: &str = "/v1/responses";
 
 fn body(text: &str, stream: bool) -> Value {
     json!({
@@ -21,11 +19,8 @@ fn body(text: &str, stream: bool) -> Value {
 #[tokio::test]
 async fn non_streaming_shape_and_usage() {
     let sim = sim().await;
-    let response = post(&sim, PATH, &body("one two three", false), &[]).await;
-    assert_eq!(response.status(), 200);
-    let v: Value = response.json().await.unwrap();
-    assert_eq!(v["object"], "response");
-    assert_eq!(v["status"], "completed");
+    let v = post_json(&sim, RESPONSES, &body("one two three", false), &[]).await;
+    assert_fields(&v, json!({"object": "response", "status": "completed"}));
     assert!(v["id"].as_str().unwrap().starts_with("resp_"));
     let message = &v["output"][0];
     assert_eq!(message["type"], "message");
@@ -43,7 +38,7 @@ async fn non_streaming_shape_and_usage() {
 async fn a_string_input_and_an_output_cap() {
     let sim = sim().await;
     let request = json!({"model": "gpt-test", "input": "hello", "max_output_tokens": 3});
-    let v: Value = post_json(&sim, PATH, &request, &[]).await;
+    let v = post_json(&sim, RESPONSES, &request, &[]).await;
     assert_eq!(v["status"], "incomplete");
     assert_eq!(v["incomplete_details"]["reason"], "max_output_tokens");
     assert_eq!(v["usage"]["output_tokens"], 3);
@@ -52,7 +47,7 @@ async fn a_string_input_and_an_output_cap() {
 #[tokio::test]
 async fn streaming_events_are_named_numbered_and_end_with_completed() {
     let sim = sim().await;
-    let response = post(&sim, PATH, &body("one two three", true), &[]).await;
+    let response = post(&sim, RESPONSES, &body("one two three", true), &[]).await;
     assert_eq!(response.status(), 200);
     let text = response.text().await.unwrap();
     assert!(
@@ -104,15 +99,9 @@ async fn streaming_events_are_named_numbered_and_end_with_completed() {
 #[tokio::test]
 async fn a_failure_after_the_200_is_a_response_failed_event() {
     let sim = sim().await;
-    let response = post(
-        &sim,
-        PATH,
-        &body("one two three", true),
-        &[("x-sim-fail", "error-after:2")],
-    )
-    .await;
-    assert_eq!(response.status(), 200);
-    let events = events(&response.text().await.unwrap());
+    let failing = [("x-sim-fail", "error-after:2")];
+    let events =
+        events_of(post(&sim, RESPONSES, &body("one two three", true), &failing).await).await;
     let last = events.last().unwrap();
     assert_eq!(last.name.as_deref(), Some("response.failed"));
     let v: Value = serde_json::from_str(&last.data).unwrap();
@@ -136,9 +125,7 @@ async fn malformed_requests_get_provider_errors() {
             "role",
         ),
     ] {
-        let response = post(&sim, PATH, &request, &[]).await;
-        assert_eq!(response.status(), 400, "{request}");
-        let v: Value = response.json().await.unwrap();
+        let v = json_with(post(&sim, RESPONSES, &request, &[]).await, 400).await;
         assert_eq!(v["error"]["type"], "invalid_request_error");
         assert!(
             v["error"]["message"].as_str().unwrap().contains(says),

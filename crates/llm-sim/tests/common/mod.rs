@@ -8,6 +8,22 @@ use std::time::Duration;
 use idemgate_llm_sim::{SimConfig, SimHandle, StatsSnapshot};
 use serde_json::{Value, json};
 
+/// OpenAI Chat Completions.
+pub const CHAT: &str = "/v1/chat/completions";
+/// Anthropic Messages.
+pub const MESSAGES: &str = "/v1/messages";
+/// OpenAI Responses.
+pub const RESPONSES: &str = "/v1/responses";
+
+/// The injected status failures: the `x-sim-fail` value, the status it
+/// answers with, and the error type OpenAI and Anthropic name for it.
+pub const STATUS_FAILS: [(&str, u16, &str, &str); 4] = [
+    ("400", 400, "invalid_request_error", "invalid_request_error"),
+    ("429", 429, "requests", "rate_limit_error"),
+    ("500", 500, "server_error", "api_error"),
+    ("503", 503, "server_error", "overloaded_error"),
+];
+
 /// A simulator fast enough for tests, slow enough that "still running"
 /// states exist.
 pub async fn sim() -> SimHandle {
@@ -60,18 +76,35 @@ pub async fn post(
     request.send().await.expect("send")
 }
 
-/// The JSON body of POST `body` to `path` with extra headers.
+/// The JSON body of POST `body` to `path` with extra headers, which must
+/// be answered with a 200.
 pub async fn post_json(
     sim: &SimHandle,
     path: &str,
     body: &Value,
     headers: &[(&str, &str)],
 ) -> Value {
-    post(sim, path, body, headers)
-        .await
-        .json()
-        .await
-        .expect("a JSON body")
+    json_with(post(sim, path, body, headers).await, 200).await
+}
+
+/// Asserts that each field of the object `expected` has that value in
+/// `actual`.
+pub fn assert_fields(actual: &Value, expected: Value) {
+    for (field, want) in expected.as_object().expect("an object of fields") {
+        assert_eq!(actual[field], *want, "{field} in {actual}");
+    }
+}
+
+/// Asserts `response` has `status`; its JSON body.
+pub async fn json_with(response: reqwest::Response, status: u16) -> Value {
+    assert_eq!(response.status(), status);
+    response.json().await.expect("a JSON body")
+}
+
+/// Asserts `response` is a 200; its body split into SSE events.
+pub async fn events_of(response: reqwest::Response) -> Vec<Event> {
+    assert_eq!(response.status(), 200);
+    events(&response.text().await.expect("a body"))
 }
 
 /// Sends `request` and reads its JSON body.
