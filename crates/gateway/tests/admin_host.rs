@@ -8,24 +8,14 @@ mod support;
 
 use idemgate_gateway::config::RawConfig;
 use support::TestGateway;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// Sends `GET path` to the admin listener with the `Host` header `host`
+/// (none: an HTTP/1.0 request without one); returns the status and text.
 async fn get(admin: &str, path: &str, host: Option<&str>) -> (u16, String) {
-    let addr = admin.trim_start_matches("http://");
-    let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let host_line = host.map(|h| format!("Host: {h}\r\n")).unwrap_or_default();
     let version = if host.is_some() { "1.1" } else { "1.0" };
     let request = format!("GET {path} HTTP/{version}\r\n{host_line}Connection: close\r\n\r\n");
-    tcp.write_all(request.as_bytes()).await.expect("send");
-    let mut answer = Vec::new();
-    tcp.read_to_end(&mut answer).await.expect("read");
-    let text = String::from_utf8_lossy(&answer).into_owned();
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no status in {text:?}"));
-    (status, text)
+    support::raw_exchange(admin, &request).await
 }
 
 #[tokio::test]

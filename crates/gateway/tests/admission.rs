@@ -41,16 +41,10 @@ struct Answer {
 
 async fn send(req: reqwest::RequestBuilder) -> Answer {
     let r = req.send().await.expect("send the request");
-    let header = |name: &str| {
-        r.headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-    };
     Answer {
         status: r.status().as_u16(),
-        replayed: header("idempotent-replayed"),
-        content_type: header("content-type").unwrap_or_default(),
+        replayed: support::header(&r, "idempotent-replayed"),
+        content_type: support::header(&r, "content-type").unwrap_or_default(),
         body: r.text().await.expect("read the response body"),
     }
 }

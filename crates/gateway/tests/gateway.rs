@@ -5,7 +5,7 @@ mod support;
 
 use futures_util::StreamExt;
 use idemgate_testkit::http::replayed;
-use support::{TestGateway, eventually, problem_type};
+use support::{TestGateway, chat_body, eventually, problem_type};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,15 +19,6 @@ fn config(store: &str, upstream: &str, tweak: impl FnOnce(&mut RawRoute)) -> Gat
         .store(store)
         .route(tweak)
         .into_config()
-}
-
-fn chat_body(stream: bool, text: &str) -> String {
-    serde_json::json!({
-        "model": "sim-1",
-        "stream": stream,
-        "messages": [{"role": "user", "content": text}],
-    })
-    .to_string()
 }
 
 fn post(

@@ -12,7 +12,6 @@ use axum::Router;
 use idemgate_gateway::GatewayConfig;
 use idemgate_gateway::config::{RawConfig, RawKeyMode, RawRoute};
 use support::TestGateway;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// An upstream that answers 200 to anything and records each path.
 async fn recording_upstream() -> (String, Arc<Mutex<Vec<String>>>) {
@@ -60,23 +59,11 @@ fn config(upstream: &str) -> GatewayConfig {
 /// Sends `POST target` as written and returns the status and body.
 async fn raw_post(base: &str, target: &str) -> (u16, String) {
     let addr = base.trim_start_matches("http://");
-    let mut tcp = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("connect to the gateway");
     let request = format!(
         "POST {target} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer k\r\n\
          Content-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
     );
-    tcp.write_all(request.as_bytes()).await.expect("send");
-    let mut answer = Vec::new();
-    tcp.read_to_end(&mut answer).await.expect("read the answer");
-    let text = String::from_utf8_lossy(&answer).into_owned();
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no status line in {text:?}"));
-    (status, text)
+    support::raw_exchange(base, &request).await
 }
 
 #[tokio::test]

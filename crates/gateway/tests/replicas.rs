@@ -20,7 +20,6 @@ use support::TestGateway;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use idemgate_gateway::GatewayConfig;
 use idemgate_gateway::config::RawInflightMode;
@@ -36,24 +35,9 @@ fn tag() -> String {
     format!("igrep{:08x}", rand::random::<u32>())
 }
 
-/// Starts a replica on `store`; a store that cannot be opened fails the
-/// test (under CI and outside it alike: no silent skip).
+/// Starts a replica on `store` (see [`support::replica_on`]).
 async fn replica(store: &str, upstream: &str) -> TestGateway {
-    let gw = TestGateway::start(config(store, upstream)).await;
-    // `serve` opens the store before it answers; a failure ends the task.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    if gw.task.is_finished() {
-        let err = gw.stop().await.err();
-        panic!(
-            "the store at {store} is not available{}: {err:?} (start it with `bash scripts/services.sh`)",
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
-                " under CI"
-            } else {
-                ""
-            }
-        );
-    }
-    gw
+    support::replica_on(store, config(store, upstream)).await
 }
 
 fn config(store: &str, upstream: &str) -> GatewayConfig {

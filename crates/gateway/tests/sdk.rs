@@ -6,22 +6,19 @@
 
 mod support;
 
-use support::TestGateway;
+use support::{TestGateway, header};
+
+use idemgate_llm_sim::SimHandle;
 
 use idemgate_gateway::GatewayConfig;
-use idemgate_gateway::config::{RawConfig, RawInflightMode, RawKeyMode, RawRoute, RawTimeouts};
+use idemgate_gateway::config::{RawConfig, RawInflightMode, RawKeyMode, RawRoute};
 
 fn config(upstream: &str, tweak: impl FnOnce(&mut RawRoute)) -> Result<GatewayConfig, String> {
     let mut r = RawRoute {
         prefix: Some("/v1".into()),
         upstream: Some(upstream.into()),
         key: Some(RawKeyMode::Require),
-        timeouts: Some(RawTimeouts {
-            connect: Some("1s".into()),
-            first_byte: Some("20s".into()),
-            idle: Some("20s".into()),
-            total: Some("30s".into()),
-        }),
+        timeouts: Some(support::timeouts("1s", "20s", "20s", "30s")),
         ..RawRoute::default()
     };
     tweak(&mut r);
@@ -42,18 +39,31 @@ fn chat(text: &str) -> String {
     .to_string()
 }
 
-fn post(client: &reqwest::Client, base: &str, body: String) -> reqwest::RequestBuilder {
+/// A chat completion `POST` for `text` carrying `key` in the header
+/// `key_header`.
+fn post(
+    client: &reqwest::Client,
+    base: &str,
+    (key_header, key): (&str, &str),
+    text: &str,
+) -> reqwest::RequestBuilder {
     client
         .post(format!("{base}/v1/chat/completions"))
         .header("content-type", "application/json")
-        .body(body)
+        .header(key_header, key)
+        .body(chat(text))
 }
 
-fn header(r: &reqwest::Response, name: &str) -> Option<String> {
-    r.headers()
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
+/// Sends `req` and asserts the answer's status is `status`.
+async fn expect_status(req: reqwest::RequestBuilder, status: u16) -> reqwest::Response {
+    let r = req.send().await.expect("send");
+    assert_eq!(r.status(), status);
+    r
+}
+
+/// The standard key header with `key`.
+fn key(key: &str) -> (&'static str, &str) {
+    ("idempotency-key", key)
 }
 
 async fn json(r: reqwest::Response) -> serde_json::Value {
@@ -61,7 +71,17 @@ async fn json(r: reqwest::Response) -> serde_json::Value {
     serde_json::from_slice(&bytes).expect("a JSON body")
 }
 
-async fn stop(gw: TestGateway) {
+/// The simulated LLM and, in front of it, a gateway on [`config`] with
+/// the route changed by `tweak`, with a client for the test.
+async fn start(tweak: impl FnOnce(&mut RawRoute)) -> (SimHandle, TestGateway, reqwest::Client) {
+    let sim = support::sim().await;
+    let gw = TestGateway::start(config(&sim.url(), tweak).expect("config")).await;
+    (sim, gw, reqwest::Client::new())
+}
+
+/// Asserts the upstream ran `key` exactly once, then stops the gateway.
+async fn stop_after_one_execution(sim: &SimHandle, gw: TestGateway, key: &str) {
+    assert_eq!(sim.executions_for(key), 1);
     gw.stop().await.expect("stop cleanly");
 }
 
@@ -69,21 +89,9 @@ async fn stop(gw: TestGateway) {
 /// reuse, beside the RFC 9457 fields.
 #[tokio::test]
 async fn a_reused_key_says_so_in_the_error_object() {
-    let sim = support::sim().await;
-    let gw = TestGateway::start(config(&sim.url(), |_| {}).expect("config")).await;
-    let client = reqwest::Client::new();
-    let first = post(&client, &gw.base, chat("one"))
-        .header("idempotency-key", "reuse-1")
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(first.status(), 200);
-    let second = post(&client, &gw.base, chat("two"))
-        .header("idempotency-key", "reuse-1")
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(second.status(), 422);
+    let (sim, gw, client) = start(|_| {}).await;
+    expect_status(post(&client, &gw.base, key("reuse-1"), "one"), 200).await;
+    let second = expect_status(post(&client, &gw.base, key("reuse-1"), "two"), 422).await;
     assert_eq!(
         header(&second, "content-type").as_deref(),
         Some("application/problem+json")
@@ -96,17 +104,11 @@ async fn a_reused_key_says_so_in_the_error_object() {
     let message = v["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("different request"), "{v}");
     // The gateway's own problems (no route) carry it too.
-    let none = client
-        .post(format!("{}/elsewhere", gw.base))
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(none.status(), 404);
+    let none = expect_status(client.post(format!("{}/elsewhere", gw.base)), 404).await;
     let v = json(none).await;
     assert_eq!(v["error"]["code"], "no-route");
     assert_eq!(v["error"]["type"], "not_found_error");
-    assert_eq!(sim.executions_for("reuse-1"), 1);
-    stop(gw).await;
+    stop_after_one_execution(&sim, gw, "reuse-1").await;
 }
 
 /// An operation that finishes in 1.5 s: a duplicate meeting the next one
@@ -114,25 +116,16 @@ async fn a_reused_key_says_so_in_the_error_object() {
 /// the end of the 30 s lease.
 #[tokio::test]
 async fn an_in_flight_409_advises_a_short_poll_not_the_lease() {
-    let sim = support::sim().await;
-    let cfg = config(&sim.url(), |r| {
+    let (sim, gw, client) = start(|r| {
         r.on_inflight = Some(RawInflightMode::Reject);
         r.pending_ttl = Some("30s".into());
     })
-    .expect("config");
-    let gw = TestGateway::start(cfg).await;
-    let client = reqwest::Client::new();
+    .await;
     // One execution sets the route's latency estimate.
-    let seed = post(&client, &gw.base, chat("seed"))
-        .header("idempotency-key", "seed")
-        .header("x-sim-latency-ms", "1500")
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(seed.status(), 200);
+    let seed = post(&client, &gw.base, key("seed"), "seed").header("x-sim-latency-ms", "1500");
+    expect_status(seed, 200).await;
 
-    let owner = post(&client, &gw.base, chat("slow"))
-        .header("idempotency-key", "slow")
+    let owner = post(&client, &gw.base, key("slow"), "slow")
         .header("x-sim-latency-ms", "3000")
         .send();
     let owner = tokio::spawn(owner);
@@ -140,12 +133,7 @@ async fn an_in_flight_409_advises_a_short_poll_not_the_lease() {
     while sim.executions_for("slow") == 0 {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    let dup = post(&client, &gw.base, chat("slow"))
-        .header("idempotency-key", "slow")
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(dup.status(), 409);
+    let dup = expect_status(post(&client, &gw.base, key("slow"), "slow"), 409).await;
     assert_eq!(header(&dup, "retry-after").as_deref(), Some("1"));
     assert_eq!(header(&dup, "retry-after-ms").as_deref(), Some("1000"));
     assert_eq!(header(&dup, "x-should-retry").as_deref(), Some("true"));
@@ -155,29 +143,26 @@ async fn an_in_flight_409_advises_a_short_poll_not_the_lease() {
 
     let done = owner.await.expect("join").expect("send");
     assert_eq!(done.status(), 200);
-    assert_eq!(sim.executions_for("slow"), 1);
-    stop(gw).await;
+    stop_after_one_execution(&sim, gw, "slow").await;
 }
 
 /// `key_header = "x-idempotency-key"`: the key is read there (and replayed
 /// on it); `Idempotency-Key` alone no longer keys the request.
 #[tokio::test]
 async fn the_key_header_is_configurable_per_route() {
-    let sim = support::sim().await;
-    let cfg = config(&sim.url(), |r| {
+    let (sim, gw, client) = start(|r| {
         r.key_header = Some("X-Idempotency-Key".into());
     })
-    .expect("config");
-    let gw = TestGateway::start(cfg).await;
-    let client = reqwest::Client::new();
+    .await;
     let mut replayed = Vec::new();
     for _ in 0..2 {
-        let r = post(&client, &gw.base, chat("prefixed"))
-            .header("x-idempotency-key", "pfx-1")
-            .send()
-            .await
-            .expect("send");
-        assert_eq!(r.status(), 200);
+        let prefixed = post(
+            &client,
+            &gw.base,
+            ("x-idempotency-key", "pfx-1"),
+            "prefixed",
+        );
+        let r = expect_status(prefixed, 200).await;
         replayed.push(header(&r, "idempotent-replayed"));
     }
     assert_eq!(
@@ -187,12 +172,7 @@ async fn the_key_header_is_configurable_per_route() {
     assert_eq!(sim.executions_for("pfx-1"), 1);
 
     // On this route the standard header is not where the key is read.
-    let r = post(&client, &gw.base, chat("standard"))
-        .header("idempotency-key", "std-1")
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(r.status(), 400);
+    let r = expect_status(post(&client, &gw.base, key("std-1"), "standard"), 400).await;
     let v = json(r).await;
     assert_eq!(v["error"]["code"], "missing-key");
     // The refusal names the header this route reads.
@@ -201,13 +181,9 @@ async fn the_key_header_is_configurable_per_route() {
     assert_eq!(sim.executions_for("std-1"), 0);
 
     // A malformed key in the configured header is refused like any other.
-    let r = post(&client, &gw.base, chat("bad"))
-        .header("x-idempotency-key", "")
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(r.status(), 400);
-    stop(gw).await;
+    let bad = post(&client, &gw.base, ("x-idempotency-key", ""), "bad");
+    expect_status(bad, 400).await;
+    gw.stop().await.expect("stop cleanly");
 }
 
 #[test]

@@ -119,16 +119,10 @@ async fn send(
         b = b.header(*k, *v);
     }
     let r = b.send().await.expect("send the request");
-    let header = |name: &str| {
-        r.headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-    };
     let (status, replayed, encoding) = (
         r.status().as_u16(),
-        header("idempotent-replayed"),
-        header("content-encoding"),
+        support::header(&r, "idempotent-replayed"),
+        support::header(&r, "content-encoding"),
     );
     let (body, broke) = support::body_until_break(r).await;
     Got {

@@ -16,10 +16,9 @@
 
 mod support;
 
-use std::time::Duration;
 
 use idemgate_gateway::GatewayConfig;
-use idemgate_gateway::config::{RawConfig, RawInflightMode, RawKeyMode, RawRoute, RawTimeouts};
+use idemgate_gateway::config::{RawConfig, RawInflightMode, RawKeyMode, RawRoute};
 use idemgate_llm_sim::{SimConfig, SimHandle};
 use serde_json::Value;
 use support::TestGateway;
@@ -44,12 +43,7 @@ fn config(store: &str, upstream: &str) -> GatewayConfig {
         charges: Some(true),
         on_inflight: Some(RawInflightMode::Attach),
         inflight_wait: Some("30s".into()),
-        timeouts: Some(RawTimeouts {
-            connect: Some("1s".into()),
-            first_byte: Some("10s".into()),
-            idle: Some("5s".into()),
-            total: Some("30s".into()),
-        }),
+        timeouts: Some(support::timeouts("1s", "10s", "5s", "30s")),
         ..RawRoute::default()
     };
     GatewayConfig::from_raw(RawConfig {
@@ -61,18 +55,9 @@ fn config(store: &str, upstream: &str) -> GatewayConfig {
     .unwrap_or_else(|e| panic!("config: {e}"))
 }
 
-/// A replica on `store`; a store that cannot be opened fails the test.
+/// A replica on `store` (see [`support::replica_on`]).
 async fn replica(store: &str, upstream: &str) -> TestGateway {
-    let gw = TestGateway::start(config(store, upstream)).await;
-    // `serve` opens the store before it answers; a failure ends the task.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    if gw.task.is_finished() {
-        let err = gw.stop().await.err();
-        panic!(
-            "the store at {store} is not available: {err:?} (start it with `bash scripts/services.sh`)"
-        );
-    }
-    gw
+    support::replica_on(store, config(store, upstream)).await
 }
 
 const CHAT: &str = "/v1/chat/completions";
@@ -87,14 +72,10 @@ fn body_for(path: &str, key: &str, stream: bool) -> String {
             "stream": stream,
             "messages": [{"role": "user", "content": text}],
         })
+        .to_string()
     } else {
-        serde_json::json!({
-            "model": "sim-1",
-            "stream": stream,
-            "messages": [{"role": "user", "content": text}],
-        })
+        support::chat_body(stream, &text)
     }
-    .to_string()
 }
 
 /// The request for `key` on `path`, with the upstream's `fault` (the

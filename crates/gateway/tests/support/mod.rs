@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use idemgate_llm_sim::{SimConfig, SimHandle};
 
-use idemgate_gateway::config::RawKeyMode;
+use idemgate_gateway::GatewayConfig;
+use idemgate_gateway::config::{RawKeyMode, RawTimeouts};
 pub(crate) use idemgate_gateway::test_util::{TestGateway, TestGatewayBuilder};
 
 /// A one-route gateway on `store` in front of `upstream` whose route
@@ -19,6 +20,76 @@ pub(crate) fn keyed(store: &str, upstream: &str) -> TestGatewayBuilder {
     TestGateway::builder(upstream)
         .store(store)
         .route(|r| r.key = Some(RawKeyMode::Require))
+}
+
+/// Starts a replica with `config` on `store`; a store that cannot be opened
+/// fails the test (under CI and outside it alike: no silent skip).
+pub(crate) async fn replica_on(store: &str, config: GatewayConfig) -> TestGateway {
+    let gw = TestGateway::start(config).await;
+    // `serve` opens the store before it answers; a failure ends the task.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    if gw.task.is_finished() {
+        let err = gw.stop().await.err();
+        panic!(
+            "the store at {store} is not available{}: {err:?} (start it with `bash scripts/services.sh`)",
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                " under CI"
+            } else {
+                ""
+            }
+        );
+    }
+    gw
+}
+
+/// A route's timeouts: to connect, to the first byte, between chunks, and
+/// in all.
+pub(crate) fn timeouts(connect: &str, first_byte: &str, idle: &str, total: &str) -> RawTimeouts {
+    RawTimeouts {
+        connect: Some(connect.into()),
+        first_byte: Some(first_byte.into()),
+        idle: Some(idle.into()),
+        total: Some(total.into()),
+    }
+}
+
+/// A non-streamed or streamed chat completion request body for `text`.
+pub(crate) fn chat_body(stream: bool, text: &str) -> String {
+    serde_json::json!({
+        "model": "sim-1",
+        "stream": stream,
+        "messages": [{"role": "user", "content": text}],
+    })
+    .to_string()
+}
+
+/// Writes `request` as is on a fresh connection to `base` (an `http://`
+/// address), reads the answer until the server closes, and returns its
+/// status and whole text.
+pub(crate) async fn raw_exchange(base: &str, request: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = base.trim_start_matches("http://");
+    let mut tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connect to the gateway");
+    tcp.write_all(request.as_bytes()).await.expect("send");
+    let mut answer = Vec::new();
+    tcp.read_to_end(&mut answer).await.expect("read the answer");
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {text:?}"));
+    (status, text)
+}
+
+/// The answer's header `name`, if it is there and readable as text.
+pub(crate) fn header(r: &reqwest::Response, name: &str) -> Option<String> {
+    r.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
 }
 
 /// The admin listener's `/metrics` text.

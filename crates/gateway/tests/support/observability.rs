@@ -6,7 +6,7 @@
 use idemgate_gateway::config::{RawInflightMode, RawRoute, RawTimeouts};
 use idemgate_llm_sim::SimHandle;
 
-use super::TestGateway;
+use super::{TestGateway, timeouts};
 
 /// Starts the gateway on an SQLite store in a fresh directory.
 pub(crate) async fn start(upstream: &str, tweak: impl FnOnce(&mut RawRoute)) -> TestGateway {
@@ -23,12 +23,7 @@ pub(crate) async fn start_with(
         .route(|route| {
             route.id = Some("obs".into());
             route.on_inflight = Some(RawInflightMode::Reject);
-            route.timeouts = Some(RawTimeouts {
-                connect: Some("2s".into()),
-                first_byte: Some("20s".into()),
-                idle: Some("10s".into()),
-                total: Some("60s".into()),
-            });
+            route.timeouts = Some(timeouts("2s", "20s", "10s", "60s"));
             tweak(route);
         })
         .config(|c| {
@@ -42,26 +37,15 @@ pub(crate) async fn start_with(
 /// Timeouts of a route whose upstream is failed or stalled on purpose: a
 /// second to the first byte and between chunks.
 pub(crate) fn tight_timeouts() -> RawTimeouts {
-    RawTimeouts {
-        connect: Some("2s".into()),
-        first_byte: Some("1s".into()),
-        idle: Some("1s".into()),
-        total: Some("30s".into()),
-    }
+    timeouts("2s", "1s", "1s", "30s")
 }
 
 /// Timeouts of a route whose upstream is held slow on purpose: two minutes
 /// for each phase.
 pub(crate) fn patient_timeouts() -> RawTimeouts {
-    RawTimeouts {
-        connect: Some("2s".into()),
-        first_byte: Some("120s".into()),
-        idle: Some("120s".into()),
-        total: Some("120s".into()),
-    }
+    timeouts("2s", "120s", "120s", "120s")
 }
 
-/// The simulated LLM, with its defaults.
 /// The simulated LLM with its default pacing.
 pub(crate) async fn sim() -> SimHandle {
     super::sim().await
@@ -69,12 +53,7 @@ pub(crate) async fn sim() -> SimHandle {
 
 /// A chat completion request for `text`, streamed or not.
 pub(crate) fn chat(stream: bool, text: &str) -> String {
-    serde_json::json!({
-        "model": "sim-1",
-        "stream": stream,
-        "messages": [{"role": "user", "content": text}],
-    })
-    .to_string()
+    super::chat_body(stream, text)
 }
 
 /// The credential every request sends (its hash is the tenant).
