@@ -12,75 +12,17 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use idemgate_engine::{
-    AggregatingStore, CachedStore, ClientKey, Engine, Fingerprint, ScopedKey, Store,
-};
+use criterion::{Criterion, criterion_group, criterion_main};
+use idemgate_engine::{AggregatingStore, CachedStore, Engine, Store};
 use idemgate_sqlite::SqliteStore;
-
-const CALLERS: u64 = 64;
-
-fn key(n: u64) -> ScopedKey {
-    ScopedKey::new(
-        "bench",
-        "execute",
-        ClientKey::parse(&format!("k{n}")).unwrap(),
-    )
-}
-
-fn fp() -> Fingerprint {
-    Fingerprint::of_request("POST", "/v1/chat/completions", b"{\"model\":\"m\"}", &[])
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+use idemgate_testkit::execute_bench::{
+    execute_cases, group, hot_key, replay_many, replay_one, runtime,
+};
 
 /// A result of a typical chat completion's size (about 1 KiB of JSON).
 fn answer() -> String {
     "The answer is 42. ".repeat(56)
-}
-
-async fn run(engine: &Engine, key: &ScopedKey, fp: &Fingerprint) -> bool {
-    engine
-        .execute(key, fp, || async { Ok::<_, std::io::Error>(answer()) })
-        .await
-        .unwrap()
-        .replayed()
-}
-
-/// Runs `iters` executions split over [`CALLERS`] tasks; returns wall time.
-async fn concurrent(
-    engine: &Engine,
-    iters: u64,
-    key_of: impl Fn(u64, u64) -> ScopedKey + Send + Sync + Clone + 'static,
-) -> Duration {
-    let per = iters.div_ceil(CALLERS);
-    let start = Instant::now();
-    let tasks: Vec<_> = (0..CALLERS)
-        .map(|c| {
-            let (engine, key_of) = (engine.clone(), key_of.clone());
-            tokio::spawn(async move {
-                let fp = fp();
-                for i in 0..per {
-                    run(&engine, &key_of(c, i), &fp).await;
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.unwrap();
-    }
-    start
-        .elapsed()
-        .mul_f64(iters as f64 / (per * CALLERS) as f64)
 }
 
 /// The disk's own limit: one single-row commit per iteration, on a plain
@@ -94,8 +36,7 @@ fn raw_commit(c: &mut Criterion) {
     conn.pragma_update(None, "journal_mode", "WAL").unwrap();
     conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, v BLOB)")
         .unwrap();
-    let mut g = c.benchmark_group("sqlite");
-    g.throughput(Throughput::Elements(1));
+    let mut g = group(c, "sqlite");
     for (name, level) in [
         ("raw_commit/1", "FULL"),
         ("raw_commit_unsynced/1", "NORMAL"),
@@ -134,49 +75,13 @@ fn sqlite(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path().join("bench.db")).unwrap();
     let engine = Engine::new(Arc::new(store.clone()) as Arc<dyn Store>);
-    let fp = fp();
-    let next = Arc::new(AtomicU64::new(0));
+    let mut g = group(c, "sqlite");
+    execute_cases(&mut g, &rt, &engine, answer);
 
-    let mut g = c.benchmark_group("sqlite");
-    g.throughput(Throughput::Elements(1));
-
-    let hot = key(u64::MAX);
-    rt.block_on(run(&engine, &hot, &fp));
-    g.bench_function("replay/1", |b| {
-        b.to_async(&rt).iter(|| async {
-            assert!(run(&engine, &hot, &fp).await);
-        });
-    });
-
+    let hot = hot_key();
     g.bench_function("get_done/1", |b| {
         b.to_async(&rt).iter(|| async {
             assert!(store.get(&hot).await.unwrap().is_some());
-        });
-    });
-
-    g.bench_function("first_execution/1", |b| {
-        b.to_async(&rt).iter(|| async {
-            let k = key(next.fetch_add(1, Ordering::Relaxed));
-            assert!(!run(&engine, &k, &fp).await);
-        });
-    });
-
-    rt.block_on(async {
-        for c in 0..CALLERS {
-            run(&engine, &key(u64::MAX - 1 - c), &fp).await;
-        }
-    });
-    g.bench_function("replay/64", |b| {
-        b.to_async(&rt)
-            .iter_custom(|iters| concurrent(&engine, iters, |c, _| key(u64::MAX - 1 - c)));
-    });
-
-    g.bench_function("first_execution/64", |b| {
-        b.to_async(&rt).iter_custom(|iters| {
-            let next = Arc::clone(&next);
-            concurrent(&engine, iters, move |_, _| {
-                key(next.fetch_add(1, Ordering::Relaxed))
-            })
         });
     });
 
@@ -189,19 +94,9 @@ fn sqlite(c: &mut Criterion) {
     )));
     // Only the gathering (the cache off): every replay still reads the store.
     let gathered_only = Engine::new(gathered.clone() as Arc<dyn Store>);
-    g.bench_function("replay_cached/1", |b| {
-        b.to_async(&rt).iter(|| async {
-            assert!(run(&wrapped, &hot, &fp).await);
-        });
-    });
-    g.bench_function("replay_cached/64", |b| {
-        b.to_async(&rt)
-            .iter_custom(|iters| concurrent(&wrapped, iters, |c, _| key(u64::MAX - 1 - c)));
-    });
-    g.bench_function("replay_gathered/64", |b| {
-        b.to_async(&rt)
-            .iter_custom(|iters| concurrent(&gathered_only, iters, |c, _| key(u64::MAX - 1 - c)));
-    });
+    replay_one(&mut g, &rt, "replay_cached/1", &wrapped, answer);
+    replay_many(&mut g, &rt, "replay_cached/64", &wrapped, answer);
+    replay_many(&mut g, &rt, "replay_gathered/64", &gathered_only, answer);
     g.finish();
     rt.block_on(gathered.flush());
     drop((engine, wrapped, gathered_only, gathered));

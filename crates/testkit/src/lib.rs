@@ -26,6 +26,8 @@
 //! - [`counting`]: [`CountingStore`], a wrapper that counts store calls.
 //! - `http` (feature `http`): the replay header of an answer, for the HTTP
 //!   crates' tests.
+//! - `execute_bench` (feature `bench`): the `Engine::execute` cases the
+//!   engine's and the SQLite store's benches run.
 //! - [`latency`]: the measuring loop and report of the networked stores'
 //!   latency benches.
 //! - [`fault`]: the [`FaultProxy`] (a TCP proxy that cuts, stalls and drops)
@@ -49,6 +51,8 @@
 
 pub mod blinking;
 pub mod counting;
+#[cfg(feature = "bench")]
+pub mod execute_bench;
 pub mod fault;
 #[cfg(feature = "http")]
 pub mod http;
