@@ -2,7 +2,8 @@
 //! thrown away because the store blinked when it was written. The store
 //! here is the memory store behind testkit's `BlinkingStore`, whose
 //! switches make `complete` (and, in one case, `renew`) fail with
-//! temporary errors, or apply the write and then lose its reply.
+//! temporary errors, apply the write and then lose its reply, or refuse
+//! it for good.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
@@ -12,8 +13,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idemgate_engine::{
-    Attempt, AttemptOutcome, Begin, BoxFuture, Claim, ClientKey, Completion, Engine, Fenced, Lease,
-    LeaseGuard, MemoryStore, Policy, ScopedKey, Store, StoreError, StoreErrorKind,
+    AttemptOutcome, Begin, Claim, ClientKey, Completion, Engine, Fenced, Lease, LeaseGuard,
+    MemoryStore, Policy, ScopedKey, Store, StoreError, StoreErrorKind,
 };
 use idemgate_testkit::{BlinkingStore, Switches, fp};
 
@@ -46,9 +47,11 @@ fn rand_key() -> String {
     format!("k-{}", Lease::new_token())
 }
 
-async fn owner(s: &Setup) -> LeaseGuard {
+/// A fresh setup with a lease of `pending_ttl`, and the guard of its key.
+async fn owned(pending_ttl: Duration) -> (Setup, LeaseGuard) {
+    let s = setup(pending_ttl);
     match s.engine.begin(&s.key, &fp("hold")).await.expect("begin") {
-        Begin::Owner(guard) => guard,
+        Begin::Owner(guard) => (s, guard),
         other => panic!("expected to own the key, got {other:?}"),
     }
 }
@@ -63,13 +66,29 @@ async fn executed(s: &Setup) -> usize {
         .count()
 }
 
+/// Completes `guard` with `payload`, holding the result through temporary
+/// store errors; returns the outcome and how many times it held.
+async fn complete_holding(
+    guard: LeaseGuard,
+    payload: &'static [u8],
+    status: Option<u16>,
+) -> (Result<Fenced, StoreError>, usize) {
+    let mut held = 0;
+    let written = guard
+        .complete(
+            Bytes::from_static(payload),
+            Completion::result(status).holding(&mut |_| held += 1),
+        )
+        .await;
+    (written, held)
+}
+
 /// The store refuses the completion for longer than the lease lasts
 /// unrenewed; the heartbeat keeps the lease meanwhile, nobody else can
 /// take the key, and the result lands once the store is back.
 #[tokio::test]
 async fn a_result_is_held_across_a_blink_longer_than_the_lease() {
-    let s = setup(Duration::from_millis(400));
-    let guard = owner(&s).await;
+    let (s, guard) = owned(Duration::from_millis(400)).await;
     s.faults.complete_down.store(true, Ordering::SeqCst);
     let held = Arc::new(AtomicUsize::new(0));
     let writing = {
@@ -116,18 +135,10 @@ async fn a_result_is_held_across_a_blink_longer_than_the_lease() {
 /// record is DONE once.
 #[tokio::test]
 async fn a_lost_reply_is_retried_into_one_completion() {
-    let s = setup(Duration::from_secs(5));
-    let guard = owner(&s).await;
+    let (s, guard) = owned(Duration::from_secs(5)).await;
     s.faults.lose_next_reply.store(true, Ordering::SeqCst);
-    let mut held = 0;
-    let written = guard
-        .complete(
-            Bytes::from_static(b"once"),
-            Completion::result(Some(200)).holding(&mut |_| held += 1),
-        )
-        .await
-        .expect("completed");
-    assert_eq!(written, Fenced::Applied);
+    let (written, held) = complete_holding(guard, b"once", Some(200)).await;
+    assert_eq!(written.expect("completed"), Fenced::Applied);
     assert_eq!(held, 1);
     assert_eq!(s.faults.completes.load(Ordering::SeqCst), 2);
     assert_eq!(executed(&s).await, 1);
@@ -138,18 +149,11 @@ async fn a_lost_reply_is_retried_into_one_completion() {
 /// the key is released once the store is back.
 #[tokio::test]
 async fn the_owner_gives_up_before_the_lease_may_lapse() {
-    let s = setup(Duration::from_millis(500));
-    let guard = owner(&s).await;
+    let (s, guard) = owned(Duration::from_millis(500)).await;
     s.faults.complete_down.store(true, Ordering::SeqCst);
     s.faults.renew_down.store(true, Ordering::SeqCst);
-    let mut held = 0;
-    let err = guard
-        .complete(
-            Bytes::from_static(b"r"),
-            Completion::result(Some(200)).holding(&mut |_| held += 1),
-        )
-        .await
-        .expect_err("completed while the store was down");
+    let (written, held) = complete_holding(guard, b"r", Some(200)).await;
+    let err = written.expect_err("completed while the store was down");
     assert!(err.is_temporary());
     assert!(held >= 1);
     // Still within the lease: nobody else took the key.
@@ -176,39 +180,11 @@ async fn the_owner_gives_up_before_the_lease_may_lapse() {
 /// A permanent error is not retried.
 #[tokio::test]
 async fn a_permanent_error_is_not_retried() {
-    #[derive(Debug)]
-    struct Refusing(MemoryStore);
-    impl idemgate_engine::LayeredStore for Refusing {
-        fn inner(&self) -> &dyn Store {
-            &self.0
-        }
-
-        fn backend(&self) -> &'static str {
-            "refusing"
-        }
-        fn complete<'a>(
-            &'a self,
-            _: &'a Lease,
-            _: Bytes,
-            _: Duration,
-            _: &'a Attempt,
-        ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-            Box::pin(async { Err(StoreError::new(StoreErrorKind::Rejected, "refusing", "no")) })
-        }
-    }
-    let engine = Engine::new(Arc::new(Refusing(MemoryStore::new())));
-    let key = ScopedKey::new("t", "hold", ClientKey::parse(&rand_key()).unwrap());
-    let Begin::Owner(guard) = engine.begin(&key, &fp("hold")).await.expect("begin") else {
-        panic!("expected to own the key");
-    };
-    let mut held = 0;
-    let err = guard
-        .complete(
-            Bytes::from_static(b"r"),
-            Completion::result(None).holding(&mut |_| held += 1),
-        )
-        .await
-        .expect_err("a refused completion");
+    let (s, guard) = owned(Duration::from_secs(5)).await;
+    s.faults.refuse_next_complete.store(true, Ordering::SeqCst);
+    let (written, held) = complete_holding(guard, b"r", None).await;
+    let err = written.expect_err("a refused completion");
     assert_eq!(err.kind(), StoreErrorKind::Rejected);
     assert_eq!(held, 0);
+    assert_eq!(s.faults.completes.load(Ordering::SeqCst), 1);
 }

@@ -25,6 +25,16 @@ struct SlowAck {
     delay_ms: AtomicU64,
 }
 
+impl SlowAck {
+    /// A memory store whose claims are acknowledged after `delay_ms`.
+    fn new(delay_ms: u64) -> Arc<Self> {
+        Arc::new(Self {
+            inner: MemoryStore::new(),
+            delay_ms: AtomicU64::new(delay_ms),
+        })
+    }
+}
+
 impl LayeredStore for SlowAck {
     fn inner(&self) -> &dyn Store {
         &self.inner
@@ -52,10 +62,7 @@ fn engine(store: &Arc<SlowAck>) -> Engine {
 
 #[tokio::test]
 async fn a_claim_acknowledged_past_half_its_lease_is_given_back() {
-    let store = Arc::new(SlowAck {
-        inner: MemoryStore::new(),
-        delay_ms: AtomicU64::new(250),
-    });
+    let store = SlowAck::new(250);
     let key = fresh_key();
     let late = engine(&store).begin(&key, &fp("a")).await;
     let Err(BeginError::Store(e)) = late else {
@@ -74,10 +81,7 @@ async fn a_claim_acknowledged_past_half_its_lease_is_given_back() {
 
 #[tokio::test]
 async fn a_late_claim_taken_over_meanwhile_leaves_the_new_owner_alone() {
-    let store = Arc::new(SlowAck {
-        inner: MemoryStore::new(),
-        delay_ms: AtomicU64::new(0),
-    });
+    let store = SlowAck::new(0);
     let key = fresh_key();
     // The first claim's acknowledgement is late; while it is on its way,
     // its lease runs out and another request takes the key over.

@@ -38,6 +38,29 @@ async fn owner(engine: &Engine, key: &ScopedKey) -> LeaseGuard {
     }
 }
 
+/// Completes `guard` with a small result and asserts the write was applied.
+async fn complete(guard: LeaseGuard, status: Option<u16>) {
+    let written = guard
+        .complete(Bytes::from_static(b"ok"), Completion::result(status))
+        .await;
+    assert_eq!(written.expect("complete"), Fenced::Applied);
+}
+
+/// A paused-clock test's engine (a lease of three intervals), its call
+/// counts, and how many tasks are alive while nothing but its ticker runs.
+fn engine_at_rest() -> (Engine, Arc<Calls>, usize) {
+    let (engine, calls) = engine(EVERY * 3);
+    (engine, calls, alive_tasks() + 1)
+}
+
+/// Lets `quiet` pass once the runs have ended, then asserts that `sent`
+/// renewals were sent in all and that no task besides the ticker is alive.
+async fn settles(quiet: Duration, calls: &Calls, sent: usize, idle: usize, task: &str) {
+    tokio::time::sleep(quiet).await;
+    assert_eq!(renewals(calls), sent);
+    assert_eq!(alive_tasks(), idle, "{task}");
+}
+
 fn renewals(calls: &Calls) -> usize {
     calls.renew.load(Ordering::SeqCst)
 }
@@ -52,34 +75,35 @@ fn alive_tasks() -> usize {
 /// and the only task they leave is the engine's ticker.
 #[tokio::test(start_paused = true)]
 async fn short_runs_spawn_nothing_and_send_no_renewal() {
-    let (engine, calls) = engine(EVERY * 3);
-    let idle = alive_tasks() + 1;
+    let (engine, calls, idle) = engine_at_rest();
     let runs: Vec<_> = (0..200u64)
         .map(|i| {
             let engine = engine.clone();
             tokio::spawn(async move {
                 let guard = owner(&engine, &fresh_key()).await;
                 tokio::time::sleep(Duration::from_millis(i * 2)).await;
-                guard
-                    .complete(Bytes::from_static(b"ok"), Completion::result(Some(200)))
-                    .await
+                complete(guard, Some(200)).await;
             })
         })
         .collect();
     for run in runs {
-        assert_eq!(run.await.expect("run").expect("complete"), Fenced::Applied);
+        run.await.expect("run");
     }
-    tokio::time::sleep(EVERY * 60).await;
-    assert_eq!(renewals(&calls), 0);
-    assert_eq!(alive_tasks(), idle, "a task besides the ticker is alive");
+    settles(
+        EVERY * 60,
+        &calls,
+        0,
+        idle,
+        "a task besides the ticker is alive",
+    )
+    .await;
 }
 
 /// A run of 3.5 intervals is renewed at 1, 2 and 3 intervals, and not
 /// after it completes.
 #[tokio::test(start_paused = true)]
 async fn a_long_run_is_renewed_every_interval_until_it_completes() {
-    let (engine, calls) = engine(EVERY * 3);
-    let idle = alive_tasks() + 1;
+    let (engine, calls, idle) = engine_at_rest();
     let claimed = tokio::time::Instant::now();
     let guard = owner(&engine, &fresh_key()).await;
     tokio::time::sleep(EVERY / 2 - Duration::from_millis(1)).await;
@@ -95,13 +119,15 @@ async fn a_long_run_is_renewed_every_interval_until_it_completes() {
         assert_eq!(renewals(&calls), due as usize, "renewal {due} late");
     }
     tokio::time::sleep(EVERY / 2).await;
-    let written = guard
-        .complete(Bytes::from_static(b"ok"), Completion::result(Some(200)))
-        .await;
-    assert_eq!(written.expect("complete"), Fenced::Applied);
-    tokio::time::sleep(EVERY * 10).await;
-    assert_eq!(renewals(&calls), 3);
-    assert_eq!(alive_tasks(), idle, "the heartbeat outlived its run");
+    complete(guard, Some(200)).await;
+    settles(
+        EVERY * 10,
+        &calls,
+        3,
+        idle,
+        "the heartbeat outlived its run",
+    )
+    .await;
 }
 
 /// A run that gets its heartbeat task (past half the interval) but ends
@@ -109,8 +135,7 @@ async fn a_long_run_is_renewed_every_interval_until_it_completes() {
 /// is released and sends no third.
 #[tokio::test(start_paused = true)]
 async fn runs_that_end_stop_their_heartbeat() {
-    let (engine, calls) = engine(EVERY * 3);
-    let idle = alive_tasks() + 1;
+    let (engine, calls, idle) = engine_at_rest();
     let guard = owner(&engine, &fresh_key()).await;
     tokio::time::sleep(EVERY * 9 / 10).await;
     assert_eq!(
@@ -120,9 +145,14 @@ async fn runs_that_end_stop_their_heartbeat() {
     );
     let released = guard.release(Some(500)).await.expect("release");
     assert_eq!(released, Fenced::Applied);
-    tokio::time::sleep(EVERY * 5).await;
-    assert_eq!(renewals(&calls), 0);
-    assert_eq!(alive_tasks(), idle);
+    settles(
+        EVERY * 5,
+        &calls,
+        0,
+        idle,
+        "the released run's heartbeat is alive",
+    )
+    .await;
 
     let k = fresh_key();
     let guard = owner(&engine, &k).await;
@@ -149,11 +179,7 @@ fn a_runtime_after_a_shut_down_one_gets_its_own_ticker() {
         .build()
         .expect("runtime");
     first.block_on(async {
-        let guard = owner(&engine, &fresh_key()).await;
-        let written = guard
-            .complete(Bytes::from_static(b"ok"), Completion::result(None))
-            .await;
-        assert_eq!(written.expect("complete"), Fenced::Applied);
+        complete(owner(&engine, &fresh_key()).await, None).await;
     });
     drop(first);
     let second = tokio::runtime::Builder::new_current_thread()
@@ -165,10 +191,7 @@ fn a_runtime_after_a_shut_down_one_gets_its_own_ticker() {
         let guard = owner(&engine, &fresh_key()).await;
         tokio::time::sleep(EVERY * 5 / 2).await;
         assert_eq!(renewals(&calls), 2);
-        let written = guard
-            .complete(Bytes::from_static(b"ok"), Completion::result(None))
-            .await;
-        assert_eq!(written.expect("complete"), Fenced::Applied);
+        complete(guard, None).await;
     });
 }
 
@@ -199,14 +222,12 @@ async fn overlapping_runs_on_two_workers_keep_their_keys() {
                 } else {
                     tokio::time::sleep(length).await;
                 }
-                guard
-                    .complete(Bytes::from_static(b"ok"), Completion::result(Some(200)))
-                    .await
+                complete(guard, Some(200)).await;
             })
         })
         .collect();
     for run in runs {
-        assert_eq!(run.await.expect("run").expect("complete"), Fenced::Applied);
+        run.await.expect("run");
     }
     assert!(renewals(&calls) > 0, "no run was renewed");
     let after = renewals(&calls);

@@ -17,7 +17,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::post;
 use idemgate_engine::{ClientKey, Engine, MemoryStore, Policy, ScopedKey};
 use idemgate_layer::key::tenant_id;
@@ -25,13 +25,13 @@ use idemgate_layer::{
     CompletionClock, IdempotencyLayer, LayerConfig, OnInflight, OutcomeUnknownMode, SendSignal,
     StoredResponse,
 };
-use support::app::{App, AppState};
+use support::app::{App, AppState, exec_answer, keyed_post, until};
 use tokio::sync::watch;
 
 /// Says "sent" unless told `x-unsent`, then panics when told `x-panic`,
 /// or waits for the gate; answers JSON.
 async fn work(State(app): State<AppState>, req: axum::extract::Request) -> Response {
-    let n = app.executions.fetch_add(1, Ordering::SeqCst) + 1;
+    let n = app.count_run();
     let headers: HeaderMap = req.headers().clone();
     if !headers.contains_key("x-unsent")
         && let Some(signal) = req.extensions().get::<SendSignal>()
@@ -39,13 +39,8 @@ async fn work(State(app): State<AppState>, req: axum::extract::Request) -> Respo
         signal.sent();
     }
     assert!(!headers.contains_key("x-panic"), "told to panic");
-    let mut gate = app.gate.clone();
-    let _ = gate.wait_for(|open| *open).await;
-    (
-        [("content-type", "application/json")],
-        format!("{{\"exec\":{n}}}"),
-    )
-        .into_response()
+    app.wait_for_gate().await;
+    exec_answer(n)
 }
 
 struct Harness {
@@ -77,12 +72,7 @@ impl Harness {
     }
 
     fn post(&self, key: &str) -> reqwest::RequestBuilder {
-        reqwest::Client::new()
-            .post(format!("{}/work", self.base))
-            .header("authorization", "Bearer t")
-            .header("idempotency-key", key)
-            .header("content-type", "application/json")
-            .body("{}")
+        keyed_post(&self.base, "/work", key)
     }
 
     fn executions(&self) -> usize {
@@ -97,13 +87,7 @@ impl Harness {
             req = req.header("x-unsent", "1");
         }
         let first = tokio::spawn(async move { req.send().await.map(|r| r.status()) });
-        for _ in 0..400 {
-            if self.executions() == 1 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert_eq!(self.executions(), 1, "the work started");
+        until("the work started", || self.executions() == 1).await;
         let report = self.layer.shutdown(Duration::from_millis(50)).await;
         let _ = first.await;
         report.cancelled
@@ -207,12 +191,7 @@ async fn a_panic_before_sending_releases_the_key() {
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(slug, "internal");
     h.gate.send_replace(true);
-    for _ in 0..400 {
-        if h.layer.detached() == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until("the failed work is done", || h.layer.detached() == 0).await;
     let mut ran_again = false;
     for _ in 0..100 {
         let (status, replayed, _) = retry(&h, "early").await;

@@ -9,14 +9,15 @@
 //! answer either: a JSON client gets 503 `lease-lost` (retryable), a
 //! stream breaks.
 //!
-//! Real HTTP on 127.0.0.1:0; the store is the memory store behind a
-//! switch that fences (or fails) the next completion.
+//! Real HTTP on 127.0.0.1:0; the store is the memory store behind
+//! testkit's `BlinkingStore`, whose switches fence (or fail) the next
+//! completion.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -25,67 +26,26 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use bytes::Bytes;
-use idemgate_engine::{
-    Attempt, AttemptOutcome, BoxFuture, Engine, Fenced, Lease, MemoryStore, Policy, Store,
-    StoreError, StoreErrorKind,
-};
+use idemgate_engine::{Engine, MemoryStore, Policy};
 use idemgate_layer::{IdempotencyLayer, LayerConfig, OnInflight};
-use support::app::{App, AppState, read_events};
+use idemgate_testkit::{BlinkingStore, Switches};
+use support::app::{App, AppState, exec_answer, keyed_post, read_events, read_until_broken, until};
 use tokio::sync::{mpsc, watch};
 
 /// What the next `complete` does.
-const PASS: u8 = 0;
-/// The key is forgotten just before the write: the write is fenced.
-const FENCE: u8 = 1;
-/// The write fails with a permanent store error: the key is released.
-const FAIL: u8 = 2;
-
-#[derive(Debug)]
-struct Switched {
-    inner: MemoryStore,
-    next_complete: Arc<AtomicU8>,
-}
-
-impl idemgate_engine::LayeredStore for Switched {
-    fn inner(&self) -> &dyn Store {
-        &self.inner
-    }
-
-    fn complete<'a>(
-        &'a self,
-        lease: &'a Lease,
-        payload: Bytes,
-        done_ttl: Duration,
-        attempt: &'a Attempt,
-    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-        Box::pin(async move {
-            match self.next_complete.swap(PASS, Ordering::SeqCst) {
-                FENCE => {
-                    let forgot = Attempt {
-                        outcome: AttemptOutcome::Forgotten,
-                        ..attempt.clone()
-                    };
-                    self.inner
-                        .forget(&lease.key, &forgot, Duration::from_secs(60))
-                        .await?;
-                }
-                FAIL => {
-                    return Err(StoreError::new(
-                        StoreErrorKind::Rejected,
-                        "switched",
-                        "write refused",
-                    ));
-                }
-                _ => {}
-            }
-            self.inner.complete(lease, payload, done_ttl, attempt).await
-        })
-    }
+#[derive(Debug, Clone, Copy)]
+enum Next {
+    /// It writes.
+    Pass,
+    /// The key is forgotten just before the write: the write is fenced.
+    Fence,
+    /// The write fails with a permanent store error: the key is released.
+    Fail,
 }
 
 /// Three events, a wait for the gate, then three more and `[DONE]`.
 async fn sse(State(app): State<AppState>) -> Response {
-    let n = app.executions.fetch_add(1, Ordering::SeqCst) + 1;
+    let n = app.count_run();
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(4);
     let mut gate = app.gate.clone();
     tokio::spawn(async move {
@@ -112,19 +72,14 @@ async fn sse(State(app): State<AppState>) -> Response {
 
 /// Waits for the gate, then answers JSON.
 async fn json(State(app): State<AppState>) -> Response {
-    let n = app.executions.fetch_add(1, Ordering::SeqCst) + 1;
-    let mut gate = app.gate.clone();
-    let _ = gate.wait_for(|open| *open).await;
-    (
-        [("content-type", "application/json")],
-        format!("{{\"exec\":{n}}}"),
-    )
-        .into_response()
+    let n = app.count_run();
+    app.wait_for_gate().await;
+    exec_answer(n)
 }
 
 struct Harness {
     base: String,
-    next_complete: Arc<AtomicU8>,
+    faults: Arc<Switches>,
     gate: watch::Sender<bool>,
     executions: Arc<AtomicUsize>,
     layer: IdempotencyLayer,
@@ -132,11 +87,8 @@ struct Harness {
 
 impl Harness {
     async fn start() -> Self {
-        let next_complete = Arc::new(AtomicU8::new(PASS));
-        let store = Arc::new(Switched {
-            inner: MemoryStore::new(),
-            next_complete: Arc::clone(&next_complete),
-        });
+        let store = Arc::new(BlinkingStore::new(Arc::new(MemoryStore::new())));
+        let faults = store.switches();
         let engine =
             Engine::new(store).with_policy(Policy::default().pending_ttl(Duration::from_secs(5)));
         let config = LayerConfig {
@@ -151,7 +103,7 @@ impl Harness {
         let base = app.serve().await;
         Self {
             base,
-            next_complete,
+            faults,
             gate: app.gate,
             executions: app.executions,
             layer: app.layer,
@@ -163,22 +115,27 @@ impl Harness {
     }
 
     async fn post(&self, path: &str, key: &str) -> reqwest::Response {
-        reqwest::Client::new()
-            .post(format!("{}{path}", self.base))
-            .header("authorization", "Bearer t")
-            .header("idempotency-key", key)
-            .header("content-type", "application/json")
-            .body("{}")
+        keyed_post(&self.base, path, key)
             .send()
             .await
             .expect("the gateway answers")
+    }
+
+    /// Makes the next completion do `what`.
+    fn arm(&self, what: Next) {
+        let switch = match what {
+            Next::Pass => return,
+            Next::Fence => &self.faults.fence_next_complete,
+            Next::Fail => &self.faults.refuse_next_complete,
+        };
+        switch.store(true, Ordering::SeqCst);
     }
 
     /// The owner streams its first three events and a duplicate attaches;
     /// then the next completion does `what` and the owner finishes.
     /// Returns how the duplicate's stream ended (true: cleanly) and
     /// whether it was marked replayed.
-    async fn follower_end(&self, key: &str, what: u8) -> (bool, Option<String>, bool) {
+    async fn follower_end(&self, key: &str, what: Next) -> (bool, Option<String>, bool) {
         let mut owner = self.open(key).await;
         read_events(&mut owner, 3).await;
         let mut attached = self.open(key).await;
@@ -187,30 +144,18 @@ impl Harness {
             .get("idempotent-replayed")
             .map(|v| v.to_str().unwrap().to_owned());
         read_events(&mut attached, 3).await;
-        self.next_complete.store(what, Ordering::SeqCst);
+        self.arm(what);
         self.gate.send_replace(true);
-        let clean = loop {
-            match attached.chunk().await {
-                Ok(Some(_)) => {}
-                Ok(None) => break true,
-                Err(_) => break false,
-            }
-        };
-        let owner_clean = loop {
-            match owner.chunk().await {
-                Ok(Some(_)) => {}
-                Ok(None) => break true,
-                Err(_) => break false,
-            }
-        };
-        (clean, replayed, owner_clean)
+        let (_, broken) = read_until_broken(&mut attached).await;
+        let (_, owner_broken) = read_until_broken(&mut owner).await;
+        (!broken, replayed, !owner_broken)
     }
 }
 
 #[tokio::test]
 async fn a_follower_of_a_stored_stream_ends_cleanly() {
     let h = Harness::start().await;
-    let (clean, replayed, owner_clean) = h.follower_end("stored", PASS).await;
+    let (clean, replayed, owner_clean) = h.follower_end("stored", Next::Pass).await;
     assert_eq!(replayed.as_deref(), Some("true"));
     assert!(clean, "the stream is the key's answer: a clean end");
     assert!(owner_clean);
@@ -220,7 +165,7 @@ async fn a_follower_of_a_stored_stream_ends_cleanly() {
 #[tokio::test]
 async fn a_follower_of_a_fenced_owner_sees_its_stream_break() {
     let h = Harness::start().await;
-    let (clean, _, owner_clean) = h.follower_end("fenced", FENCE).await;
+    let (clean, _, owner_clean) = h.follower_end("fenced", Next::Fence).await;
     assert!(
         !clean,
         "the store does not hold this stream: the follower must not get a clean end"
@@ -235,21 +180,14 @@ async fn a_follower_of_a_fenced_owner_sees_its_stream_break() {
 async fn a_fenced_json_owner_answers_lease_lost_not_its_result() {
     let h = Harness::start().await;
     let owner = tokio::spawn({
-        let req = reqwest::Client::new()
-            .post(format!("{}/json", h.base))
-            .header("authorization", "Bearer t")
-            .header("idempotency-key", "fenced-json")
-            .header("content-type", "application/json")
-            .body("{}");
+        let req = keyed_post(&h.base, "/json", "fenced-json");
         async move { req.send().await.expect("the gateway answers") }
     });
-    for _ in 0..400 {
-        if h.executions.load(Ordering::SeqCst) == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    h.next_complete.store(FENCE, Ordering::SeqCst);
+    until("the owner's work runs", || {
+        h.executions.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    h.arm(Next::Fence);
     h.gate.send_replace(true);
     let res = owner.await.unwrap();
     assert_eq!(res.status(), 503);
@@ -261,18 +199,13 @@ async fn a_fenced_json_owner_answers_lease_lost_not_its_result() {
 #[tokio::test]
 async fn a_follower_of_an_owner_whose_write_failed_sees_its_stream_break() {
     let h = Harness::start().await;
-    let (clean, _, _) = h.follower_end("failed", FAIL).await;
+    let (clean, _, _) = h.follower_end("failed", Next::Fail).await;
     assert!(
         !clean,
         "the key was released: the follower must not get a clean end"
     );
     // Nothing was stored: the retry runs the work again.
-    for _ in 0..400 {
-        if h.layer.detached() == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until("the failed owner is done", || h.layer.detached() == 0).await;
     h.gate.send_replace(true);
     let retry = h.open("failed").await;
     assert_eq!(

@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idemgate_engine::{
-    Attempt, Claim, Fenced, Fingerprint, Lease, MemoryStore, Record, RecordState, ScopedKey, Store,
+    Claim, Fenced, Fingerprint, Lease, MemoryStore, Record, RecordState, ScopedKey, Store,
     StoreErrorKind,
 };
 use idemgate_seal::store::failure_reason;
 use idemgate_seal::{KeyRing, SealedStore, generate_key_line};
-use idemgate_testkit::{executed, key};
+use idemgate_testkit::{BlinkingStore, complete_executed, executed, key};
 
 async fn make() -> Arc<dyn Store> {
     Arc::new(SealedStore::new(
@@ -59,6 +59,25 @@ async fn acquire(store: &dyn Store, key: &ScopedKey, fp: &Fingerprint) -> Lease 
     }
 }
 
+/// Completes `lease` on `store` with [`SECRET`]; returns what the store
+/// said (a store error panics).
+async fn complete_secret(store: &dyn Store, lease: &Lease) -> Fenced {
+    complete_executed(store, lease, SECRET, TTL).await
+}
+
+/// A sealed store under ring `a` over `inner`, and `inner` to look beneath
+/// the seal.
+fn sealed_over<S: Store + 'static>(inner: S) -> (Arc<S>, SealedStore) {
+    let inner = Arc::new(inner);
+    let sealed = SealedStore::new(inner.clone(), Arc::new(ring(&["a"], "a")));
+    (inner, sealed)
+}
+
+/// The fingerprint of the tests' request.
+fn request() -> Fingerprint {
+    Fingerprint::of_value("req").unwrap()
+}
+
 fn stored_payload(record: Option<Record>) -> Bytes {
     match record.unwrap().state {
         RecordState::Done { payload, .. } => payload,
@@ -80,14 +99,10 @@ fn counting() -> (
 
 #[tokio::test]
 async fn the_backend_holds_only_sealed_bytes_and_replay_gets_the_plaintext() {
-    let inner = Arc::new(MemoryStore::new());
-    let sealed = SealedStore::new(inner.clone(), Arc::new(ring(&["a"], "a")));
-    let (k, fp) = (key("k1"), Fingerprint::of_value("req").unwrap());
+    let (inner, sealed) = sealed_over(MemoryStore::new());
+    let (k, fp) = (key("k1"), request());
     let lease = acquire(&sealed, &k, &fp).await;
-    let done = sealed
-        .complete(&lease, Bytes::from_static(SECRET), TTL, &executed())
-        .await
-        .unwrap();
+    let done = complete_secret(&sealed, &lease).await;
     assert_eq!(done, Fenced::Applied);
 
     let raw = stored_payload(inner.get(&k).await.unwrap());
@@ -105,14 +120,10 @@ async fn the_backend_holds_only_sealed_bytes_and_replay_gets_the_plaintext() {
 
 #[tokio::test]
 async fn a_lease_claimed_around_the_wrapper_is_completed_with_the_records_fingerprint() {
-    let inner = Arc::new(MemoryStore::new());
-    let sealed = SealedStore::new(inner.clone(), Arc::new(ring(&["a"], "a")));
-    let (k, fp) = (key("k2"), Fingerprint::of_value("req").unwrap());
+    let (inner, sealed) = sealed_over(MemoryStore::new());
+    let (k, fp) = (key("k2"), request());
     let lease = acquire(inner.as_ref(), &k, &fp).await;
-    let done = sealed
-        .complete(&lease, Bytes::from_static(SECRET), TTL, &executed())
-        .await
-        .unwrap();
+    let done = complete_secret(&sealed, &lease).await;
     assert_eq!(done, Fenced::Applied);
     assert_eq!(stored_payload(sealed.get(&k).await.unwrap()), SECRET);
 }
@@ -122,12 +133,9 @@ async fn a_payload_copied_under_another_key_or_fingerprint_does_not_open_and_is_
     let inner = Arc::new(MemoryStore::new());
     let (seen, hook) = counting();
     let sealed = SealedStore::new(inner.clone(), Arc::new(ring(&["a"], "a"))).on_failure(hook);
-    let fp = Fingerprint::of_value("req").unwrap();
+    let fp = request();
     let lease = acquire(&sealed, &key("src"), &fp).await;
-    let _ = sealed
-        .complete(&lease, Bytes::from_static(SECRET), TTL, &executed())
-        .await
-        .unwrap();
+    let _ = complete_secret(&sealed, &lease).await;
     let raw = stored_payload(inner.get(&key("src")).await.unwrap());
 
     // The same sealed bytes written straight into the backend under another
@@ -153,13 +161,10 @@ async fn a_payload_copied_under_another_key_or_fingerprint_does_not_open_and_is_
 #[tokio::test]
 async fn rotation_old_records_open_while_their_key_is_listed_then_fail_as_unknown() {
     let inner: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let (k, fp) = (key("rot"), Fingerprint::of_value("req").unwrap());
+    let (k, fp) = (key("rot"), request());
     let under_a = SealedStore::new(Arc::clone(&inner), Arc::new(ring(&["a"], "a")));
     let lease = acquire(&under_a, &k, &fp).await;
-    let _ = under_a
-        .complete(&lease, Bytes::from_static(SECRET), TTL, &executed())
-        .await
-        .unwrap();
+    let _ = complete_secret(&under_a, &lease).await;
 
     let b_active = SealedStore::new(Arc::clone(&inner), Arc::new(ring(&["a", "b"], "b")));
     assert_eq!(stored_payload(b_active.get(&k).await.unwrap()), SECRET);
@@ -175,12 +180,9 @@ async fn rotation_old_records_open_while_their_key_is_listed_then_fail_as_unknow
 #[tokio::test]
 async fn an_unsealed_record_is_refused_not_replayed() {
     let inner = Arc::new(MemoryStore::new());
-    let (k, fp) = (key("plain"), Fingerprint::of_value("req").unwrap());
+    let (k, fp) = (key("plain"), request());
     let lease = acquire(inner.as_ref(), &k, &fp).await;
-    let _ = inner
-        .complete(&lease, Bytes::from_static(SECRET), TTL, &executed())
-        .await
-        .unwrap();
+    let _ = complete_secret(inner.as_ref(), &lease).await;
     let failures = Arc::new(AtomicUsize::new(0));
     let f = Arc::clone(&failures);
     let sealed =
@@ -193,51 +195,14 @@ async fn an_unsealed_record_is_refused_not_replayed() {
     assert_eq!(failures.load(Ordering::Relaxed), 1);
 }
 
-/// Writes every `complete`, then answers the first one with a temporary
-/// error: a reply lost after the write.
-#[derive(Debug)]
-struct LosesFirstReply {
-    inner: MemoryStore,
-    lost: std::sync::atomic::AtomicBool,
-}
-
-impl idemgate_engine::LayeredStore for LosesFirstReply {
-    fn inner(&self) -> &dyn Store {
-        &self.inner
-    }
-
-    fn complete<'a>(
-        &'a self,
-        lease: &'a Lease,
-        payload: Bytes,
-        done_ttl: Duration,
-        attempt: &'a Attempt,
-    ) -> idemgate_engine::BoxFuture<'a, Result<Fenced, idemgate_engine::StoreError>> {
-        Box::pin(async move {
-            let written = self
-                .inner
-                .complete(lease, payload, done_ttl, attempt)
-                .await?;
-            if self.lost.swap(true, Ordering::SeqCst) {
-                return Ok(written);
-            }
-            Err(idemgate_engine::StoreError::new(
-                StoreErrorKind::Unavailable,
-                "memory",
-                "reply lost after the write",
-            ))
-        })
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_complete_retried_after_a_lost_reply_sends_the_same_sealed_bytes() {
-    let inner = Arc::new(LosesFirstReply {
-        inner: MemoryStore::new(),
-        lost: false.into(),
-    });
-    let sealed = SealedStore::new(inner.clone(), Arc::new(ring(&["a"], "a")));
-    let (k, fp) = (key("lost"), Fingerprint::of_value("req").unwrap());
+    let (inner, sealed) = sealed_over(BlinkingStore::new(Arc::new(MemoryStore::new())));
+    inner
+        .switches()
+        .lose_next_reply
+        .store(true, Ordering::SeqCst);
+    let (k, fp) = (key("lost"), request());
     let lease = acquire(&sealed, &k, &fp).await;
     let err = sealed
         .complete(&lease, Bytes::from_static(SECRET), TTL, &executed())
@@ -252,10 +217,7 @@ async fn a_complete_retried_after_a_lost_reply_sends_the_same_sealed_bytes() {
     // The engine's next try comes after at most 1 s; the bytes are still
     // there however long the lease lasts.
     tokio::time::sleep(idemgate_seal::store::RETRY_WINDOW * 4).await;
-    let retried = sealed
-        .complete(&lease, Bytes::from_static(SECRET), TTL, &executed())
-        .await
-        .unwrap();
+    let retried = complete_secret(&sealed, &lease).await;
     assert_eq!(
         retried,
         Fenced::Applied,
@@ -269,16 +231,12 @@ async fn a_complete_retried_after_a_lost_reply_sends_the_same_sealed_bytes() {
 #[tokio::test(start_paused = true)]
 async fn acknowledged_completions_are_forgotten_after_the_retry_window_on_a_quiet_store() {
     use idemgate_seal::store::RETRY_WINDOW;
-    let inner = Arc::new(MemoryStore::new());
-    let sealed = SealedStore::new(inner.clone(), Arc::new(ring(&["a"], "a")));
-    let fp = Fingerprint::of_value("req").unwrap();
+    let (_, sealed) = sealed_over(MemoryStore::new());
+    let fp = request();
     let mut leases = Vec::new();
     for name in ["w1", "w2", "w3"] {
         let lease = acquire(&sealed, &key(name), &fp).await;
-        let done = sealed
-            .complete(&lease, Bytes::from_static(SECRET), TTL, &executed())
-            .await
-            .unwrap();
+        let done = complete_secret(&sealed, &lease).await;
         assert_eq!(done, Fenced::Applied);
         leases.push(lease);
     }
@@ -287,10 +245,7 @@ async fn acknowledged_completions_are_forgotten_after_the_retry_window_on_a_quie
     // Within the window (the engine's longest backoff is 1 s), a retry
     // whose acknowledgement was lost above the wrapper is recognised.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let again = sealed
-        .complete(&leases[0], Bytes::from_static(SECRET), TTL, &executed())
-        .await
-        .unwrap();
+    let again = complete_secret(&sealed, &leases[0]).await;
     assert_eq!(again, Fenced::Applied);
     assert_eq!(sealed.retained_completions().0, 3, "counted once");
 
@@ -300,10 +255,7 @@ async fn acknowledged_completions_are_forgotten_after_the_retry_window_on_a_quie
 
     // A retry that late is sealed anew and is not the stored payload:
     // the store refuses it, and the stored answer is unchanged.
-    let late = sealed
-        .complete(&leases[1], Bytes::from_static(SECRET), TTL, &executed())
-        .await
-        .unwrap();
+    let late = complete_secret(&sealed, &leases[1]).await;
     assert_eq!(late, Fenced::Stale);
     assert_eq!(
         stored_payload(sealed.get(&key("w2")).await.unwrap()),
@@ -313,9 +265,8 @@ async fn acknowledged_completions_are_forgotten_after_the_retry_window_on_a_quie
 
 #[tokio::test(start_paused = true)]
 async fn acknowledged_completions_stay_within_16_mib() {
-    let inner = Arc::new(MemoryStore::new());
-    let sealed = SealedStore::new(inner.clone(), Arc::new(ring(&["a"], "a")));
-    let fp = Fingerprint::of_value("req").unwrap();
+    let (_, sealed) = sealed_over(MemoryStore::new());
+    let fp = request();
     let big = Bytes::from(vec![b'x'; 4 * 1024 * 1024]);
     for i in 0..5 {
         let lease = acquire(&sealed, &key(&format!("big{i}")), &fp).await;

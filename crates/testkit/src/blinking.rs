@@ -4,7 +4,9 @@
 //!
 //! It wraps a real store and fails the calls its [`Switches`] say with a
 //! temporary error (`Unavailable`), or applies a completion and then loses
-//! its reply, the case a driver's retry meets.
+//! its reply, the case a driver's retry meets. It can also refuse the next
+//! completion for good (`Rejected`), or fence it: the key is forgotten just
+//! before the write, as an operator's forget or another owner would.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -12,8 +14,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idemgate_engine::{
-    Attempt, BoxFuture, Fenced, LayeredStore, Lease, Store, StoreError, StoreErrorKind,
+    Attempt, AttemptOutcome, BoxFuture, Fenced, LayeredStore, Lease, Store, StoreError,
+    StoreErrorKind,
 };
+
+use crate::LONG;
 
 /// What the store does next; flip them from the test.
 #[derive(Debug, Default)]
@@ -24,6 +29,12 @@ pub struct Switches {
     pub lose_next_reply: AtomicBool,
     /// `renew` fails.
     pub renew_down: AtomicBool,
+    /// The next `complete` fails with a permanent error (`Rejected`)
+    /// before writing (once).
+    pub refuse_next_complete: AtomicBool,
+    /// The key is forgotten just before the next `complete` writes, so
+    /// the write is fenced (once).
+    pub fence_next_complete: AtomicBool,
     /// Completion writes tried.
     pub completes: AtomicUsize,
 }
@@ -81,6 +92,28 @@ impl LayeredStore for BlinkingStore {
             self.switches.completes.fetch_add(1, Ordering::SeqCst);
             if self.switches.complete_down.load(Ordering::SeqCst) {
                 return Err(unavailable());
+            }
+            if self
+                .switches
+                .refuse_next_complete
+                .swap(false, Ordering::SeqCst)
+            {
+                return Err(StoreError::new(
+                    StoreErrorKind::Rejected,
+                    "blinking",
+                    "write refused",
+                ));
+            }
+            if self
+                .switches
+                .fence_next_complete
+                .swap(false, Ordering::SeqCst)
+            {
+                let forgot = Attempt {
+                    outcome: AttemptOutcome::Forgotten,
+                    ..attempt.clone()
+                };
+                self.inner.forget(&lease.key, &forgot, LONG).await?;
             }
             let written = self
                 .inner

@@ -32,6 +32,28 @@ pub struct AppState {
     pub gate: watch::Receiver<bool>,
 }
 
+impl AppState {
+    /// Counts a handler run; its number (1 for the first).
+    pub fn count_run(&self) -> usize {
+        self.executions.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// Waits until the test opens the gate.
+    pub async fn wait_for_gate(&self) {
+        let mut gate = self.gate.clone();
+        let _ = gate.wait_for(|open| *open).await;
+    }
+}
+
+/// The JSON answer of handler run `n`: `{"exec":n}`.
+pub fn exec_answer(n: usize) -> Response {
+    (
+        [("content-type", "application/json")],
+        format!("{{\"exec\":{n}}}"),
+    )
+        .into_response()
+}
+
 /// `POST /json`: counts, optionally waits for the gate or sleeps, fails
 /// with `x-fail: <status>`; answers JSON naming the execution.
 async fn json_handler(State(s): State<AppState>, req: axum::extract::Request) -> Response {
@@ -335,14 +357,9 @@ impl Harness {
         self.gate.send_replace(true);
     }
 
+    /// Waits until `cond` holds for the harness ([`until`]).
     pub async fn until(&self, what: &str, cond: impl Fn(&Self) -> bool) {
-        for _ in 0..2000 {
-            if cond(self) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        panic!("timed out waiting for: {what}");
+        until(what, || cond(self)).await;
     }
 
     /// Waits until the handler has run `n` times.
@@ -389,6 +406,28 @@ impl Harness {
             .await
             .expect("the memory store answers")
     }
+}
+
+/// Polls `cond` every 5 ms until it holds; fails the test, naming `what`,
+/// after 10 s.
+pub async fn until(what: &str, cond: impl Fn() -> bool) {
+    for _ in 0..2000 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}
+
+/// A keyed `{}` POST to `{base}{path}` as the tenant of `Bearer t`.
+pub fn keyed_post(base: &str, path: &str, key: &str) -> reqwest::RequestBuilder {
+    reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .header("authorization", "Bearer t")
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body("{}")
 }
 
 /// Tenant A's key `name` in the layer's namespace `test`.
