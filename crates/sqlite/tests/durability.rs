@@ -2,26 +2,26 @@
 //! batches are committed to the WAL only), and a fence is never issued
 //! twice even when a power loss takes unsynced claims away.
 
+mod support;
+
 use std::time::Duration;
 
 use bytes::Bytes;
-use idemgate_engine::{AttemptOutcome, Claim, Fenced, Lease, ScopedKey, Store};
+use idemgate_engine::{AttemptOutcome, Fenced, Lease, ScopedKey, Store};
 use idemgate_sqlite::SqliteStore;
-use idemgate_testkit::{attempt, complete_executed, fp, key_n};
+use idemgate_testkit::{attempt, complete_executed, key_n};
+use support::{claim_free, temp_db, temp_store};
 
 const LONG: Duration = Duration::from_secs(300);
 
+/// Claims the fresh key `k` for [`LONG`].
 async fn claim(store: &SqliteStore, k: &ScopedKey) -> Lease {
-    match store.claim(k, &fp("{}"), LONG).await.expect("claim") {
-        Claim::Acquired(lease) => lease,
-        Claim::Existing(r) => panic!("fresh key found {r:?}"),
-    }
+    claim_free(store, k, LONG).await
 }
 
 #[tokio::test]
 async fn claims_are_committed_unsynced_and_results_synced() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = SqliteStore::open(dir.path().join("d.db")).expect("open");
+    let (_dir, store) = temp_store("d.db");
     // The first claim raises the durable fence ceiling: synced.
     let first = claim(&store, &key_n(0)).await;
     let before = store.commit_counts();
@@ -56,8 +56,7 @@ async fn claims_are_committed_unsynced_and_results_synced() {
 
 #[tokio::test]
 async fn claims_queued_beside_a_result_do_not_wait_for_its_fsync() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = SqliteStore::open(dir.path().join("d.db")).expect("open");
+    let (dir, store) = temp_store("d.db");
     let owned = claim(&store, &key_n(0)).await;
     let before = store.commit_counts();
     // Queued together, they may share one batch; whatever the batching,
@@ -88,8 +87,7 @@ async fn claims_queued_beside_a_result_do_not_wait_for_its_fsync() {
 /// rolling the file's fence counter and records back while it is closed.
 #[tokio::test]
 async fn fences_of_claims_lost_with_the_machine_are_not_issued_again() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("d.db");
+    let (_dir, path) = temp_db("d.db");
     let store = SqliteStore::open(&path).expect("open");
     let mut issued = Vec::new();
     for n in 0..20 {
@@ -124,8 +122,7 @@ async fn fences_of_claims_lost_with_the_machine_are_not_issued_again() {
 /// and commits it synced (raising the ceiling) instead.
 #[tokio::test]
 async fn a_claim_past_the_ceiling_another_process_reached_is_synced() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("d.db");
+    let (_dir, path) = temp_db("d.db");
     let a = SqliteStore::open(&path).expect("open a");
     let first = claim(&a, &key_n(0)).await.fence;
     let b = SqliteStore::open(&path).expect("open b");

@@ -1,17 +1,21 @@
 //! Expired rows leave the file: records, timelines and their attempts.
 
+mod support;
+
+use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idemgate_engine::{Claim, Fenced, Store};
+use idemgate_engine::{Fenced, Store};
 use idemgate_sqlite::SqliteStore;
-use idemgate_testkit::{acquired, eventually, executed, fp, key_n};
+use idemgate_testkit::{eventually, executed, key_n};
+use support::{claim_free, temp_db};
 
 const SHORT: Duration = Duration::from_millis(300);
 const LONG: Duration = Duration::from_secs(300);
 
 /// (records, timelines, attempts) rows in the file.
-fn counts(path: &std::path::Path) -> (i64, i64, i64) {
+fn counts(path: &Path) -> (i64, i64, i64) {
     let raw = rusqlite::Connection::open(path).expect("raw open");
     let count = |table: &str| -> i64 {
         raw.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
@@ -26,13 +30,7 @@ async fn fill(store: &SqliteStore, from: usize, n: usize, ttl: Duration) {
         .map(|i| {
             let store = store.clone();
             tokio::spawn(async move {
-                let Claim::Acquired(lease) = store
-                    .claim(&key_n(i), &fp("{}"), LONG)
-                    .await
-                    .expect("claim")
-                else {
-                    panic!("fresh key {i}");
-                };
+                let lease = claim_free(&store, &key_n(i), LONG).await;
                 let w = store
                     .complete(&lease, Bytes::from(vec![7u8; 256]), ttl, &executed())
                     .await
@@ -46,18 +44,24 @@ async fn fill(store: &SqliteStore, from: usize, n: usize, ttl: Duration) {
     }
 }
 
+/// A store on `path` purging expired rows every `interval`, `batch` rows
+/// at a time (the store's default batch if `None`).
+fn purging(path: &Path, interval: Duration, batch: Option<usize>) -> SqliteStore {
+    let options = SqliteStore::builder().purge_interval(interval);
+    let options = match batch {
+        Some(rows) => options.purge_batch(rows),
+        None => options,
+    };
+    options.open(path).expect("open")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explicit_purge_removes_only_expired_rows() {
     const SHORT_LIVED: usize = 2500;
     const KEPT: usize = 10;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("purge.db");
+    let (_dir, path) = temp_db("purge.db");
     // No background purge during this test: the explicit call does it all.
-    let store = SqliteStore::builder()
-        .purge_interval(Duration::from_secs(3600))
-        .purge_batch(1000)
-        .open(&path)
-        .expect("open");
+    let store = purging(&path, Duration::from_secs(3600), Some(1000));
     fill(&store, 0, SHORT_LIVED, SHORT).await;
     fill(&store, SHORT_LIVED, KEPT, LONG).await;
     let total = i64::try_from(SHORT_LIVED + KEPT).expect("fits");
@@ -78,13 +82,8 @@ async fn explicit_purge_removes_only_expired_rows() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn background_purge_empties_the_file_in_bounded_steps() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("background.db");
-    let store = SqliteStore::builder()
-        .purge_interval(Duration::from_millis(100))
-        .purge_batch(300)
-        .open(&path)
-        .expect("open");
+    let (_dir, path) = temp_db("background.db");
+    let store = purging(&path, Duration::from_millis(100), Some(300));
     fill(&store, 0, 2000, SHORT).await;
     fill(&store, 2000, 3, LONG).await;
     // No exact count here: on a busy machine the purge may already have
@@ -102,21 +101,11 @@ async fn background_purge_empties_the_file_in_bounded_steps() {
 /// Fences keep growing for a key whose expired record was purged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fences_grow_across_a_purge() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("fence.db");
-    let store = SqliteStore::builder()
-        .purge_interval(Duration::from_secs(3600))
-        .open(&path)
-        .expect("open");
+    let (_dir, path) = temp_db("fence.db");
+    let store = purging(&path, Duration::from_secs(3600), None);
     let mut last = 0;
-    for round in 0..5 {
-        let Claim::Acquired(lease) = store
-            .claim(&key_n(1), &fp("{}"), SHORT)
-            .await
-            .expect("claim")
-        else {
-            panic!("round {round}: key should be free");
-        };
+    for _ in 0..5 {
+        let lease = claim_free(&store, &key_n(1), SHORT).await;
         assert!(lease.fence > last, "fence {} after {last}", lease.fence);
         last = lease.fence;
         tokio::time::sleep(SHORT + Duration::from_millis(100)).await;
@@ -126,11 +115,6 @@ async fn fences_grow_across_a_purge() {
     // Reopening keeps the counter too.
     drop(store);
     let store = SqliteStore::open(&path).expect("reopen");
-    let lease = acquired(
-        store
-            .claim(&key_n(1), &fp("{}"), LONG)
-            .await
-            .expect("claim"),
-    );
+    let lease = claim_free(&store, &key_n(1), LONG).await;
     assert!(lease.fence > last);
 }

@@ -3,6 +3,8 @@
 //! reaches the store is counted by a [`CountingStore`] between the wrapper
 //! and the store.
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -13,6 +15,8 @@ use idemgate_engine::{
 };
 use idemgate_sqlite::SqliteStore;
 use idemgate_testkit::{Calls, CountingStore, fp, key};
+use support::{temp_db, temp_store};
+use tempfile::TempDir;
 
 /// One replica: its engine over a cache over a counted store.
 struct Replica {
@@ -31,6 +35,13 @@ fn replica(store: &SqliteStore, max_bytes: usize, done_ttl: Duration) -> Replica
         cached,
         calls,
     }
+}
+
+/// A replica over a store on a new file in a temporary directory, and that
+/// directory.
+fn fresh_replica(max_bytes: usize, done_ttl: Duration) -> (TempDir, Replica) {
+    let (dir, store) = temp_store("s.db");
+    (dir, replica(&store, max_bytes, done_ttl))
 }
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
@@ -56,14 +67,19 @@ async fn replayed(engine: &Engine, k: &ScopedKey) -> Option<String> {
     got.replayed().then_some(got.value)
 }
 
-#[tokio::test]
-async fn a_replay_from_the_cache_makes_no_store_call() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = SqliteStore::open(dir.path().join("s.db")).expect("open");
-    let r = replica(&store, 1 << 20, DAY);
-    let k = key("hot");
+/// Runs the work for the fresh key `name` on `r`, answering "answer", and
+/// checks that the next request replays it; the key.
+async fn answered(r: &Replica, name: &str) -> ScopedKey {
+    let k = key(name);
     execute(&r.engine, &k, "answer").await;
     assert_eq!(replayed(&r.engine, &k).await.as_deref(), Some("answer"));
+    k
+}
+
+#[tokio::test]
+async fn a_replay_from_the_cache_makes_no_store_call() {
+    let (_dir, r) = fresh_replica(1 << 20, DAY);
+    let k = answered(&r, "hot").await;
     let reads = r.calls.record_reads();
     for _ in 0..20 {
         assert_eq!(replayed(&r.engine, &k).await.as_deref(), Some("answer"));
@@ -78,12 +94,10 @@ async fn a_replay_from_the_cache_makes_no_store_call() {
 
 #[tokio::test]
 async fn a_record_close_to_its_expiry_is_read_from_the_store_and_expires() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = SqliteStore::open(dir.path().join("s.db")).expect("open");
     // Shorter than the margin: never trusted from memory.
     let ttl = Duration::from_secs(2);
     assert!(ttl < CachedStore::EXPIRY_MARGIN);
-    let r = replica(&store, 1 << 20, ttl);
+    let (_dir, r) = fresh_replica(1 << 20, ttl);
     let k = key("short-lived");
     execute(&r.engine, &k, "answer").await;
     let reads = r.calls.record_reads();
@@ -105,8 +119,7 @@ async fn a_record_close_to_its_expiry_is_read_from_the_store_and_expires() {
 
 #[tokio::test]
 async fn a_forget_on_another_replica_holds_everywhere_once_it_returns() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("shared.db");
+    let (_dir, path) = temp_db("shared.db");
     // Two processes' worth: each its own handle on the file, and its cache.
     let store_a = SqliteStore::open(&path).expect("open a");
     let store_b = SqliteStore::open(&path).expect("open b");
@@ -159,13 +172,10 @@ async fn a_forget_on_another_replica_holds_everywhere_once_it_returns() {
 
 #[tokio::test]
 async fn a_mismatch_from_the_cache_is_the_stores_answer() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = SqliteStore::open(dir.path().join("s.db")).expect("open");
+    let (_dir, store) = temp_store("s.db");
     let r = replica(&store, 1 << 20, DAY);
     let bare = Engine::new(Arc::new(store.clone()));
-    let k = key("reused");
-    execute(&r.engine, &k, "answer").await;
-    assert_eq!(replayed(&r.engine, &k).await.as_deref(), Some("answer"));
+    let k = answered(&r, "reused").await;
     let reads = r.calls.record_reads();
     assert!(matches!(
         r.engine.begin(&k, &fp("another request")).await,
@@ -183,11 +193,9 @@ async fn a_mismatch_from_the_cache_is_the_stores_answer() {
 
 #[tokio::test]
 async fn the_byte_bound_evicts_the_oldest_copies() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = SqliteStore::open(dir.path().join("s.db")).expect("open");
     let big = "x".repeat(10_000);
     // Room for about three copies.
-    let r = replica(&store, 35_000, DAY);
+    let (_dir, r) = fresh_replica(35_000, DAY);
     let keys: Vec<ScopedKey> = (0..6).map(|n| key(&format!("k{n}"))).collect();
     for k in &keys {
         execute(&r.engine, k, &big).await;
@@ -204,12 +212,8 @@ async fn the_byte_bound_evicts_the_oldest_copies() {
 
 #[tokio::test]
 async fn a_trusted_copy_is_checked_again_after_the_window() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = SqliteStore::open(dir.path().join("s.db")).expect("open");
-    let r = replica(&store, 1 << 20, DAY);
-    let k = key("checked");
-    execute(&r.engine, &k, "answer").await;
-    assert!(replayed(&r.engine, &k).await.is_some());
+    let (_dir, r) = fresh_replica(1 << 20, DAY);
+    let k = answered(&r, "checked").await;
     let reads = r.calls.record_reads();
     tokio::time::sleep(CachedStore::TRUST + Duration::from_millis(100)).await;
     assert!(replayed(&r.engine, &k).await.is_some());
@@ -218,8 +222,7 @@ async fn a_trusted_copy_is_checked_again_after_the_window() {
 
 #[tokio::test]
 async fn gathered_replays_account_for_every_replay_in_fewer_entries() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = SqliteStore::open(dir.path().join("s.db")).expect("open");
+    let (_dir, store) = temp_store("s.db");
     let counted = CountingStore::new(Arc::new(store.clone()));
     let calls = counted.calls();
     // A flush interval longer than the test: only the explicit flush writes.
