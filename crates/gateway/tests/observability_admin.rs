@@ -15,18 +15,10 @@ use support::observability::*;
 
 const ADMIN_TOKEN: &str = "admin-token-for-tests-3b9e";
 
+/// A key's timeline from the admin listener, with `token` as the bearer
+/// token and a raw `credential` in `X-Idemgate-Credential` when given;
+/// returns the status and the JSON body.
 async fn timeline(
-    client: &reqwest::Client,
-    gw: &TestGateway,
-    key: &str,
-    query: &str,
-    token: Option<&str>,
-) -> (u16, serde_json::Value) {
-    timeline_as(client, gw, key, query, token, None).await
-}
-
-/// [`timeline`] with a raw credential in `X-Idemgate-Credential`.
-async fn timeline_as(
     client: &reqwest::Client,
     gw: &TestGateway,
     key: &str,
@@ -62,11 +54,9 @@ fn outcomes(v: &serde_json::Value) -> Vec<String> {
 /// problem saying how to turn it on, whatever the request sends.
 #[tokio::test]
 async fn timeline_is_disabled_without_an_admin_token() {
-    let sim = sim().await;
-    let gw = start(&sim.url(), |_| {}).await;
-    let client = reqwest::Client::new();
+    let (_sim, gw, client) = sim_and_gateway(None, |_| {}).await;
     for token in [None, Some(ADMIN_TOKEN), Some("")] {
-        let (status, v) = timeline(&client, &gw, "any-key", "", token).await;
+        let (status, v) = timeline(&client, &gw, "any-key", "", token, None).await;
         assert_eq!(status, 403);
         assert_eq!(v["type"], "https://idemgate.dev/problems/admin-disabled");
         assert!(
@@ -84,29 +74,19 @@ async fn timeline_is_disabled_without_an_admin_token() {
 /// another scheme; nothing about the key is revealed.
 #[tokio::test]
 async fn timeline_refuses_missing_and_wrong_tokens() {
-    let sim = sim().await;
-    let gw = start_with(&sim.url(), Some(ADMIN_TOKEN), |_| {}).await;
-    let client = reqwest::Client::new();
-    let r = post(&client, &gw, "tl-secret", chat(false, "hidden"))
-        .send()
-        .await
-        .expect("send the request");
-    assert_eq!(r.status(), 200);
-    let _ = r.bytes().await;
+    let (_sim, gw, client) = sim_and_gateway(Some(ADMIN_TOKEN), |_| {}).await;
+    exchange(&client, &gw, "tl-secret", chat(false, "hidden"), 200).await;
     let wrong = format!("{ADMIN_TOKEN}x");
     for token in [None, Some(wrong.as_str()), Some("admin"), Some("")] {
-        let (status, v) = timeline(&client, &gw, "tl-secret", "", token).await;
+        let (status, v) = timeline(&client, &gw, "tl-secret", "", token, None).await;
         assert_eq!(status, 401, "{token:?}");
         assert_eq!(v["type"], "https://idemgate.dev/problems/unauthorized");
         assert!(v.get("attempts").is_none());
     }
-    let r = client
+    let basic = client
         .get(format!("{}/admin/keys/tl-secret/timeline", gw.admin))
-        .header("authorization", format!("Basic {ADMIN_TOKEN}"))
-        .send()
-        .await
-        .expect("send the request");
-    assert_eq!(r.status(), 401);
+        .header("authorization", format!("Basic {ADMIN_TOKEN}"));
+    let r = expect_status(basic, 401).await;
     assert!(r.headers().contains_key("www-authenticate"));
     gw.stop().await.expect("stop cleanly");
 }
@@ -117,28 +97,21 @@ async fn timeline_refuses_missing_and_wrong_tokens() {
 /// another tenant sees nothing.
 #[tokio::test]
 async fn timeline_lists_execute_replay_and_mismatch() {
-    let sim = sim().await;
-    let gw = start_with(&sim.url(), Some(ADMIN_TOKEN), |_| {}).await;
-    let client = reqwest::Client::new();
+    let (_sim, gw, client) = sim_and_gateway(Some(ADMIN_TOKEN), |_| {}).await;
     let key = "tl-key-1";
     for (body, expected) in [
         (chat(false, "timeline"), 200),
         (chat(false, "timeline"), 200),
         (chat(false, "a different payload"), 422),
     ] {
-        let r = post(&client, &gw, key, body)
-            .send()
-            .await
-            .expect("send the request");
-        assert_eq!(r.status(), expected);
-        let _ = r.bytes().await;
+        exchange(&client, &gw, key, body, expected).await;
     }
     let tenant = idemgate_layer::key::tenant_id(CREDENTIAL.as_bytes());
     // A store may record replays and mismatches in the background (best
     // effort, batched): wait until the third attempt is visible.
     let first = format!("tenant={tenant}&namespace=obs");
     for _ in 0..200 {
-        let (_, v) = timeline(&client, &gw, key, &first, Some(ADMIN_TOKEN)).await;
+        let (_, v) = timeline(&client, &gw, key, &first, Some(ADMIN_TOKEN), None).await;
         if outcomes(&v).len() >= 3 {
             break;
         }
@@ -149,8 +122,7 @@ async fn timeline_lists_execute_replay_and_mismatch() {
         (format!("tenant={tenant}"), None),
         ("namespace=%2Fv1".to_owned(), Some(CREDENTIAL)),
     ] {
-        let (status, v) =
-            timeline_as(&client, &gw, key, &query, Some(ADMIN_TOKEN), credential).await;
+        let (status, v) = timeline(&client, &gw, key, &query, Some(ADMIN_TOKEN), credential).await;
         assert_eq!(status, 200, "{v}");
         assert_eq!(v["key"], key);
         assert_eq!(v["tenant"], tenant.as_str());
@@ -169,7 +141,7 @@ async fn timeline_lists_execute_replay_and_mismatch() {
         assert!(!v.to_string().contains("sk-observability"));
     }
     // Another tenant (here: no credential) has no such key.
-    let (status, v) = timeline(&client, &gw, key, "", Some(ADMIN_TOKEN)).await;
+    let (status, v) = timeline(&client, &gw, key, "", Some(ADMIN_TOKEN), None).await;
     assert_eq!(status, 200);
     assert_eq!(v["tenant"], "anonymous");
     assert_eq!(v["state"], "absent");
@@ -181,10 +153,11 @@ async fn timeline_lists_execute_replay_and_mismatch() {
         key,
         &format!("tenant={tenant}&namespace=nope"),
         Some(ADMIN_TOKEN),
+        None,
     )
     .await;
     assert_eq!(status, 404, "{v}");
-    let (status, _) = timeline_as(
+    let (status, _) = timeline(
         &client,
         &gw,
         key,
@@ -196,7 +169,7 @@ async fn timeline_lists_execute_replay_and_mismatch() {
     assert_eq!(status, 400);
     // A credential in the URL is refused, with the header named.
     let query = format!("credential={}", url_encode(CREDENTIAL));
-    let (status, v) = timeline(&client, &gw, key, &query, Some(ADMIN_TOKEN)).await;
+    let (status, v) = timeline(&client, &gw, key, &query, Some(ADMIN_TOKEN), None).await;
     assert_eq!(status, 400, "{v}");
     assert!(
         v["detail"]
@@ -207,7 +180,7 @@ async fn timeline_lists_execute_replay_and_mismatch() {
     );
     assert!(!v.to_string().contains("sk-observability"), "{v}");
     let long = "k".repeat(300);
-    let (status, _) = timeline(&client, &gw, &long, "", Some(ADMIN_TOKEN)).await;
+    let (status, _) = timeline(&client, &gw, &long, "", Some(ADMIN_TOKEN), None).await;
     assert_eq!(status, 400);
     gw.stop().await.expect("stop cleanly");
 }
@@ -215,12 +188,10 @@ async fn timeline_lists_execute_replay_and_mismatch() {
 /// A key whose execution is running shows as PENDING.
 #[tokio::test]
 async fn timeline_shows_a_running_key_as_pending() {
-    let sim = sim().await;
-    let gw = start_with(&sim.url(), Some(ADMIN_TOKEN), |r| {
+    let (sim, gw, client) = sim_and_gateway(Some(ADMIN_TOKEN), |r| {
         r.timeouts = Some(patient_timeouts());
     })
     .await;
-    let client = reqwest::Client::new();
     let slow = tokio::spawn(
         post(&client, &gw, "tl-pending", chat(false, "slow"))
             .header(LATENCY_HEADER, "60000")
@@ -229,7 +200,7 @@ async fn timeline_shows_a_running_key_as_pending() {
     while sim.stats().requests == 0 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let (status, v) = timeline_as(
+    let (status, v) = timeline(
         &client,
         &gw,
         "tl-pending",
@@ -243,6 +214,15 @@ async fn timeline_shows_a_running_key_as_pending() {
     assert!(v["lease_expires_at_ms"].is_u64());
     gw.stop().await.expect("stop cleanly");
     let _ = slow.await;
+}
+
+/// The status of the answer to `req`.
+async fn status_of(req: reqwest::RequestBuilder) -> u16 {
+    req.send()
+        .await
+        .expect("send the request")
+        .status()
+        .as_u16()
 }
 
 fn url_encode(s: &str) -> String {
@@ -261,25 +241,18 @@ fn url_encode(s: &str) -> String {
 /// `/admin/` endpoint.
 #[tokio::test]
 async fn admin_data_endpoints_need_the_token_probes_and_metrics_do_not() {
-    let sim = sim().await;
-    let client = reqwest::Client::new();
-    let gw = start_with(&sim.url(), Some(ADMIN_TOKEN), |_| {}).await;
+    let (sim, gw, client) = sim_and_gateway(Some(ADMIN_TOKEN), |_| {}).await;
     for open in ["/healthz", "/readyz", "/metrics", "/"] {
-        let r = client
-            .get(format!("{}{open}", gw.admin))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200, "{open}");
+        let r = client.get(format!("{}{open}", gw.admin));
+        assert_eq!(status_of(r).await, 200, "{open}");
     }
     let page = client.get(format!("{}/", gw.admin)).send().await.unwrap();
     assert!(!page.text().await.unwrap().contains("requests_total\":"));
     for data in ["/admin/stats", "/admin/recent"] {
         let url = format!("{}{data}", gw.admin);
-        let r = client.get(&url).send().await.unwrap();
-        assert_eq!(r.status(), 401, "{data}");
-        let r = client.get(&url).bearer_auth("wrong").send().await.unwrap();
-        assert_eq!(r.status(), 401, "{data}");
+        assert_eq!(status_of(client.get(&url)).await, 401, "{data}");
+        let wrong = client.get(&url).bearer_auth("wrong");
+        assert_eq!(status_of(wrong).await, 401, "{data}");
         let r = client
             .get(&url)
             .bearer_auth(ADMIN_TOKEN)
@@ -309,12 +282,8 @@ async fn admin_data_endpoints_need_the_token_probes_and_metrics_do_not() {
     // Without a configured token the data endpoints are off, never open.
     let gw = start_with(&sim.url(), None, |_| {}).await;
     for data in ["/admin/stats", "/admin/recent"] {
-        let r = client
-            .get(format!("{}{data}", gw.admin))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 403, "{data}");
+        let r = client.get(format!("{}{data}", gw.admin));
+        assert_eq!(status_of(r).await, 403, "{data}");
     }
     gw.stop().await.expect("stop cleanly");
 }

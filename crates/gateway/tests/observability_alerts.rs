@@ -118,26 +118,12 @@ async fn alerts_and_dashboard_refer_only_to_exported_metrics() {
         );
     }
 
-    let sim = sim().await;
-    let gw = start(&sim.url(), |r| {
-        r.timeouts = Some(tight_timeouts());
-    })
-    .await;
-    let client = reqwest::Client::new();
+    let (_sim, gw, client) = sim_and_tight_gateway().await;
     for _ in 0..2 {
-        let r = post(&client, &gw, "names-1", chat(false, "names"))
-            .send()
-            .await
-            .expect("send the request");
-        assert_eq!(r.status(), 200);
-        let _ = r.bytes().await;
+        exchange(&client, &gw, "names-1", chat(false, "names"), 200).await;
     }
-    let r = post(&client, &gw, "names-2", chat(false, "hang"))
-        .header(FAIL_HEADER, "hang")
-        .send()
-        .await
-        .expect("send the request");
-    assert_eq!(r.status(), 504);
+    let hang = post(&client, &gw, "names-2", chat(false, "hang")).header(FAIL_HEADER, "hang");
+    expect_status(hang, 504).await;
     let text = support::metrics(&gw, &client).await;
     let exported: BTreeSet<String> = samples(&text)
         .into_iter()

@@ -21,9 +21,7 @@ use support::observability::*;
 /// twice, and every figure is exact.
 #[tokio::test]
 async fn ten_keys_three_sends_give_exact_figures() {
-    let sim = sim().await;
-    let gw = start(&sim.url(), |_| {}).await;
-    let client = reqwest::Client::new();
+    let (sim, gw, client) = sim_and_gateway(None, |_| {}).await;
     let mut saved = 0u64;
     let mut keys = Vec::new();
     for k in 0..10 {
@@ -32,11 +30,7 @@ async fn ten_keys_three_sends_give_exact_figures() {
         let body = chat(false, &"word ".repeat(k + 1));
         let mut usage_of_first = None;
         for send in 0..3 {
-            let r = post(&client, &gw, &key, body.clone())
-                .send()
-                .await
-                .expect("send the request");
-            assert_eq!(r.status(), 200);
+            let r = expect_status(post(&client, &gw, &key, body.clone()), 200).await;
             let replayed = r.headers()["idempotent-replayed"] == "true";
             assert_eq!(replayed, send > 0);
             let bytes = r.bytes().await.expect("read the response body");
@@ -127,13 +121,11 @@ async fn ten_keys_three_sends_give_exact_figures() {
 /// are refused. Exactly four conflicts per round, over several rounds.
 #[tokio::test]
 async fn concurrent_duplicates_in_reject_mode_count_four_conflicts() {
-    let sim = sim().await;
-    let gw = start(&sim.url(), |r| {
+    let (sim, gw, client) = sim_and_gateway(None, |r| {
         r.on_inflight = Some(RawInflightMode::Reject);
         r.timeouts = Some(patient_timeouts());
     })
     .await;
-    let client = reqwest::Client::new();
     let rounds = 5;
     let mut owners = Vec::new();
     for round in 0..rounds {
@@ -192,34 +184,24 @@ async fn concurrent_duplicates_in_reject_mode_count_four_conflicts() {
 /// events are counted as lost.
 #[tokio::test]
 async fn upstream_phases_timeouts_and_lost_events() {
-    let sim = sim().await;
-    let gw = start(&sim.url(), |r| {
-        r.timeouts = Some(tight_timeouts());
-    })
-    .await;
-    let client = reqwest::Client::new();
+    let (_sim, gw, client) = sim_and_tight_gateway().await;
     for k in 0..3 {
-        let r = post(&client, &gw, &format!("phase-{k}"), chat(false, "phases"))
-            .send()
-            .await
-            .expect("send the request");
-        assert_eq!(r.status(), 200);
-        let _ = r.bytes().await;
+        exchange(
+            &client,
+            &gw,
+            &format!("phase-{k}"),
+            chat(false, "phases"),
+            200,
+        )
+        .await;
     }
     // First-byte timeout: the upstream never answers.
-    let r = post(&client, &gw, "phase-hang", chat(false, "hang"))
-        .header(FAIL_HEADER, "hang")
-        .send()
-        .await
-        .expect("send the request");
-    assert_eq!(r.status(), 504);
+    let hang = post(&client, &gw, "phase-hang", chat(false, "hang")).header(FAIL_HEADER, "hang");
+    expect_status(hang, 504).await;
     // Idle timeout mid-stream: three tokens, then silence.
-    let r = post(&client, &gw, "phase-stall", chat(true, "stall"))
-        .header(FAIL_HEADER, "stall-after:3")
-        .send()
-        .await
-        .expect("send the request");
-    assert_eq!(r.status(), 200);
+    let stall =
+        post(&client, &gw, "phase-stall", chat(true, "stall")).header(FAIL_HEADER, "stall-after:3");
+    let r = expect_status(stall, 200).await;
     let mut body = r.bytes_stream();
     let mut received = Vec::new();
     let mut broke = false;

@@ -130,12 +130,7 @@ async fn keyed_log_lines_carry_key_and_trace_id_and_no_content() {
     assert!(idemgate_telemetry::logging::init_json_with(
         captured.clone()
     ));
-    let sim = sim().await;
-    let gw = start(&sim.url(), |r| {
-        r.timeouts = Some(tight_timeouts());
-    })
-    .await;
-    let client = reqwest::Client::new();
+    let (_sim, gw, client) = sim_and_tight_gateway().await;
     let given = "00-5e0c1a9d4b7f4c2e8a6b3d1f0e9c8b7a-1a2b3c4d5e6f7081-01";
     let prompt = "SECRET-PROMPT-7731 what is the capital of nowhere";
     let mut completion = String::new();
@@ -166,12 +161,8 @@ async fn keyed_log_lines_carry_key_and_trace_id_and_no_content() {
     .await
     .expect("send the request");
     assert_eq!(r.status(), 422);
-    let r = post(&client, &gw, "log-key-2", chat(false, prompt))
-        .header(FAIL_HEADER, "hang")
-        .send()
-        .await
-        .expect("send the request");
-    assert_eq!(r.status(), 504);
+    let hang = post(&client, &gw, "log-key-2", chat(false, prompt)).header(FAIL_HEADER, "hang");
+    expect_status(hang, 504).await;
     gw.stop().await.expect("stop cleanly");
 
     let text =

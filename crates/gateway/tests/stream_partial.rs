@@ -16,7 +16,6 @@
 
 mod support;
 
-
 use idemgate_gateway::GatewayConfig;
 use idemgate_gateway::config::{RawConfig, RawInflightMode, RawKeyMode, RawRoute};
 use idemgate_llm_sim::{SimConfig, SimHandle};
@@ -110,11 +109,7 @@ struct Got {
 
 async fn read(res: reqwest::Response) -> Got {
     let status = res.status().as_u16();
-    let replayed = res
-        .headers()
-        .get("idempotent-replayed")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    let replayed = support::header(&res, "idempotent-replayed");
     let (body, broke) = support::body_until_break(res).await;
     Got {
         status,
@@ -122,6 +117,11 @@ async fn read(res: reqwest::Response) -> Got {
         body,
         broke,
     }
+}
+
+/// Sends `req` and reads what the client got.
+async fn send(req: reqwest::RequestBuilder) -> Got {
+    read(req.send().await.expect("send the request")).await
 }
 
 /// The events of an SSE body (the simulator and the gateway end lines
@@ -195,7 +195,7 @@ async fn broken_stream(
             Some(id) => req.header("last-event-id", id),
             None => req,
         };
-        async move { read(req.send().await.expect("a duplicate")).await }
+        send(req)
     };
     let mut replicas = vec![a.base.clone()];
     replicas.extend(b.map(|b| b.base.clone()));
@@ -291,23 +291,12 @@ async fn suite(store: &str, second_replica: bool) {
     // A JSON answer that breaks stays a 502 problem document.
     let key = format!("{run}-json");
     let client = reqwest::Client::new();
-    let first = read(
-        request(&client, &a.base, CHAT, &key, false, "reset-after:10")
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let json = || request(&client, &a.base, CHAT, &key, false, "reset-after:10");
+    let first = send(json()).await;
     assert_eq!(first.status, 502);
     let problem: Value = serde_json::from_slice(&first.body).expect("a problem document");
     assert_eq!(problem["error"]["code"], "outcome-unknown");
-    let retry = read(
-        request(&client, &a.base, CHAT, &key, false, "reset-after:10")
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let retry = send(json()).await;
     assert_eq!(retry.status, 502);
     assert_eq!(retry.replayed.as_deref(), Some("true"));
     assert_eq!(retry.body, first.body);

@@ -34,6 +34,23 @@ pub(crate) async fn start_with(
         .await
 }
 
+/// The simulated LLM, a gateway in front of it ([`start_with`]) and a
+/// client for the test.
+pub(crate) async fn sim_and_gateway(
+    admin_token: Option<&str>,
+    tweak: impl FnOnce(&mut RawRoute),
+) -> (SimHandle, TestGateway, reqwest::Client) {
+    let sim = sim().await;
+    let gw = start_with(&sim.url(), admin_token, tweak).await;
+    (sim, gw, reqwest::Client::new())
+}
+
+/// As [`sim_and_gateway`], without an admin token, on a route with
+/// [`tight_timeouts`].
+pub(crate) async fn sim_and_tight_gateway() -> (SimHandle, TestGateway, reqwest::Client) {
+    sim_and_gateway(None, |r| r.timeouts = Some(tight_timeouts())).await
+}
+
 /// Timeouts of a route whose upstream is failed or stalled on purpose: a
 /// second to the first byte and between chunks.
 pub(crate) fn tight_timeouts() -> RawTimeouts {
@@ -72,6 +89,26 @@ pub(crate) fn post(
         .header("authorization", CREDENTIAL)
         .header("idempotency-key", key)
         .body(body)
+}
+
+/// Sends `req` and asserts the answer's status is `status`.
+pub(crate) async fn expect_status(req: reqwest::RequestBuilder, status: u16) -> reqwest::Response {
+    let r = req.send().await.expect("send the request");
+    assert_eq!(r.status(), status);
+    r
+}
+
+/// Sends the keyed chat `body` ([`post`]), asserts the answer's status is
+/// `status`, and reads the answer to its end.
+pub(crate) async fn exchange(
+    client: &reqwest::Client,
+    gw: &TestGateway,
+    key: &str,
+    body: String,
+    status: u16,
+) {
+    let r = expect_status(post(client, gw, key, body), status).await;
+    let _ = r.bytes().await;
 }
 
 /// One sample of the exposition text.
