@@ -15,10 +15,12 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idemgate_engine::{Begin, Engine, Fenced, Fingerprint, LeaseGuard, Policy, ScopedKey, Store};
+use idemgate_engine::{
+    Begin, Engine, Fenced, Fingerprint, LeaseGuard, Policy, ScopedKey, Store, StoreError,
+};
 use idemgate_postgres::PostgresStore;
 use idemgate_testkit::{executed, fresh_key};
-use sqlx::AssertSqlSafe;
+use sqlx::{AssertSqlSafe, PgConnection, Postgres, Transaction};
 
 const PENDING_TTL: Duration = Duration::from_millis(600);
 
@@ -55,28 +57,50 @@ async fn charged(store: &PostgresStore, table: &str, key: &ScopedKey) -> i64 {
     .unwrap()
 }
 
+/// A transaction begun at isolation `level`.
+async fn begin_at(store: &PostgresStore, level: &str) -> Transaction<'static, Postgres> {
+    store
+        .pool()
+        .begin_with(AssertSqlSafe(format!("BEGIN ISOLATION LEVEL {level}")))
+        .await
+        .unwrap()
+}
+
+/// The business write: one charge for `key` in `table`, inside `tx`.
+async fn charge(tx: &mut PgConnection, table: &str, key: &ScopedKey) {
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {table} (op_key) VALUES ($1)"
+    )))
+    .bind(key.storage_id())
+    .execute(tx)
+    .await
+    .unwrap();
+}
+
+/// Completes `guard`'s lease with "charged" inside `tx`; what the store said.
+async fn complete_charged(
+    store: &PostgresStore,
+    tx: &mut PgConnection,
+    guard: &LeaseGuard,
+) -> Result<Fenced, StoreError> {
+    let done_ttl = Duration::from_secs(60);
+    store
+        .complete_in(tx, guard.lease(), "charged".into(), done_ttl, &executed())
+        .await
+}
+
 async fn completes_in_one_transaction(level: &str) {
     let store = support::shared_store().await;
     let table = charges_table(&store).await;
     let engine = engine(&store);
     let key = fresh_key();
     let mut guard = owner(&engine, &key).await;
-    let mut tx = store
-        .pool()
-        .begin_with(AssertSqlSafe(format!("BEGIN ISOLATION LEVEL {level}")))
-        .await
-        .unwrap();
+    let mut tx = begin_at(&store, level).await;
     assert_eq!(
         store.lock_in(&mut tx, &mut guard).await.unwrap(),
         Fenced::Applied
     );
-    sqlx::query(AssertSqlSafe(format!(
-        "INSERT INTO {table} (op_key) VALUES ($1)"
-    )))
-    .bind(key.storage_id())
-    .execute(&mut *tx)
-    .await
-    .unwrap();
+    charge(&mut tx, &table, &key).await;
     // Past several heartbeat periods and the lease itself: a second owner
     // tries to take the key over meanwhile, and must wait for the commit.
     let rival = {
@@ -90,14 +114,7 @@ async fn completes_in_one_transaction(level: &str) {
     };
     tokio::time::sleep(PENDING_TTL * 3).await;
     assert!(!guard.lease_lost(), "{level}: nobody took the key over");
-    let done = store
-        .complete_in(
-            &mut tx,
-            guard.lease(),
-            "charged".into(),
-            Duration::from_secs(60),
-            &executed(),
-        )
+    let done = complete_charged(&store, &mut tx, &guard)
         .await
         .unwrap_or_else(|e| panic!("{level}: complete_in failed: {e}"));
     assert_eq!(done, Fenced::Applied, "{level}");
@@ -145,11 +162,7 @@ async fn lock_in_a_lost_lease_is_stale() {
     guard.pause_heartbeat().await;
     tokio::time::sleep(PENDING_TTL + Duration::from_millis(200)).await;
     let _rival = owner(&engine, &key).await;
-    let mut tx = store
-        .pool()
-        .begin_with("BEGIN ISOLATION LEVEL SERIALIZABLE")
-        .await
-        .unwrap();
+    let mut tx = begin_at(&store, "SERIALIZABLE").await;
     assert_eq!(
         store.lock_in(&mut tx, &mut guard).await.unwrap(),
         Fenced::Stale
@@ -167,28 +180,11 @@ async fn without_lock_in_a_renewal_breaks_repeatable_read() {
     let engine = engine(&store);
     let key = fresh_key();
     let guard = owner(&engine, &key).await;
-    let mut tx = store
-        .pool()
-        .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        .await
-        .unwrap();
-    sqlx::query(AssertSqlSafe(format!(
-        "INSERT INTO {table} (op_key) VALUES ($1)"
-    )))
-    .bind(key.storage_id())
-    .execute(&mut *tx)
-    .await
-    .unwrap();
+    let mut tx = begin_at(&store, "REPEATABLE READ").await;
+    charge(&mut tx, &table, &key).await;
     // Two heartbeat periods: at least one renewal commits.
     tokio::time::sleep(PENDING_TTL).await;
-    let err = store
-        .complete_in(
-            &mut tx,
-            guard.lease(),
-            "charged".into(),
-            Duration::from_secs(60),
-            &executed(),
-        )
+    let err = complete_charged(&store, &mut tx, &guard)
         .await
         .expect_err("a concurrent update breaks the snapshot");
     assert!(err.to_string().contains("serializ"), "{err}");
