@@ -6,24 +6,18 @@
 
 use std::time::Duration;
 
-use idemgate_gateway::config::{RawConfig, RawRoute};
+mod support;
+
 use idemgate_gateway::{GatewayConfig, GatewayError};
 use tokio::net::TcpListener;
 
+/// A memory-store gateway whose admin listener is on `admin_listen`, with
+/// the admin `token` if given.
 fn config(admin_listen: &str, token: Option<&str>) -> GatewayConfig {
-    GatewayConfig::from_raw(RawConfig {
-        store: Some("memory:".into()),
-        admin_listen: Some(admin_listen.into()),
-        admin_token: token.map(str::to_owned),
-        shutdown_grace: Some("1s".into()),
-        routes: vec![RawRoute {
-            prefix: Some("/".into()),
-            upstream: Some("http://127.0.0.1:9".into()),
-            ..RawRoute::default()
-        }],
-        ..RawConfig::default()
+    support::closed_upstream_config("memory:", "/", |c| {
+        c.admin_listen = Some(admin_listen.into());
+        c.admin_token = token.map(str::to_owned);
     })
-    .unwrap_or_else(|e| panic!("config: {e}"))
 }
 
 #[tokio::test]

@@ -20,8 +20,7 @@ use std::time::Duration;
 use chromiumoxide::browser::{Browser, BrowserConfig};
 use chromiumoxide::page::{Page, ScreenshotParams};
 use futures_util::StreamExt;
-use idemgate_gateway::GatewayConfig;
-use idemgate_gateway::config::{RawConfig, RawInflightMode, RawKeyMode, RawRoute};
+use idemgate_gateway::config::RawInflightMode;
 use idemgate_llm_sim::SimConfig;
 
 const CREDENTIAL: &str = "Bearer sk-dashboard-credential-41aa";
@@ -145,22 +144,19 @@ async fn the_dashboard_shows_recent_keys_the_alert_threshold_and_timelines() {
         .await
         .expect("spawn the process");
     let dir = tempfile::tempdir().expect("create a temp dir");
-    let config = GatewayConfig::from_raw(RawConfig {
-        store: Some(format!("sqlite:{}", dir.path().join("dash.db").display())),
-        shutdown_grace: Some("1s".into()),
-        admin_token: Some(ADMIN_TOKEN.into()),
-        routes: vec![RawRoute {
-            id: Some("chat".into()),
-            prefix: Some("/v1".into()),
-            upstream: Some(sim.url()),
-            key: Some(RawKeyMode::Optional),
-            on_inflight: Some(RawInflightMode::Reject),
-            ..RawRoute::default()
-        }],
-        ..RawConfig::default()
-    })
-    .expect("it succeeds");
-    let gw = TestGateway::start(config).await;
+    // On a fresh SQLite file; the route keeps the gateway's default timeouts.
+    let gw = TestGateway::builder(&sim.url())
+        .on_inflight(RawInflightMode::Reject)
+        .route(|r| {
+            r.id = Some("chat".into());
+            r.timeouts = None;
+        })
+        .config(|c| {
+            c.shutdown_grace = Some("1s".into());
+            c.admin_token = Some(ADMIN_TOKEN.into());
+        })
+        .start()
+        .await;
     let (base, admin_url) = (gw.base.clone(), gw.admin.clone());
     let client = reqwest::Client::new();
     let tenant = idemgate_layer::key::tenant_id(CREDENTIAL.as_bytes());

@@ -18,7 +18,7 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
 use idemgate_gateway::GatewayConfig;
-use idemgate_gateway::config::{RawConfig, RawInflightMode, RawKeyMode, RawRoute};
+use idemgate_gateway::config::RawInflightMode;
 use idemgate_testkit::postgres_server;
 use tokio::net::TcpListener;
 
@@ -59,23 +59,18 @@ async fn upstream() -> String {
     url
 }
 
+/// A keyed route on `store` in front of `upstream` (the gateway's default
+/// timeouts), with the encryption key file `key_file` if given.
 fn config(store: &str, upstream: &str, key_file: Option<&Path>) -> GatewayConfig {
-    GatewayConfig::from_raw(RawConfig {
-        store: Some(store.into()),
-        shutdown_grace: Some("5s".into()),
-        encryption_key_file: key_file
-            .map(|p| figment::value::magic::RelativePathBuf::from(p.to_path_buf())),
-        routes: vec![RawRoute {
-            prefix: Some("/v1".into()),
-            upstream: Some(upstream.into()),
-            key: Some(RawKeyMode::Require),
-            // Streams are published live (to Redis, with that store).
-            on_inflight: Some(RawInflightMode::Attach),
-            ..RawRoute::default()
-        }],
-        ..RawConfig::default()
-    })
-    .unwrap_or_else(|e| panic!("config: {e}"))
+    support::keyed(store, upstream)
+        // Streams are published live (to Redis, with that store).
+        .on_inflight(RawInflightMode::Attach)
+        .route(|r| r.timeouts = None)
+        .config(|c| {
+            c.encryption_key_file =
+                key_file.map(|p| figment::value::magic::RelativePathBuf::from(p.to_path_buf()));
+        })
+        .into_config()
 }
 
 /// A key file in `dir` with fresh keys `ids`, `active` marked; returns its

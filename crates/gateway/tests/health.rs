@@ -9,23 +9,13 @@ mod support;
 use support::TestGateway;
 
 use idemgate_gateway::GatewayConfig;
-use idemgate_gateway::config::{RawConfig, RawRoute};
 use idemgate_testkit::FaultProxy;
 
 const REDIS: &str = "127.0.0.1:6379";
 
+/// A gateway on `store` (its proxy is not used here).
 fn config(store: &str) -> GatewayConfig {
-    GatewayConfig::from_raw(RawConfig {
-        store: Some(store.into()),
-        shutdown_grace: Some("1s".into()),
-        routes: vec![RawRoute {
-            prefix: Some("/v1".into()),
-            upstream: Some("http://127.0.0.1:9".into()),
-            ..RawRoute::default()
-        }],
-        ..RawConfig::default()
-    })
-    .unwrap_or_else(|e| panic!("config: {e}"))
+    support::closed_upstream_config(store, "/v1", |_| {})
 }
 
 async fn status(client: &reqwest::Client, url: String) -> u16 {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use idemgate_llm_sim::{SimConfig, SimHandle};
 
 use idemgate_gateway::GatewayConfig;
-use idemgate_gateway::config::{RawKeyMode, RawTimeouts};
+use idemgate_gateway::config::{RawConfig, RawKeyMode, RawRoute, RawTimeouts};
 pub(crate) use idemgate_gateway::test_util::{TestGateway, TestGatewayBuilder};
 
 /// A one-route gateway on `store` in front of `upstream` whose route
@@ -90,6 +90,28 @@ pub(crate) fn header(r: &reqwest::Response, name: &str) -> Option<String> {
         .get(name)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned)
+}
+
+/// A configuration on `store` with one route, `prefix` to a closed port
+/// (for tests of the listeners, not the proxy), a 1 s shutdown grace, and
+/// the file-level settings changed by `tweak`.
+pub(crate) fn closed_upstream_config(
+    store: &str,
+    prefix: &str,
+    tweak: impl FnOnce(&mut RawConfig),
+) -> GatewayConfig {
+    let mut raw = RawConfig {
+        store: Some(store.into()),
+        shutdown_grace: Some("1s".into()),
+        routes: vec![RawRoute {
+            prefix: Some(prefix.into()),
+            upstream: Some("http://127.0.0.1:9".into()),
+            ..RawRoute::default()
+        }],
+        ..RawConfig::default()
+    };
+    tweak(&mut raw);
+    GatewayConfig::from_raw(raw).unwrap_or_else(|e| panic!("config: {e}"))
 }
 
 /// The admin listener's `/metrics` text.
