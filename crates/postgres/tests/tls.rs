@@ -38,6 +38,15 @@ fn verify_full_url(server: &Private, ca: &std::path::Path) -> String {
     )
 }
 
+/// The server by IP address (no name for a certificate to match) with
+/// `sslmode`.
+fn ip_url(server: &Private, sslmode: &str) -> String {
+    format!(
+        "postgres://postgres@127.0.0.1:{}/postgres?sslmode={sslmode}",
+        server.port
+    )
+}
+
 fn options() -> PostgresOptions {
     PostgresOptions::default()
         .schema(support::run_schema())
@@ -71,11 +80,7 @@ async fn verify_full_and_require_connect_encrypted() {
         .expect("verify-full with the CA");
     assert!(encrypted(&full).await, "verify-full is encrypted");
     // `require` encrypts without checking the certificate, as libpq does.
-    let url = format!(
-        "postgres://postgres@127.0.0.1:{}/postgres?sslmode=require",
-        server.port
-    );
-    let require = PostgresStore::connect_with(&url, options())
+    let require = PostgresStore::connect_with(&ip_url(server, "require"), options())
         .await
         .expect("require without a CA");
     assert!(encrypted(&require).await, "require is encrypted");
@@ -84,11 +89,7 @@ async fn verify_full_and_require_connect_encrypted() {
 #[tokio::test]
 async fn a_plain_connection_is_refused_by_a_tls_only_server() {
     let server = server().await;
-    let url = format!(
-        "postgres://postgres@127.0.0.1:{}/postgres?sslmode=disable",
-        server.port
-    );
-    let err = PostgresStore::connect_with(&url, options())
+    let err = PostgresStore::connect_with(&ip_url(server, "disable"), options())
         .await
         .expect_err("pg_hba.conf has hostssl lines only");
     assert!(err.to_string().contains("no encryption"), "{err}");
