@@ -11,7 +11,6 @@
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -26,7 +25,6 @@ use idemgate_layer::{
     StoredResponse,
 };
 use support::app::{App, AppState, exec_answer, keyed_post, until};
-use tokio::sync::watch;
 
 /// Says "sent" unless told `x-unsent`, then panics when told `x-panic`,
 /// or waits for the gate; answers JSON.
@@ -45,9 +43,8 @@ async fn work(State(app): State<AppState>, req: axum::extract::Request) -> Respo
 
 struct Harness {
     base: String,
-    executions: Arc<AtomicUsize>,
-    gate: watch::Sender<bool>,
-    layer: IdempotencyLayer,
+    /// The app behind the layer: its gate, counter and layer.
+    app: App,
 }
 
 impl Harness {
@@ -63,20 +60,11 @@ impl Harness {
         let layer = IdempotencyLayer::new(engine, config);
         let app = App::with_routes(layer, Router::new().route("/work", post(work)));
         let base = app.serve().await;
-        Self {
-            base,
-            executions: app.executions,
-            gate: app.gate,
-            layer: app.layer,
-        }
+        Self { base, app }
     }
 
     fn post(&self, key: &str) -> reqwest::RequestBuilder {
         keyed_post(&self.base, "/work", key)
-    }
-
-    fn executions(&self) -> usize {
-        self.executions.load(Ordering::SeqCst)
     }
 
     /// Starts a request that waits at the gate, then shuts the layer down
@@ -87,8 +75,8 @@ impl Harness {
             req = req.header("x-unsent", "1");
         }
         let first = tokio::spawn(async move { req.send().await.map(|r| r.status()) });
-        until("the work started", || self.executions() == 1).await;
-        let report = self.layer.shutdown(Duration::from_millis(50)).await;
+        until("the work started", || self.app.executions() == 1).await;
+        let report = self.app.layer.shutdown(Duration::from_millis(50)).await;
         let _ = first.await;
         report.cancelled
     }
@@ -120,7 +108,7 @@ async fn stored_status(h: &Harness, key: &str) -> Option<u16> {
         "test",
         ClientKey::parse(key).unwrap(),
     );
-    let record = h.layer.engine().store().get(&scoped).await.unwrap()?;
+    let record = h.app.layer.engine().store().get(&scoped).await.unwrap()?;
     let payload = record.payload().expect("DONE, not PENDING");
     Some(StoredResponse::decode(payload).unwrap().status.as_u16())
 }
@@ -154,44 +142,38 @@ async fn retry(h: &Harness, key: &str) -> (StatusCode, String, String) {
     read(h.post(key).send().await.unwrap()).await
 }
 
+/// Sends `key` to work that panics, before saying it sent its request
+/// when `unsent`; the answer, as [`read`].
+async fn panicking(h: &Harness, key: &str, unsent: bool) -> (StatusCode, String, String) {
+    let mut req = h.post(key).header("x-panic", "1");
+    if unsent {
+        req = req.header("x-unsent", "1");
+    }
+    read(req.send().await.unwrap()).await
+}
+
 #[tokio::test]
 async fn a_panic_after_sending_keeps_outcome_unknown() {
     let h = Harness::start(OutcomeUnknownMode::Store).await;
-    let (status, replayed, slug) = read(
-        h.post("panicked")
-            .header("x-panic", "1")
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
-    assert_eq!(status, StatusCode::BAD_GATEWAY);
-    assert_eq!(replayed, "false");
-    assert_eq!(slug, "outcome-unknown");
-    h.gate.send_replace(true);
-    let (status, replayed, slug) = retry(&h, "panicked").await;
-    assert_eq!(status, StatusCode::BAD_GATEWAY);
-    assert_eq!(replayed, "true");
-    assert_eq!(slug, "outcome-unknown");
-    assert_eq!(h.executions(), 1, "never run twice");
+    // The outcome-unknown answer, `replayed` or not.
+    let unknown = |replayed: &str| {
+        let slug = "outcome-unknown".to_owned();
+        (StatusCode::BAD_GATEWAY, replayed.to_owned(), slug)
+    };
+    assert_eq!(panicking(&h, "panicked", false).await, unknown("false"));
+    h.app.gate.send_replace(true);
+    assert_eq!(retry(&h, "panicked").await, unknown("true"));
+    assert_eq!(h.app.executions(), 1, "never run twice");
 }
 
 #[tokio::test]
 async fn a_panic_before_sending_releases_the_key() {
     let h = Harness::start(OutcomeUnknownMode::Store).await;
-    let (status, _, slug) = read(
-        h.post("early")
-            .header("x-panic", "1")
-            .header("x-unsent", "1")
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let (status, _, slug) = panicking(&h, "early", true).await;
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(slug, "internal");
-    h.gate.send_replace(true);
-    until("the failed work is done", || h.layer.detached() == 0).await;
+    h.app.gate.send_replace(true);
+    until("the failed work is done", || h.app.layer.detached() == 0).await;
     let mut ran_again = false;
     for _ in 0..100 {
         let (status, replayed, _) = retry(&h, "early").await;
@@ -202,5 +184,5 @@ async fn a_panic_before_sending_releases_the_key() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(ran_again, "the released key runs again");
-    assert_eq!(h.executions(), 2);
+    assert_eq!(h.app.executions(), 2);
 }

@@ -17,7 +17,7 @@
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::Router;
@@ -30,7 +30,7 @@ use idemgate_engine::{Engine, MemoryStore, Policy};
 use idemgate_layer::{IdempotencyLayer, LayerConfig, OnInflight};
 use idemgate_testkit::{BlinkingStore, Switches};
 use support::app::{App, AppState, exec_answer, keyed_post, read_events, read_until_broken, until};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 /// What the next `complete` does.
 #[derive(Debug, Clone, Copy)]
@@ -80,9 +80,8 @@ async fn json(State(app): State<AppState>) -> Response {
 struct Harness {
     base: String,
     faults: Arc<Switches>,
-    gate: watch::Sender<bool>,
-    executions: Arc<AtomicUsize>,
-    layer: IdempotencyLayer,
+    /// The app behind the layer: its gate, counter and layer.
+    app: App,
 }
 
 impl Harness {
@@ -101,13 +100,7 @@ impl Harness {
             .route("/json", post(json));
         let app = App::with_routes(layer, routes);
         let base = app.serve().await;
-        Self {
-            base,
-            faults,
-            gate: app.gate,
-            executions: app.executions,
-            layer: app.layer,
-        }
+        Self { base, faults, app }
     }
 
     async fn open(&self, key: &str) -> reqwest::Response {
@@ -145,7 +138,7 @@ impl Harness {
             .map(|v| v.to_str().unwrap().to_owned());
         read_events(&mut attached, 3).await;
         self.arm(what);
-        self.gate.send_replace(true);
+        self.app.gate.send_replace(true);
         let (_, broken) = read_until_broken(&mut attached).await;
         let (_, owner_broken) = read_until_broken(&mut owner).await;
         (!broken, replayed, !owner_broken)
@@ -159,17 +152,24 @@ async fn a_follower_of_a_stored_stream_ends_cleanly() {
     assert_eq!(replayed.as_deref(), Some("true"));
     assert!(clean, "the stream is the key's answer: a clean end");
     assert!(owner_clean);
-    assert_eq!(h.executions.load(Ordering::SeqCst), 1);
+    assert_eq!(h.app.executions(), 1);
+}
+
+/// On a fresh harness, runs [`Harness::follower_end`] for `key` with the
+/// next completion doing `what`, and asserts that the follower's stream
+/// broke (`why` it must); the harness, and whether the owner's ended
+/// cleanly.
+async fn follower_breaks(key: &str, what: Next, why: &str) -> (Harness, bool) {
+    let h = Harness::start().await;
+    let (clean, _, owner_clean) = h.follower_end(key, what).await;
+    assert!(!clean, "{why}: the follower must not get a clean end");
+    (h, owner_clean)
 }
 
 #[tokio::test]
 async fn a_follower_of_a_fenced_owner_sees_its_stream_break() {
-    let h = Harness::start().await;
-    let (clean, _, owner_clean) = h.follower_end("fenced", Next::Fence).await;
-    assert!(
-        !clean,
-        "the store does not hold this stream: the follower must not get a clean end"
-    );
+    let why = "the store does not hold this stream";
+    let (_, owner_clean) = follower_breaks("fenced", Next::Fence, why).await;
     assert!(
         !owner_clean,
         "nor the owner's own client: the stream is not the key's answer"
@@ -183,12 +183,9 @@ async fn a_fenced_json_owner_answers_lease_lost_not_its_result() {
         let req = keyed_post(&h.base, "/json", "fenced-json");
         async move { req.send().await.expect("the gateway answers") }
     });
-    until("the owner's work runs", || {
-        h.executions.load(Ordering::SeqCst) == 1
-    })
-    .await;
+    until("the owner's work runs", || h.app.executions() == 1).await;
     h.arm(Next::Fence);
-    h.gate.send_replace(true);
+    h.app.gate.send_replace(true);
     let res = owner.await.unwrap();
     assert_eq!(res.status(), 503);
     assert!(res.headers().contains_key("retry-after"));
@@ -198,15 +195,10 @@ async fn a_fenced_json_owner_answers_lease_lost_not_its_result() {
 
 #[tokio::test]
 async fn a_follower_of_an_owner_whose_write_failed_sees_its_stream_break() {
-    let h = Harness::start().await;
-    let (clean, _, _) = h.follower_end("failed", Next::Fail).await;
-    assert!(
-        !clean,
-        "the key was released: the follower must not get a clean end"
-    );
+    let (h, _) = follower_breaks("failed", Next::Fail, "the key was released").await;
     // Nothing was stored: the retry runs the work again.
-    until("the failed owner is done", || h.layer.detached() == 0).await;
-    h.gate.send_replace(true);
+    until("the failed owner is done", || h.app.layer.detached() == 0).await;
+    h.app.gate.send_replace(true);
     let retry = h.open("failed").await;
     assert_eq!(
         retry.headers()["idempotent-replayed"],
@@ -214,5 +206,5 @@ async fn a_follower_of_an_owner_whose_write_failed_sees_its_stream_break() {
         "a retry runs again"
     );
     let _ = retry.bytes().await;
-    assert_eq!(h.executions.load(Ordering::SeqCst), 2);
+    assert_eq!(h.app.executions(), 2);
 }

@@ -29,24 +29,16 @@ fn scripted_workload_renders_exact_figures() {
     // The keys end (as at shutdown): one histogram observation each.
     t.finish_keys();
     let text = t.render();
-    assert_eq!(value(&text, "idempotency_hit_total"), Some(20.0), "{text}");
-    assert_eq!(
-        value(&text, "idempotency_inflight_conflict_total"),
-        Some(4.0)
-    );
-    assert_eq!(
-        value(&text, "idempotency_requests_total{outcome=\"executed\"}"),
-        Some(11.0)
-    );
-    assert_eq!(
-        value(&text, "idempotency_requests_total{outcome=\"replayed\"}"),
-        Some(20.0)
-    );
-    assert_eq!(
-        value(&text, "idempotency_requests_total{outcome=\"conflict\"}"),
-        Some(4.0)
-    );
-    assert_eq!(value(&text, "idempotency_tokens_saved_total"), Some(1000.0));
+    for (series, expected) in [
+        ("idempotency_hit_total", 20.0),
+        ("idempotency_inflight_conflict_total", 4.0),
+        ("idempotency_requests_total{outcome=\"executed\"}", 11.0),
+        ("idempotency_requests_total{outcome=\"replayed\"}", 20.0),
+        ("idempotency_requests_total{outcome=\"conflict\"}", 4.0),
+        ("idempotency_tokens_saved_total", 1000.0),
+    ] {
+        assert_eq!(value(&text, series), Some(expected), "{series}:\n{text}");
+    }
     // 20 hits of 35 keyed requests.
     let ratio = value(&text, "idempotency_hit_ratio").unwrap();
     assert!((ratio - 20.0 / 35.0).abs() < 1e-9, "{ratio}");
@@ -58,10 +50,9 @@ fn scripted_workload_renders_exact_figures() {
             &format!("idempotency_requests_per_key_bucket{{le=\"{le}\"}}"),
         )
     };
-    assert_eq!(bucket("2"), Some(0.0), "{text}");
-    assert_eq!(bucket("3"), Some(10.0));
-    assert_eq!(bucket("5"), Some(11.0));
-    assert_eq!(bucket("+Inf"), Some(11.0));
+    for (le, expected) in [("2", 0.0), ("3", 10.0), ("5", 11.0), ("+Inf", 11.0)] {
+        assert_eq!(bucket(le), Some(expected), "le={le}:\n{text}");
+    }
     assert_eq!(
         value(&text, "idempotency_requests_per_key_count"),
         Some(11.0)

@@ -10,7 +10,7 @@ use idemgate_engine::{
     ScopedKey, Settled, Store,
 };
 
-use super::{assert_only_the_new_owner_completes, complete, eventually_held, outcomes};
+use super::{Shows, assert_only_the_new_owner_completes, complete, eventually_shows, outcomes};
 use crate::{LONG, SHORT_TTL, acquired, attempt, fp, fresh_key, payload};
 
 /// 64 concurrent claimers on one key: exactly one wins, every time.
@@ -132,10 +132,10 @@ pub async fn cancel_releases_key(store: Arc<dyn Store>) {
         })
         .await
     });
-    let claimed = eventually_held(&store, &key, true).await;
+    let claimed = eventually_shows(&store, &key, Shows::Record(true)).await;
     assert!(claimed, "work never claimed the key");
     task.abort();
-    let released = eventually_held(&store, &key, false).await;
+    let released = eventually_shows(&store, &key, Shows::Record(false)).await;
     assert!(released, "cancelled work left the key PENDING");
 }
 

@@ -64,30 +64,26 @@ pub(crate) async fn outcomes(store: &dyn Store, key: &ScopedKey) -> Vec<AttemptO
     timeline.iter().map(|a| a.outcome).collect()
 }
 
-/// Polls (as [`eventually`]) until `key` holds a record, when `present`,
-/// or none; false if that never happened.
-pub(crate) async fn eventually_held(
-    store: &Arc<dyn Store>,
-    key: &ScopedKey,
-    present: bool,
-) -> bool {
-    eventually(|| {
-        let (store, key) = (Arc::clone(store), key.clone());
-        async move { store.get(&key).await.unwrap().is_some() == present }
-    })
-    .await
+/// What a store is to show for a key, written in the background.
+#[derive(Clone, Copy)]
+pub(crate) enum Shows {
+    /// A record, when true, or none.
+    Record(bool),
+    /// At least this many timeline entries.
+    Entries(usize),
 }
 
-/// Polls (as [`eventually`]) until `key`'s timeline holds at least
-/// `entries` entries (written in the background); false if it never did.
-pub(crate) async fn eventually_entries(
-    store: &Arc<dyn Store>,
-    key: &ScopedKey,
-    entries: usize,
-) -> bool {
+/// Polls (as [`eventually`]) until `store` shows `what` for `key`; false
+/// if it never did.
+pub(crate) async fn eventually_shows(store: &Arc<dyn Store>, key: &ScopedKey, what: Shows) -> bool {
     eventually(|| {
         let (store, key) = (Arc::clone(store), key.clone());
-        async move { store.timeline(&key).await.unwrap().len() >= entries }
+        async move {
+            match what {
+                Shows::Record(present) => store.get(&key).await.unwrap().is_some() == present,
+                Shows::Entries(n) => store.timeline(&key).await.unwrap().len() >= n,
+            }
+        }
     })
     .await
 }

@@ -10,7 +10,7 @@ use idemgate_engine::{
     ScopedKey, Store,
 };
 
-use super::{assert_only_the_new_owner_completes, complete, eventually_entries, outcomes};
+use super::{Shows, assert_only_the_new_owner_completes, complete, eventually_shows, outcomes};
 use crate::{
     LONG, PAST_SHORT_TTL, SHORT_TTL, acquired, attempt, eventually, executed, existing, fp,
     fresh_key,
@@ -281,7 +281,7 @@ pub async fn timeline_entries(store: Arc<dyn Store>) {
         AttemptOutcome::Replayed,
         AttemptOutcome::Mismatch,
     ];
-    let got = eventually_entries(&store, &key, expected.len()).await;
+    let got = eventually_shows(&store, &key, Shows::Entries(expected.len())).await;
     assert!(got, "timeline never reached {} entries", expected.len());
     let timeline = store.timeline(&key).await.unwrap();
     let outcomes: Vec<_> = timeline.iter().map(|a| a.outcome).collect();
@@ -303,7 +303,7 @@ pub async fn timeline_keeps_repeated_entries(store: Arc<dyn Store>) {
         last_at_ms: gathered.at_ms + 900,
     });
     store.record_attempt(&key, &gathered, LONG).await.unwrap();
-    let got = eventually_entries(&store, &key, 1).await;
+    let got = eventually_shows(&store, &key, Shows::Entries(1)).await;
     assert!(got, "the entry never landed");
     let timeline = store.timeline(&key).await.unwrap();
     assert_eq!(timeline, vec![gathered]);
@@ -372,7 +372,7 @@ pub async fn timeline_is_ordered_by_attempt_time(store: Arc<dyn Store>) {
     for a in [&first, &late, &early] {
         store.record_attempt(&key, a, LONG).await.unwrap();
     }
-    let got = eventually_entries(&store, &key, 3).await;
+    let got = eventually_shows(&store, &key, Shows::Entries(3)).await;
     assert!(got, "the entries never landed");
     let outcomes = outcomes(&*store, &key).await;
     assert_eq!(
