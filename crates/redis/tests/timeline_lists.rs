@@ -55,13 +55,25 @@ fn llen(key: &ScopedKey) -> usize {
     out.trim().parse().expect("LLEN answers an integer")
 }
 
-/// Appends a replay entry that must live `ttl`; returns the list's TTL.
-async fn append_replay(store: &RedisStore, key: &ScopedKey, ttl: Duration) -> i64 {
+/// Records an attempt with `outcome` for `key` that must live `ttl`.
+async fn record(store: &RedisStore, key: &ScopedKey, outcome: AttemptOutcome, ttl: Duration) {
     store
-        .record_attempt(key, &attempt(AttemptOutcome::Replayed), ttl)
+        .record_attempt(key, &attempt(outcome), ttl)
         .await
         .expect("record_attempt");
+}
+
+/// Appends a replay entry that must live `ttl`; returns the list's TTL.
+async fn append_replay(store: &RedisStore, key: &ScopedKey, ttl: Duration) -> i64 {
+    record(store, key, AttemptOutcome::Replayed, ttl).await;
     pttl(key)
+}
+
+/// Waits until the background writer's batch has made `key`'s list `n`
+/// entries long.
+async fn batch_lands(key: &ScopedKey, n: usize) {
+    let landed = idemgate_testkit::eventually(|| async { llen(key) == n }).await;
+    assert!(landed, "the batch never landed: {} entries", llen(key));
 }
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -140,13 +152,9 @@ async fn a_background_batch_takes_the_executed_entry_too() {
     let key = fresh_key();
     run_once(&store, &key, MINUTE).await;
     for _ in 0..3 {
-        store
-            .record_attempt(&key, &attempt(AttemptOutcome::Replayed), HOUR)
-            .await
-            .unwrap();
+        record(&store, &key, AttemptOutcome::Replayed, HOUR).await;
     }
-    let landed = idemgate_testkit::eventually(|| async { llen(&key) == 4 }).await;
-    assert!(landed, "the batch never landed: {} entries", llen(&key));
+    batch_lands(&key, 4).await;
     assert!(!record_holds_entry(&key));
     assert_eq!(
         outcomes(&store, &key).await,
@@ -181,10 +189,7 @@ async fn a_completion_appends_to_the_list_a_key_already_has() {
     let key = fresh_key();
     let lease = acquired(store.claim(&key, &fp("a"), MINUTE).await.unwrap());
     // A duplicate met the PENDING record: the key has a list already.
-    store
-        .record_attempt(&key, &attempt(AttemptOutcome::Conflict), MINUTE)
-        .await
-        .unwrap();
+    record(&store, &key, AttemptOutcome::Conflict, MINUTE).await;
     let done = complete_executed(&store, &lease, b"answer", HOUR).await;
     assert_eq!(done, Fenced::Applied);
     assert!(!record_holds_entry(&key));
@@ -243,13 +248,9 @@ async fn a_timeline_started_by_a_background_batch_gets_a_ttl() {
     let store = connect(support::options()).await;
     let key = fresh_key();
     for _ in 0..3 {
-        store
-            .record_attempt(&key, &attempt(AttemptOutcome::Mismatch), MINUTE)
-            .await
-            .unwrap();
+        record(&store, &key, AttemptOutcome::Mismatch, MINUTE).await;
     }
-    let landed = idemgate_testkit::eventually(|| async { llen(&key) == 3 }).await;
-    assert!(landed, "the batch never landed: {} entries", llen(&key));
+    batch_lands(&key, 3).await;
     let ttl = pttl(&key);
     assert!(
         (50_000..=60_000).contains(&ttl),
@@ -262,17 +263,11 @@ async fn a_timeline_is_trimmed_once_past_its_bound_and_not_before() {
     let store = store().await;
     let key = fresh_key();
     for _ in 0..MAX_TIMELINE {
-        store
-            .record_attempt(&key, &attempt(AttemptOutcome::Conflict), MINUTE)
-            .await
-            .unwrap();
+        record(&store, &key, AttemptOutcome::Conflict, MINUTE).await;
     }
     assert_eq!(llen(&key), MAX_TIMELINE);
     for _ in 0..3 {
-        store
-            .record_attempt(&key, &attempt(AttemptOutcome::Conflict), MINUTE)
-            .await
-            .unwrap();
+        record(&store, &key, AttemptOutcome::Conflict, MINUTE).await;
         assert_eq!(llen(&key), MAX_TIMELINE);
     }
     assert!(pttl(&key) > 0, "the trimmed list kept its TTL");
