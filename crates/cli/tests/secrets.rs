@@ -146,6 +146,25 @@ async fn stores_that_cannot_be_opened_never_show_the_password() {
     assert_hidden("check", &out, &[PW]);
 }
 
+/// `GET path` on the admin listener at `admin_port`, with `token` as the
+/// bearer token when given; asserts the answer's status is `status` and
+/// returns its text.
+async fn admin_get(
+    client: &reqwest::Client,
+    admin_port: u16,
+    path: &str,
+    token: Option<&str>,
+    status: u16,
+) -> String {
+    let mut req = client.get(format!("http://127.0.0.1:{admin_port}{path}"));
+    if let Some(token) = token {
+        req = req.bearer_auth(token);
+    }
+    let r = req.send().await.expect("send the request");
+    assert_eq!(r.status(), status, "{path}");
+    r.text().await.expect("read the answer")
+}
+
 #[tokio::test]
 async fn a_running_gateway_never_logs_its_secrets() {
     let sim = sim().await;
@@ -213,39 +232,19 @@ async fn a_running_gateway_never_logs_its_secrets() {
         let r = post_chat(&client, port, "secrets-key-1", body).await;
         assert_eq!(r.status(), 200);
     }
-    let stats = client
-        .get(format!("http://127.0.0.1:{admin_port}/admin/stats"))
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .expect("send the request");
-    assert_eq!(stats.status(), 200);
-    let stats = stats.text().await.expect("read the stats");
-    let refused = client
-        .get(format!("http://127.0.0.1:{admin_port}/admin/stats"))
-        .bearer_auth("not-the-token")
-        .send()
-        .await
-        .expect("send the request");
-    assert_eq!(refused.status(), 401);
+    let stats = admin_get(&client, admin_port, "/admin/stats", Some(ADMIN_TOKEN), 200).await;
+    admin_get(
+        &client,
+        admin_port,
+        "/admin/stats",
+        Some("not-the-token"),
+        401,
+    )
+    .await;
     // The dashboard page, opened once with the token in its query.
-    let page = client
-        .get(format!(
-            "http://127.0.0.1:{admin_port}/?token={ADMIN_TOKEN}"
-        ))
-        .send()
-        .await
-        .expect("send the request");
-    assert_eq!(page.status(), 200);
-    let page = page.text().await.expect("read the page");
-    let metrics = client
-        .get(format!("http://127.0.0.1:{admin_port}/metrics"))
-        .send()
-        .await
-        .expect("send the request")
-        .text()
-        .await
-        .expect("read the metrics");
+    let page = format!("/?token={ADMIN_TOKEN}");
+    let page = admin_get(&client, admin_port, &page, None, 200).await;
+    let metrics = admin_get(&client, admin_port, "/metrics", None, 200).await;
 
     sigterm(&child).await;
     let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
