@@ -55,6 +55,13 @@ async fn store(server: &Server, wanted: WaitReplicas) -> RedisStore {
     .unwrap()
 }
 
+/// A node without replicas, and a store on it that waits for `wanted`.
+async fn lone_node(wanted: WaitReplicas) -> (Server, RedisStore) {
+    let node = Server::start(temp_root(), false);
+    let store = store(&node, wanted).await;
+    (node, store)
+}
+
 fn pair() -> (Server, Server) {
     let master = Server::start(temp_root(), false);
     let replica = Server::replica_of(temp_root(), master.port);
@@ -110,8 +117,7 @@ async fn a_done_record_waits_for_its_replica() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_without_replicas_waits_for_none_unless_told() {
-    let mut node = Server::start(temp_root(), false);
-    let auto = store(&node, WaitReplicas::Auto).await;
+    let (mut node, auto) = lone_node(WaitReplicas::Auto).await;
     let (_, lease) = claim_fresh(&auto).await;
     assert_eq!(complete(&auto, &lease).await.unwrap(), Fenced::Applied);
     assert_eq!(node.calls(&["wait"]), 0, "no replica, no WAIT");
@@ -130,8 +136,7 @@ async fn a_node_without_replicas_waits_for_none_unless_told() {
 /// claim, a release or a forget.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vanished_record_is_written_again_by_its_owner() {
-    let mut node = Server::start(temp_root(), false);
-    let store = store(&node, WaitReplicas::Auto).await;
+    let (mut node, store) = lone_node(WaitReplicas::Auto).await;
     let (k, lease) = claim_fresh(&store).await;
     // What a promoted replica that never had the claim looks like.
     let tag = idemgate_redis::hash_tag(&k);
