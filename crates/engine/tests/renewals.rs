@@ -46,19 +46,30 @@ async fn complete(guard: LeaseGuard, status: Option<u16>) {
     assert_eq!(written.expect("complete"), Fenced::Applied);
 }
 
-/// A paused-clock test's engine (a lease of three intervals), its call
-/// counts, and how many tasks are alive while nothing but its ticker runs.
-fn engine_at_rest() -> (Engine, Arc<Calls>, usize) {
-    let (engine, calls) = engine(EVERY * 3);
-    (engine, calls, alive_tasks() + 1)
+/// What a paused-clock test checks once its runs have ended: the store
+/// calls counted, and how many tasks are alive while nothing but the
+/// engine's ticker runs.
+struct Rest {
+    calls: Arc<Calls>,
+    idle: usize,
 }
 
-/// Lets `quiet` pass once the runs have ended, then asserts that `sent`
-/// renewals were sent in all and that no task besides the ticker is alive.
-async fn settles(quiet: Duration, calls: &Calls, sent: usize, idle: usize, task: &str) {
-    tokio::time::sleep(quiet).await;
-    assert_eq!(renewals(calls), sent);
-    assert_eq!(alive_tasks(), idle, "{task}");
+impl Rest {
+    /// Lets `quiet` pass, then asserts that `sent` renewals were sent in
+    /// all and that no task besides the ticker is alive.
+    async fn settles(&self, quiet: Duration, sent: usize, task: &str) {
+        tokio::time::sleep(quiet).await;
+        assert_eq!(renewals(&self.calls), sent);
+        assert_eq!(alive_tasks(), self.idle, "{task}");
+    }
+}
+
+/// A paused-clock test's engine (a lease of three intervals), and its
+/// [`Rest`].
+fn engine_at_rest() -> (Engine, Rest) {
+    let (engine, calls) = engine(EVERY * 3);
+    let idle = alive_tasks() + 1;
+    (engine, Rest { calls, idle })
 }
 
 fn renewals(calls: &Calls) -> usize {
@@ -75,7 +86,7 @@ fn alive_tasks() -> usize {
 /// and the only task they leave is the engine's ticker.
 #[tokio::test(start_paused = true)]
 async fn short_runs_spawn_nothing_and_send_no_renewal() {
-    let (engine, calls, idle) = engine_at_rest();
+    let (engine, rest) = engine_at_rest();
     let runs: Vec<_> = (0..200u64)
         .map(|i| {
             let engine = engine.clone();
@@ -89,45 +100,37 @@ async fn short_runs_spawn_nothing_and_send_no_renewal() {
     for run in runs {
         run.await.expect("run");
     }
-    settles(
-        EVERY * 60,
-        &calls,
-        0,
-        idle,
-        "a task besides the ticker is alive",
-    )
-    .await;
+    rest.settles(EVERY * 60, 0, "a task besides the ticker is alive")
+        .await;
 }
 
 /// A run of 3.5 intervals is renewed at 1, 2 and 3 intervals, and not
 /// after it completes.
 #[tokio::test(start_paused = true)]
 async fn a_long_run_is_renewed_every_interval_until_it_completes() {
-    let (engine, calls, idle) = engine_at_rest();
+    let (engine, rest) = engine_at_rest();
     let claimed = tokio::time::Instant::now();
     let guard = owner(&engine, &fresh_key()).await;
     tokio::time::sleep(EVERY / 2 - Duration::from_millis(1)).await;
     assert_eq!(
         alive_tasks(),
-        idle,
+        rest.idle,
         "a heartbeat task before half the interval"
     );
     for due in 1..=3u32 {
         tokio::time::sleep_until(claimed + EVERY * due - Duration::from_millis(1)).await;
-        assert_eq!(renewals(&calls), due as usize - 1, "renewal {due} early");
+        assert_eq!(
+            renewals(&rest.calls),
+            due as usize - 1,
+            "renewal {due} early"
+        );
         tokio::time::sleep(Duration::from_millis(2)).await;
-        assert_eq!(renewals(&calls), due as usize, "renewal {due} late");
+        assert_eq!(renewals(&rest.calls), due as usize, "renewal {due} late");
     }
     tokio::time::sleep(EVERY / 2).await;
     complete(guard, Some(200)).await;
-    settles(
-        EVERY * 10,
-        &calls,
-        3,
-        idle,
-        "the heartbeat outlived its run",
-    )
-    .await;
+    rest.settles(EVERY * 10, 3, "the heartbeat outlived its run")
+        .await;
 }
 
 /// A run that gets its heartbeat task (past half the interval) but ends
@@ -135,34 +138,28 @@ async fn a_long_run_is_renewed_every_interval_until_it_completes() {
 /// is released and sends no third.
 #[tokio::test(start_paused = true)]
 async fn runs_that_end_stop_their_heartbeat() {
-    let (engine, calls, idle) = engine_at_rest();
+    let (engine, rest) = engine_at_rest();
     let guard = owner(&engine, &fresh_key()).await;
     tokio::time::sleep(EVERY * 9 / 10).await;
     assert_eq!(
         alive_tasks(),
-        idle + 1,
+        rest.idle + 1,
         "no heartbeat task past half the interval"
     );
     let released = guard.release(Some(500)).await.expect("release");
     assert_eq!(released, Fenced::Applied);
-    settles(
-        EVERY * 5,
-        &calls,
-        0,
-        idle,
-        "the released run's heartbeat is alive",
-    )
-    .await;
+    rest.settles(EVERY * 5, 0, "the released run's heartbeat is alive")
+        .await;
 
     let k = fresh_key();
     let guard = owner(&engine, &k).await;
     tokio::time::sleep(EVERY * 5 / 2).await;
-    assert_eq!(renewals(&calls), 2);
+    assert_eq!(renewals(&rest.calls), 2);
     drop(guard);
     tokio::time::sleep(EVERY * 5).await;
-    assert_eq!(renewals(&calls), 2);
+    assert_eq!(renewals(&rest.calls), 2);
     assert_eq!(
-        calls.release.load(Ordering::SeqCst),
+        rest.calls.release.load(Ordering::SeqCst),
         2,
         "the dropped run was not released"
     );

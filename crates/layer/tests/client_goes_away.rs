@@ -26,8 +26,7 @@ async fn a_client_that_times_out_does_not_cancel_the_work() {
     h.open_gate();
     h.until_settled().await;
     let retry = send(h.post("/json", Some("slow"), "{}")).await;
-    assert_eq!(retry.status, StatusCode::CREATED);
-    assert_eq!(retry.replayed(), Some("true"));
+    retry.assert_replay(StatusCode::CREATED, Some("true"));
     assert_eq!(retry.json()["execution"], 1);
     let again = send(h.post("/json", Some("slow"), "{}")).await;
     assert_eq!(again.body, retry.body);
@@ -72,8 +71,7 @@ async fn a_retry_while_the_abandoned_work_runs_waits_for_it() {
     h.until_runs(1).await;
     h.open_gate();
     let retry = retry.await.unwrap();
-    assert_eq!(retry.status, StatusCode::CREATED);
-    assert_eq!(retry.replayed(), Some("true"));
+    retry.assert_replay(StatusCode::CREATED, Some("true"));
     assert_eq!(h.executions(), 1);
 }
 

@@ -27,14 +27,12 @@ async fn a_retryable_status_releases_the_key() {
     assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(failed.body, "failure 1");
     let retry = send(h.post("/json", Some("f"), "{}")).await;
-    assert_eq!(retry.status, StatusCode::CREATED);
-    assert_eq!(retry.replayed(), Some("false"));
+    retry.assert_replay(StatusCode::CREATED, Some("false"));
     assert_eq!(h.executions(), 2);
     // A 4xx that is not retryable is final: stored and replayed.
     send(h.post("/json", Some("g"), "{}").header("x-fail", "404")).await;
     let replay = send(h.post("/json", Some("g"), "{}")).await;
-    assert_eq!(replay.status, StatusCode::NOT_FOUND);
-    assert_eq!(replay.replayed(), Some("true"));
+    replay.assert_replay(StatusCode::NOT_FOUND, Some("true"));
     assert_eq!(h.executions(), 3);
 }
 
@@ -167,8 +165,7 @@ async fn an_event_that_never_ends_breaks_the_stream_at_the_limit() {
 async fn a_panicking_handler_answers_500_and_releases_the_key() {
     let h = Harness::start(config(OnInflight::Reject)).await;
     let a = send(h.post("/json", Some("p"), "{}").header("x-panic", "1")).await;
-    assert_eq!(a.status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(a.problem_type(), problem("internal"));
+    a.assert_problem(StatusCode::INTERNAL_SERVER_ERROR, "internal");
     h.until_settled().await;
     for _ in 0..2000 {
         if h.record("p").await.is_none() {
@@ -235,8 +232,7 @@ async fn a_response_too_large_to_store_is_delivered_but_not_stored() {
     })
     .await;
     let a = send(h.post("/json", Some("big"), "{}").header("x-pad", "1")).await;
-    assert_eq!(a.status, StatusCode::CREATED);
-    assert_eq!(a.replayed(), Some("false"));
+    a.assert_replay(StatusCode::CREATED, Some("false"));
     assert_eq!(a.json()["padding"].as_str().unwrap().len(), 4096);
     let retry = send(h.post("/json", Some("big"), "{}").header("x-pad", "1")).await;
     assert_eq!(retry.replayed(), Some("false"));

@@ -56,8 +56,7 @@ async fn malformed_and_missing_keys_are_refused() {
     .await;
     assert_eq!(twice.problem_type(), problem("malformed-key"));
     let missing = send(h.post("/json", None, "{}")).await;
-    assert_eq!(missing.status, StatusCode::BAD_REQUEST);
-    assert_eq!(missing.problem_type(), problem("missing-key"));
+    missing.assert_problem(StatusCode::BAD_REQUEST, "missing-key");
     assert_eq!(h.executions(), 0);
     // Other methods pass through.
     let plain = send(h.client.get(format!("{}/plain", h.base))).await;
@@ -74,8 +73,7 @@ async fn optional_routes_pass_unkeyed_requests_through_unmerged() {
     .await;
     let a = send(h.post("/json", None, "{}")).await;
     let b = send(h.post("/json", None, "{}")).await;
-    assert_eq!(a.status, StatusCode::CREATED);
-    assert_eq!(a.replayed(), None);
+    a.assert_replay(StatusCode::CREATED, None);
     assert_ne!(a.body, b.body);
     assert_eq!(h.executions(), 2);
     let big = format!(
@@ -100,8 +98,7 @@ async fn derived_keys_need_their_dimensions() {
     })
     .await;
     let missing = send(h.post("/json", None, "{}").header("x-user-id", "u1")).await;
-    assert_eq!(missing.status, StatusCode::BAD_REQUEST);
-    assert_eq!(missing.problem_type(), problem("missing-key"));
+    missing.assert_problem(StatusCode::BAD_REQUEST, "missing-key");
     let req = |session: &str| {
         h.post("/json", None, r#"{"q":"same question"}"#)
             .header("x-user-id", "u1")
@@ -125,8 +122,7 @@ async fn bodies_over_the_limit_are_refused_before_the_handler() {
     .await;
     let big = format!("{{\"x\":\"{}\"}}", "y".repeat(100));
     let a = send(h.post("/json", Some("big"), &big)).await;
-    assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE);
-    assert_eq!(a.problem_type(), problem("body-too-large"));
+    a.assert_problem(StatusCode::PAYLOAD_TOO_LARGE, "body-too-large");
     assert_eq!(h.executions(), 0);
     let ok = send(h.post("/json", Some("big"), "{}")).await;
     assert_eq!(ok.status, StatusCode::CREATED, "the key was not claimed");

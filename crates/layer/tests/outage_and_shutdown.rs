@@ -13,14 +13,13 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use idemgate_layer::{LayerConfig, OnInflight, StoreErrorMode};
 use support::DownStore;
-use support::app::{Harness, config, problem, send};
+use support::app::{Harness, config, send};
 
 #[tokio::test]
 async fn a_store_outage_fails_closed_by_default() {
     let h = Harness::start_with(Arc::new(DownStore), config(OnInflight::Reject)).await;
     let a = send(h.post("/json", Some("k"), "{}")).await;
-    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(a.problem_type(), problem("store-unavailable"));
+    a.assert_problem(StatusCode::SERVICE_UNAVAILABLE, "store-unavailable");
     assert_eq!(h.executions(), 0);
 }
 

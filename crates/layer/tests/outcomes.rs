@@ -13,14 +13,13 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use idemgate_engine::{MemoryStore, Store};
 use idemgate_layer::OnInflight;
-use support::app::{Harness, config, event_ids, problem, read_events, read_to_end, run_of, send};
+use support::app::{Harness, config, event_ids, read_events, read_to_end, run_of, send};
 
 #[tokio::test]
 async fn first_request_runs_and_a_retry_replays_byte_for_byte() {
     let h = Harness::start(config(OnInflight::Reject)).await;
     let first = send(h.post("/json", Some("k-1"), r#"{"a":1}"#)).await;
-    assert_eq!(first.status, StatusCode::CREATED);
-    assert_eq!(first.replayed(), Some("false"));
+    first.assert_replay(StatusCode::CREATED, Some("false"));
     assert_eq!(
         first.json()["key_seen"],
         "k-1",
@@ -29,8 +28,7 @@ async fn first_request_runs_and_a_retry_replays_byte_for_byte() {
 
     // Same key (quoted sf-string form), same JSON with other whitespace.
     let retry = send(h.post("/json", Some("\"k-1\""), r#"{ "a" : 1 }"#)).await;
-    assert_eq!(retry.status, StatusCode::CREATED);
-    assert_eq!(retry.replayed(), Some("true"));
+    retry.assert_replay(StatusCode::CREATED, Some("true"));
     assert_eq!(retry.body, first.body);
     assert_eq!(retry.headers["content-type"], "application/json");
     assert_eq!(h.executions(), 1);
@@ -57,8 +55,7 @@ async fn same_key_with_another_body_is_refused_with_422() {
     let h = Harness::start(config(OnInflight::Reject)).await;
     send(h.post("/json", Some("k"), r#"{"a":1}"#)).await;
     let other = send(h.post("/json", Some("k"), r#"{"a":2}"#)).await;
-    assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(other.problem_type(), problem("key-mismatch"));
+    other.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "key-mismatch");
     assert_eq!(h.executions(), 1);
 }
 
@@ -68,8 +65,7 @@ async fn a_duplicate_in_flight_is_rejected_with_409_and_retry_headers() {
     let first = tokio::spawn(send(h.post("/json", Some("k"), "{}").header("x-gate", "1")));
     h.until_runs(1).await;
     let dup = send(h.post("/json", Some("k"), "{}")).await;
-    assert_eq!(dup.status, StatusCode::CONFLICT);
-    assert_eq!(dup.problem_type(), problem("in-flight"));
+    dup.assert_problem(StatusCode::CONFLICT, "in-flight");
     assert!(dup.headers.contains_key("retry-after"));
     assert_eq!(dup.headers["x-should-retry"], "true");
     // A mismatching duplicate in flight is a mismatch, not a conflict.
@@ -89,8 +85,7 @@ async fn a_waiting_duplicate_gets_the_result() {
     h.open_gate();
     let (first, dup) = (first.await.unwrap(), dup.await.unwrap());
     assert_eq!(first.replayed(), Some("false"));
-    assert_eq!(dup.status, StatusCode::CREATED);
-    assert_eq!(dup.replayed(), Some("true"));
+    dup.assert_replay(StatusCode::CREATED, Some("true"));
     assert_eq!(dup.body, first.body);
     assert_eq!(h.executions(), 1);
 }
@@ -176,8 +171,7 @@ async fn a_wait_that_runs_out_answers_409() {
     let first = tokio::spawn(send(h.post("/json", Some("k"), "{}").header("x-gate", "1")));
     h.until_runs(1).await;
     let dup = send(h.post("/json", Some("k"), "{}")).await;
-    assert_eq!(dup.status, StatusCode::CONFLICT);
-    assert_eq!(dup.problem_type(), problem("in-flight"));
+    dup.assert_problem(StatusCode::CONFLICT, "in-flight");
     h.open_gate();
     assert_eq!(first.await.unwrap().status, StatusCode::CREATED);
     assert_eq!(h.executions(), 1);
@@ -212,8 +206,7 @@ async fn respond_async_returns_an_operation_to_poll() {
     h.open_gate();
     h.until_settled().await;
     let done = send(auth(h.client.get(&url))).await;
-    assert_eq!(done.status, StatusCode::CREATED);
-    assert_eq!(done.replayed(), Some("true"));
+    done.assert_replay(StatusCode::CREATED, Some("true"));
     assert_eq!(done.json()["execution"], 1);
     let stranger = send(
         h.client
@@ -221,8 +214,7 @@ async fn respond_async_returns_an_operation_to_poll() {
             .header("authorization", "Bearer tenant-b"),
     )
     .await;
-    assert_eq!(stranger.status, StatusCode::NOT_FOUND);
-    assert_eq!(stranger.problem_type(), problem("operation-not-found"));
+    stranger.assert_problem(StatusCode::NOT_FOUND, "operation-not-found");
     // An id naming the key but not the request that made it finds nothing:
     // reading needs what a replay needs.
     let id = location.trim_start_matches("/idemgate/operations/");

@@ -498,6 +498,20 @@ impl Answer {
         );
         self.json()["type"].as_str().unwrap().to_owned()
     }
+
+    /// Asserts the answer's status and its `Idempotent-Replayed` header.
+    #[track_caller]
+    pub fn assert_replay(&self, status: StatusCode, replayed: Option<&str>) {
+        assert_eq!(self.status, status);
+        assert_eq!(self.replayed(), replayed);
+    }
+
+    /// Asserts the answer's status and that it is the problem `slug`.
+    #[track_caller]
+    pub fn assert_problem(&self, status: StatusCode, slug: &str) {
+        assert_eq!(self.status, status);
+        assert_eq!(self.problem_type(), problem(slug));
+    }
 }
 
 pub async fn send(b: reqwest::RequestBuilder) -> Answer {
