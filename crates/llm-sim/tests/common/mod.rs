@@ -154,6 +154,16 @@ pub fn events(body: &str) -> Vec<Event> {
         .collect()
 }
 
+/// What became of the generations: (executions, completed, completion
+/// tokens billed).
+pub fn generations(stats: &StatsSnapshot) -> (u64, u64, u64) {
+    (
+        stats.executions,
+        stats.completed,
+        stats.completion_tokens_billed,
+    )
+}
+
 /// Polls the counters until `done` holds, for at most 10 s (a bound on a
 /// hang, not a performance claim).
 pub async fn until(sim: &SimHandle, done: impl Fn(&StatsSnapshot) -> bool) -> StatsSnapshot {
