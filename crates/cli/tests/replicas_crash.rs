@@ -19,7 +19,6 @@ mod support;
 use std::time::Duration;
 
 use idemgate_llm_sim::SimHandle;
-use idemgate_testkit::postgres_server;
 use support::replicas::*;
 
 /// Waits until the simulator has started `n` executions of `key`.
@@ -86,23 +85,10 @@ async fn send_result(req: reqwest::RequestBuilder) -> Result<Answer, reqwest::Er
     })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_a_killed_replicas_key_is_claimable_after_pending_ttl() {
-    let prefix = tag();
-    killed_mid_generation(&format!("{REDIS}/?prefix={prefix}")).await;
-    drop_prefix(REDIS, &prefix).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_a_killed_replicas_key_is_claimable_after_pending_ttl() {
-    let schema = tag();
-    killed_mid_generation(&format!(
-        "{}?schema={schema}&pool=4",
-        postgres_server::shared_url()
-    ))
-    .await;
-    postgres_server::drop_schema(&postgres_server::shared_url(), &schema).await;
-}
+on_shared_stores!(killed_mid_generation:
+    redis_a_killed_replicas_key_is_claimable_after_pending_ttl,
+    postgres_a_killed_replicas_key_is_claimable_after_pending_ttl,
+    pool 4);
 
 /// SSE with Redis: a duplicate on the other replica follows the live
 /// stream; when the owner is killed the follower's stream ends with an
@@ -225,20 +211,7 @@ async fn paused_past_the_lease(store: &str) {
     assert_eq!(b.counter("idempotency_fenced_total", "").await, 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_a_paused_replica_is_fenced_after_a_takeover() {
-    let prefix = tag();
-    paused_past_the_lease(&format!("{REDIS}/?prefix={prefix}")).await;
-    drop_prefix(REDIS, &prefix).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_a_paused_replica_is_fenced_after_a_takeover() {
-    let schema = tag();
-    paused_past_the_lease(&format!(
-        "{}?schema={schema}&pool=4",
-        postgres_server::shared_url()
-    ))
-    .await;
-    postgres_server::drop_schema(&postgres_server::shared_url(), &schema).await;
-}
+on_shared_stores!(paused_past_the_lease:
+    redis_a_paused_replica_is_fenced_after_a_takeover,
+    postgres_a_paused_replica_is_fenced_after_a_takeover,
+    pool 4);

@@ -18,7 +18,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idemgate_llm_sim::{SimConfig, SimHandle};
-use idemgate_testkit::postgres_server;
 use support::replicas::*;
 use tokio::task::JoinSet;
 
@@ -51,23 +50,10 @@ async fn split_duplicates(store: &str) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_duplicates_split_between_two_processes_execute_once() {
-    let prefix = tag();
-    split_duplicates(&format!("{REDIS}/?prefix={prefix}")).await;
-    drop_prefix(REDIS, &prefix).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_duplicates_split_between_two_processes_execute_once() {
-    let schema = tag();
-    split_duplicates(&format!(
-        "{}?schema={schema}&pool=6",
-        postgres_server::shared_url()
-    ))
-    .await;
-    postgres_server::drop_schema(&postgres_server::shared_url(), &schema).await;
-}
+on_shared_stores!(split_duplicates:
+    redis_duplicates_split_between_two_processes_execute_once,
+    postgres_duplicates_split_between_two_processes_execute_once,
+    pool 6);
 
 /// The soak: `SOAK_KEYS` fresh keys (default 60), each sent as 8
 /// concurrent duplicates spread over two replicas, 16 keys at a time,
@@ -157,23 +143,7 @@ fn executed_once(sim: &SimHandle, key: &str, answers: &[Answer]) {
     assert_eq!(sim.executions_for(key), 1, "{key}: one upstream execution");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn soak_redis() {
-    let prefix = tag();
-    soak(&format!("{REDIS}/?prefix={prefix}")).await;
-    drop_prefix(REDIS, &prefix).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn soak_postgres() {
-    let schema = tag();
-    soak(&format!(
-        "{}?schema={schema}&pool=8",
-        postgres_server::shared_url()
-    ))
-    .await;
-    postgres_server::drop_schema(&postgres_server::shared_url(), &schema).await;
-}
+on_shared_stores!(soak: soak_redis, soak_postgres, pool 8);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soak_one_shared_sqlite_file() {

@@ -238,3 +238,30 @@ pub async fn drop_prefix(url: &str, prefix: &str) {
         .output()
         .await;
 }
+
+/// Two multi-threaded tests of the async fn `$run` (given a store URL):
+/// `$redis` on the shared Redis under a fresh key prefix, and `$postgres`
+/// on the shared PostgreSQL in a fresh schema with a pool of `$pool`
+/// connections; each removes its prefix or schema afterwards.
+#[allow(unused_macros)]
+macro_rules! on_shared_stores {
+    ($run:ident: $redis:ident, $postgres:ident, pool $pool:literal) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $redis() {
+            use $crate::support::replicas::{REDIS, drop_prefix, tag};
+            let prefix = tag();
+            $run(&format!("{REDIS}/?prefix={prefix}")).await;
+            drop_prefix(REDIS, &prefix).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $postgres() {
+            use idemgate_testkit::postgres_server::{drop_schema, shared_url};
+            let schema = $crate::support::replicas::tag();
+            $run(&format!("{}?schema={schema}&pool={}", shared_url(), $pool)).await;
+            drop_schema(&shared_url(), &schema).await;
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use on_shared_stores;
