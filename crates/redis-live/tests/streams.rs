@@ -23,7 +23,7 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use idemgate_engine::{ClientKey, ScopedKey, StoreErrorKind};
 use idemgate_layer::LiveEvents;
-use idemgate_layer::live::{Joined, LiveFollower, LiveStream, Next};
+use idemgate_layer::live::{Joined, LiveFollower, LivePublisher, LiveStream, Next};
 use idemgate_redis_live::{FanoutOptions, RedisLiveEvents};
 use idemgate_seal::store::FailureHook;
 use idemgate_seal::{KeyRing, SealErrorKind};
@@ -66,6 +66,20 @@ fn event(n: u32) -> Bytes {
     Bytes::from(format!("id: {n}\ndata: token {n}\n\n"))
 }
 
+/// Publishes a stream for a new key on `owner` (fence 1000), begun as an
+/// event stream with events 1 to `events` sent; the key and the publisher.
+fn publish_sse(owner: &RedisLiveEvents, events: u32) -> (ScopedKey, Box<dyn LivePublisher>) {
+    let key = ScopedKey::new("t", "ns", ClientKey::mint());
+    let publisher = owner.publish(stream(&key, 1000));
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", "text/event-stream".parse().unwrap());
+    publisher.streaming(StatusCode::OK, headers);
+    for n in 1..=events {
+        publisher.event(event(n));
+    }
+    (key, publisher)
+}
+
 fn soon() -> Instant {
     Instant::now() + Duration::from_secs(2)
 }
@@ -106,14 +120,7 @@ async fn read_all(f: &mut Box<dyn LiveFollower>, cursor: &mut usize) -> (Vec<u8>
 async fn follow_from_cursor_then_live(url: &str) {
     let p = prefix();
     let (owner, other) = (replica(url, &p).await, replica(url, &p).await);
-    let key = ScopedKey::new("t", "ns", ClientKey::mint());
-    let publisher = owner.publish(stream(&key, 1000));
-    let mut headers = HeaderMap::new();
-    headers.insert("content-type", "text/event-stream".parse().unwrap());
-    publisher.streaming(StatusCode::OK, headers.clone());
-    for n in 1..=3 {
-        publisher.event(event(n));
-    }
+    let (key, publisher) = publish_sse(&owner, 3);
     let mut follow = join(&other, &key, 1000).await;
     let mut cursor = 1;
     let mut got = Vec::new();
@@ -153,14 +160,7 @@ async fn follow_from_cursor_then_live(url: &str) {
 async fn cursor_beyond_the_end(url: &str) {
     let p = prefix();
     let (owner, other) = (replica(url, &p).await, replica(url, &p).await);
-    let key = ScopedKey::new("t", "ns", ClientKey::mint());
-    let publisher = owner.publish(stream(&key, 1000));
-    let mut headers = HeaderMap::new();
-    headers.insert("content-type", "text/event-stream".parse().unwrap());
-    publisher.streaming(StatusCode::OK, headers);
-    for n in 1..=3 {
-        publisher.event(event(n));
-    }
+    let (key, publisher) = publish_sse(&owner, 3);
     let mut follow = join(&other, &key, 1000).await;
     publisher.complete();
     let mut cursor = 10;
@@ -316,12 +316,7 @@ async fn sealed_entries_that_do_not_open_are_counted_store_errors() {
     let friend = sealed_replica(&p, mine, Arc::clone(&hook)).await;
     // A replica whose ring lacks the owner's key (a rotation done halfway).
     let stranger = sealed_replica(&p, ring("k2"), hook).await;
-    let key = ScopedKey::new("t", "ns", ClientKey::mint());
-    let publisher = owner.publish(stream(&key, 1000));
-    let mut headers = HeaderMap::new();
-    headers.insert("content-type", "text/event-stream".parse().unwrap());
-    publisher.streaming(StatusCode::OK, headers);
-    publisher.event(event(1));
+    let (key, publisher) = publish_sse(&owner, 1);
 
     // The replica with the key follows; the stranger gets a store error,
     // not "no stream here".
