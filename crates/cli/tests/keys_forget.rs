@@ -8,7 +8,7 @@
 //! forgotten by the command.
 
 mod support;
-use support::{assert_says, fresh_postgres, fresh_redis, sim, text};
+use support::{assert_says, on_fresh_stores, sim, text};
 
 use std::path::Path;
 use std::process::Output;
@@ -142,12 +142,6 @@ async fn forgets_on(url: String) {
     assert_eq!(out.status.code(), Some(1), "{url}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keys_forget_clears_a_redis_key() {
-    forgets_on(fresh_redis("forget")).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keys_forget_clears_a_postgres_key() {
-    forgets_on(fresh_postgres("forget")).await;
-}
+on_fresh_stores!(forgets_on("forget"):
+    keys_forget_clears_a_redis_key,
+    keys_forget_clears_a_postgres_key);

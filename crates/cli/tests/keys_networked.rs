@@ -9,7 +9,7 @@ use idemgate_gateway::{StoreUrl, open_records};
 use tokio::process::Command;
 
 mod support;
-use support::{fresh_postgres, fresh_redis};
+use support::on_fresh_stores;
 
 const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
 
@@ -54,12 +54,4 @@ async fn shows_executed_then_replayed(url: String) {
     assert!(out.contains("replica-a"), "{out}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keys_show_reads_redis() {
-    shows_executed_then_replayed(fresh_redis("keys")).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keys_show_reads_postgres() {
-    shows_executed_then_replayed(fresh_postgres("keys")).await;
-}
+on_fresh_stores!(shows_executed_then_replayed("keys"): keys_show_reads_redis, keys_show_reads_postgres);

@@ -35,6 +35,27 @@ pub fn fresh_postgres(tag: &str) -> String {
     )
 }
 
+/// Two multi-threaded tests of the async fn `$run` (given a store URL):
+/// `$redis` on the shared Redis ([`fresh_redis`]) and `$postgres` on the
+/// shared PostgreSQL ([`fresh_postgres`]), their prefix or schema named
+/// from `$tag`.
+#[allow(unused_macros)]
+macro_rules! on_fresh_stores {
+    ($run:ident($tag:literal): $redis:ident, $postgres:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $redis() {
+            $run($crate::support::fresh_redis($tag)).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $postgres() {
+            $run($crate::support::fresh_postgres($tag)).await;
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use on_fresh_stores;
+
 /// `serve` arguments for a gateway on the memory store whose proxy and
 /// admin listeners take any free loopback port (read back from its log).
 pub const MEMORY_ON_ANY_PORT: [&str; 6] = [
