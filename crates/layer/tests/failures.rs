@@ -96,10 +96,7 @@ async fn an_attached_client_sees_the_owner_stream_break() {
     h.open_gate();
     let (_, broke) = read_until_broken(&mut attached).await;
     assert!(broke, "the attached stream ends with an error");
-    h.until_settled().await;
-    let retry = send(h.post("/sse", Some("b"), "{}")).await;
-    assert_eq!(retry.replayed(), Some("false"));
-    assert_eq!(h.executions(), 2);
+    h.retry_runs_again("/sse", "b", 2).await;
 }
 
 /// A 200 stream that ends in an error event is relayed whole to the owner
@@ -126,10 +123,7 @@ async fn an_error_event_reaches_owner_and_attached_then_the_key_is_released() {
             "{who}: the error event was relayed: {rest}"
         );
     }
-    h.until_settled().await;
-    let retry = send(h.post("/sse", Some("e"), "{}")).await;
-    assert_eq!(retry.replayed(), Some("false"));
-    assert_eq!(h.executions(), 2);
+    let retry = h.retry_runs_again("/sse", "e", 2).await;
     let replay = send(h.post("/sse", Some("e"), "{}")).await;
     assert_eq!(replay.replayed(), Some("true"));
     assert_eq!(replay.body, retry.body);
@@ -155,10 +149,7 @@ async fn an_event_that_never_ends_breaks_the_stream_at_the_limit() {
     let (got, broke) = read_until_broken(&mut res).await;
     assert!(broke, "the stream ends with an error");
     assert_eq!(event_ids(&got), (1..=6).collect::<Vec<_>>());
-    h.until_settled().await;
-    let retry = send(h.post("/sse", Some("x"), "{}")).await;
-    assert_eq!(retry.replayed(), Some("false"));
-    assert_eq!(h.executions(), 2);
+    h.retry_runs_again("/sse", "x", 2).await;
 }
 
 #[tokio::test]
@@ -178,21 +169,31 @@ async fn a_panicking_handler_answers_500_and_releases_the_key() {
     assert_eq!(h.executions(), 2);
 }
 
+/// The app of a paused-clock test whose completion timeout is 30 s,
+/// keeping outcome-unknown answers when `charging`: its first request,
+/// held at the gate, has timed out with problem `slug`, and the gate is
+/// open.
+async fn timed_out(charging: bool, slug: &str) -> App {
+    let mut config = LayerConfig {
+        completion_timeout: Duration::from_secs(30),
+        ..config(OnInflight::Reject)
+    };
+    if charging {
+        config.on_outcome_unknown = OutcomeUnknownMode::Store;
+    }
+    let app = App::new(Arc::new(MemoryStore::new()), config);
+    let a = app.call(gated_request(true)).await;
+    assert_eq!(a.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(problem_of(a).await, problem(slug));
+    app.gate.send_replace(true);
+    app
+}
+
 /// On tokio's paused clock: the 30 s completion timeout elapses at once,
 /// exactly, while the handler still waits on its gate.
 #[tokio::test(start_paused = true)]
 async fn work_past_the_completion_timeout_is_abandoned_and_released() {
-    let app = App::new(
-        Arc::new(MemoryStore::new()),
-        LayerConfig {
-            completion_timeout: Duration::from_secs(30),
-            ..config(OnInflight::Reject)
-        },
-    );
-    let a = app.call(gated_request(true)).await;
-    assert_eq!(a.status(), StatusCode::GATEWAY_TIMEOUT);
-    assert_eq!(problem_of(a).await, problem("upstream-timeout"));
-    app.gate.send_replace(true);
+    let app = timed_out(false, "upstream-timeout").await;
     // The abandoned attempt released the key: the retry runs again.
     let retry = app.call(gated_request(false)).await;
     assert_eq!(retry.status(), StatusCode::CREATED);
@@ -205,18 +206,7 @@ async fn work_past_the_completion_timeout_is_abandoned_and_released() {
 /// the retry gets it; nothing runs twice.
 #[tokio::test(start_paused = true)]
 async fn a_charging_completion_timeout_keeps_outcome_unknown() {
-    let app = App::new(
-        Arc::new(MemoryStore::new()),
-        LayerConfig {
-            completion_timeout: Duration::from_secs(30),
-            on_outcome_unknown: OutcomeUnknownMode::Store,
-            ..config(OnInflight::Reject)
-        },
-    );
-    let a = app.call(gated_request(true)).await;
-    assert_eq!(a.status(), StatusCode::GATEWAY_TIMEOUT);
-    assert_eq!(problem_of(a).await, problem("outcome-unknown"));
-    app.gate.send_replace(true);
+    let app = timed_out(true, "outcome-unknown").await;
     let retry = app.call(gated_request(false)).await;
     assert_eq!(retry.status(), StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(retry.headers()["idempotent-replayed"], "true");

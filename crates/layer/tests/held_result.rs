@@ -140,21 +140,23 @@ async fn a_retry_during_a_hold_is_refused_in_flight_then_replays() {
 
     h.switches.complete_down.store(false, Ordering::SeqCst);
     let owner = owner.await.unwrap();
-    assert_eq!(owner.status(), 200);
-    assert_eq!(
-        header(&owner, "idempotent-replayed").as_deref(),
-        Some("false")
-    );
+    assert_ok_replayed(&owner, "false");
     assert_eq!(header(&owner, "idempotent-stored"), None);
     let owner_body = owner.bytes().await.unwrap();
     let retry = h.post("/json", "reject").send().await.unwrap();
-    assert_eq!(retry.status(), 200);
-    assert_eq!(
-        header(&retry, "idempotent-replayed").as_deref(),
-        Some("true")
-    );
+    assert_ok_replayed(&retry, "true");
     assert_eq!(retry.bytes().await.unwrap(), owner_body);
     assert_eq!(h.executions.load(Ordering::SeqCst), 1);
+}
+
+/// Asserts a 200 answer whose `Idempotent-Replayed` is `replayed`.
+#[track_caller]
+fn assert_ok_replayed(res: &reqwest::Response, replayed: &str) {
+    assert_eq!(res.status(), 200);
+    assert_eq!(
+        header(res, "idempotent-replayed").as_deref(),
+        Some(replayed)
+    );
 }
 
 /// `wait`: a retry while the result is held waits for the key; it gets the
@@ -189,11 +191,7 @@ async fn a_retry_during_a_hold_waits_for_the_stored_answer() {
     assert_eq!(owner.status(), 200);
     let owner_body = owner.bytes().await.unwrap();
     let waiter = waiter.await.unwrap();
-    assert_eq!(waiter.status(), 200);
-    assert_eq!(
-        header(&waiter, "idempotent-replayed").as_deref(),
-        Some("true")
-    );
+    assert_ok_replayed(&waiter, "true");
     assert_eq!(waiter.bytes().await.unwrap(), owner_body);
     assert_eq!(h.executions.load(Ordering::SeqCst), 1);
 }
@@ -229,11 +227,7 @@ async fn a_result_the_lease_outlived_is_delivered_marked_not_stored() {
         tokio::time::sleep(Duration::from_millis(50)).await;
         retry = h.post("/json", "outlived").send().await.unwrap();
     }
-    assert_eq!(retry.status(), 200);
-    assert_eq!(
-        header(&retry, "idempotent-replayed").as_deref(),
-        Some("false")
-    );
+    assert_ok_replayed(&retry, "false");
     assert_eq!(header(&retry, "idempotent-stored"), None);
     assert_eq!(retry.bytes().await.unwrap(), "{\"exec\":2}");
     assert_eq!(h.executions.load(Ordering::SeqCst), 2);

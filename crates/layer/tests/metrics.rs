@@ -141,15 +141,17 @@ async fn replays_count_hits_and_saved_tokens_conflicts_and_outcomes() {
     assert!(keyed.is_empty(), "no key in any label: {keyed:?}");
 }
 
+/// A layer with `config` on a fresh memory store.
+fn memory_layer(config: LayerConfig) -> IdempotencyLayer {
+    IdempotencyLayer::new(Engine::new(Arc::new(MemoryStore::new())), config)
+}
+
 /// Collecting a `Prefer: respond-async` result is the asker's own read:
 /// counted as `operation_read`, never as a hit or as tokens saved.
 #[tokio::test]
 async fn reading_an_operation_is_not_a_replay() {
     counters();
-    let layer = IdempotencyLayer::new(
-        Engine::new(Arc::new(MemoryStore::new())),
-        LayerConfig::new("ops"),
-    );
+    let layer = memory_layer(LayerConfig::new("ops"));
     let app = Router::new()
         .route(
             "/v1/chat",
@@ -196,19 +198,21 @@ async fn reading_an_operation_is_not_a_replay() {
     assert_eq!(value("idempotency_tokens_saved_total{route=ops}"), 0);
 }
 
+/// Sends `req` and asserts that the handler ran and answered `ran`.
+async fn assert_ran(req: reqwest::RequestBuilder) {
+    assert_eq!(req.send().await.unwrap().text().await.unwrap(), "ran");
+}
+
 /// The two causes of an unprotected request are counted apart: a request
 /// without a key on an optional route, and a request forwarded because the
 /// store is down under `fail_open`.
 #[tokio::test]
 async fn unprotected_requests_are_counted_by_cause() {
     counters();
-    let optional = IdempotencyLayer::new(
-        Engine::new(Arc::new(MemoryStore::new())),
-        LayerConfig {
-            key_mode: KeyMode::Optional,
-            ..LayerConfig::new("no-key")
-        },
-    );
+    let optional = memory_layer(LayerConfig {
+        key_mode: KeyMode::Optional,
+        ..LayerConfig::new("no-key")
+    });
     let failing_open = IdempotencyLayer::new(
         Engine::new(Arc::new(DownStore)),
         LayerConfig {
@@ -223,21 +227,11 @@ async fn unprotected_requests_are_counted_by_cause() {
     let base = serve(app).await;
     let client = reqwest::Client::new();
     for _ in 0..3 {
-        let r = client
-            .post(format!("{base}/optional"))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.text().await.unwrap(), "ran");
+        assert_ran(client.post(format!("{base}/optional"))).await;
     }
     for k in 0..2 {
-        let r = client
-            .post(format!("{base}/open"))
-            .header("idempotency-key", format!("k{k}"))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.text().await.unwrap(), "ran");
+        let keyed = client.post(format!("{base}/open"));
+        assert_ran(keyed.header("idempotency-key", format!("k{k}"))).await;
     }
     assert_eq!(
         value("idempotency_requests_total{outcome=unprotected_no_key,route=no-key}"),
@@ -261,10 +255,7 @@ async fn a_panicking_execution_is_counted() {
     counters();
     let runs = Arc::new(AtomicU64::new(0));
     let seen = Arc::clone(&runs);
-    let layer = IdempotencyLayer::new(
-        Engine::new(Arc::new(MemoryStore::new())),
-        LayerConfig::new("panics"),
-    );
+    let layer = memory_layer(LayerConfig::new("panics"));
     let app = Router::new()
         .route(
             "/work",

@@ -375,6 +375,17 @@ impl Harness {
             .await;
     }
 
+    /// Once no work runs detached, sends `key` to `path` again and
+    /// asserts that it ran anew (the key was released), `runs` runs in
+    /// all; the answer.
+    pub async fn retry_runs_again(&self, path: &str, key: &str, runs: usize) -> Answer {
+        self.until_settled().await;
+        let retry = send(self.post(path, Some(key), "{}")).await;
+        assert_eq!(retry.replayed(), Some("false"));
+        assert_eq!(self.executions(), runs);
+        retry
+    }
+
     /// Sends a keyed `{}` to `path` whose client gives up after `timeout`,
     /// with `header` telling the handler to wait (`x-gate` or
     /// `x-sleep-ms`): the work goes on without it.
