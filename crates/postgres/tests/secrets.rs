@@ -23,16 +23,15 @@ fn options() -> PostgresOptions {
 
 #[tokio::test]
 async fn failed_opens_never_show_the_password() {
-    let port = closed_port();
+    // A server that is not there, reached plainly and with TLS settings.
+    let closed = format!("postgres://u:{PW}@127.0.0.1:{}/test", closed_port());
     let urls = [
-        format!("postgres://u:{PW}@127.0.0.1:{port}/test"),
-        format!("postgres://u:{PW}@127.0.0.1:{port}/test?sslmode=require"),
-        format!("postgres://u:{PW}@127.0.0.1:{port}/test?sslmode=bogus"),
+        closed.clone(),
+        format!("{closed}?sslmode=require"),
+        format!("{closed}?sslmode=bogus"),
+        format!("{closed}?sslmode=verify-full&sslrootcert=/nonexistent.pem"),
         format!("postgres://u:{PW}@127.0.0.1:notaport/test"),
         format!("postgres://u:{PW}@[::1/test"),
-        format!(
-            "postgres://u:{PW}@127.0.0.1:{port}/test?sslmode=verify-full&sslrootcert=/nonexistent.pem"
-        ),
         // The shared server (trust authentication) does not know this role.
         format!(
             "postgres://igtest_no_such_role:{PW}@{}",
