@@ -15,7 +15,6 @@ use idemgate_testkit::latency::{bench_keys, claim_complete_replay, report};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let n = bench_keys();
     let url = std::env::var("IDEMGATE_BENCH_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
     let schema = format!("igbench_{:08x}", rand::random::<u32>());
@@ -23,24 +22,20 @@ async fn main() {
         .schema(&schema)
         .max_connections(2)
         .purge_interval(None);
-    let store = PostgresStore::connect_with(&url, opts.clone())
-        .await
-        .unwrap();
+    let connect =
+        async |opts: PostgresOptions| PostgresStore::connect_with(&url, opts).await.unwrap();
+    let store = connect(opts.clone()).await;
     // The same store with timeline entries written on the request path, to
     // show what the background writer saves a replay.
-    let inline = PostgresStore::connect_with(&url, opts.clone().background_timeline(false))
-        .await
-        .unwrap();
+    let inline = connect(opts.clone().background_timeline(false)).await;
     // The same store with claims committed without waiting for the WAL
     // flush (`claim_commit=async`).
-    let unsynced = PostgresStore::connect_with(&url, opts.synchronous_claims(false))
-        .await
-        .unwrap();
+    let unsynced = connect(opts.synchronous_claims(false)).await;
     let samples = claim_complete_replay(
         Arc::new(store.clone()),
         Arc::new(inline),
         Some(("claim.async", Arc::new(unsynced))),
-        n,
+        bench_keys(),
     )
     .await;
     sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
