@@ -3,7 +3,7 @@
 //! ever written.
 
 mod support;
-use support::{MEMORY_ON_ANY_PORT, read_log, sigterm, sim, spawn_quiet};
+use support::{MEMORY_ON_ANY_PORT, expect_status, read_log, sigterm, sim, spawn_quiet};
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -45,18 +45,17 @@ async fn keyed_lines_carry_key_and_trace_id_and_never_content() {
     let prompt = r#"{"model":"sim-1","messages":[{"role":"user","content":"SECRET-PROMPT-7731 tell me about the harbour"}]}"#;
     let traceparent = "00-7d3f0c2a9b8e4f6a1c5d2e3f4a5b6c7d-0123456789abcdef-01";
     let client_trace = "7d3f0c2a9b8e4f6a1c5d2e3f4a5b6c7d";
-    let mut completion = String::new();
-    for attempt in 0..2 {
-        let r = client
+    let chat = |key: &str, body: String| {
+        client
             .post(&url)
             .header("content-type", "application/json")
-            .header("idempotency-key", "logs-key-1")
-            .header("traceparent", traceparent)
-            .body(prompt)
-            .send()
-            .await
-            .expect("send the request");
-        assert_eq!(r.status(), 200);
+            .header("idempotency-key", key)
+            .body(body)
+    };
+    let mut completion = String::new();
+    for attempt in 0..2 {
+        let traced = chat("logs-key-1", prompt.to_owned()).header("traceparent", traceparent);
+        let r = expect_status(traced, 200).await;
         assert_eq!(
             r.headers()["idempotent-replayed"],
             if attempt == 0 { "false" } else { "true" }
@@ -70,25 +69,13 @@ async fn keyed_lines_carry_key_and_trace_id_and_never_content() {
     }
     assert_eq!(sim.executions_for("logs-key-1"), 1);
     // A different payload under the same key, and a key without a trace.
-    let r = client
-        .post(&url)
-        .header("content-type", "application/json")
-        .header("idempotency-key", "logs-key-1")
-        .header("traceparent", traceparent)
-        .body(prompt.replace("harbour", "lighthouse"))
-        .send()
-        .await
-        .expect("send the request");
-    assert_eq!(r.status(), 422);
-    let r = client
-        .post(&url)
-        .header("content-type", "application/json")
-        .header("idempotency-key", "logs-key-2")
-        .body(prompt)
-        .send()
-        .await
-        .expect("send the request");
-    assert_eq!(r.status(), 200);
+    let other = prompt.replace("harbour", "lighthouse");
+    expect_status(
+        chat("logs-key-1", other).header("traceparent", traceparent),
+        422,
+    )
+    .await;
+    let r = expect_status(chat("logs-key-2", prompt.to_owned()), 200).await;
     let _ = r.bytes().await;
 
     sigterm(&child).await;

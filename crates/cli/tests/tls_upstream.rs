@@ -86,8 +86,10 @@ async fn serve(upstream: &str, ca_file: &std::path::Path, dir: &std::path::Path)
     (child, port)
 }
 
-async fn chat(port: u16, key: &str) -> reqwest::Response {
-    reqwest::Client::new()
+/// Sends a chat completion with `key` to the gateway on `port` and asserts
+/// the answer's status is `status`.
+async fn chat(port: u16, key: &str, status: u16) -> reqwest::Response {
+    let r = reqwest::Client::new()
         .post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
         .header("content-type", "application/json")
         .header("idempotency-key", key)
@@ -95,7 +97,9 @@ async fn chat(port: u16, key: &str) -> reqwest::Response {
         .timeout(Duration::from_secs(30))
         .send()
         .await
-        .expect("the gateway answers")
+        .expect("the gateway answers");
+    assert_eq!(r.status(), status);
+    r
 }
 
 /// The simulator behind a TLS terminator, and `idemgate serve` in front
@@ -141,12 +145,10 @@ async fn an_https_upstream_with_a_trusted_certificate_runs_once_and_replays() {
     let up = setup(true).await;
     let (sim, front, port) = (&up.sim, &up.front, up.port);
 
-    let first = chat(port, "tls-key-1").await;
-    assert_eq!(first.status(), 200);
+    let first = chat(port, "tls-key-1", 200).await;
     assert_eq!(first.headers()["idempotent-replayed"], "false");
     let first = first.bytes().await.expect("the first body");
-    let again = chat(port, "tls-key-1").await;
-    assert_eq!(again.status(), 200);
+    let again = chat(port, "tls-key-1", 200).await;
     assert_eq!(again.headers()["idempotent-replayed"], "true");
     assert_eq!(again.bytes().await.expect("the replayed body"), first);
     assert_eq!(sim.executions_for("tls-key-1"), 1);
@@ -160,8 +162,7 @@ async fn an_https_upstream_with_an_untrusted_certificate_is_refused_before_sendi
     let up = setup(false).await;
     let (sim, front, port) = (&up.sim, &up.front, up.port);
 
-    let refused = chat(port, "tls-key-2").await;
-    assert_eq!(refused.status(), 502);
+    let refused = chat(port, "tls-key-2", 502).await;
     let problem: serde_json::Value =
         serde_json::from_slice(&refused.bytes().await.expect("a body"))
             .expect("a problem document");
@@ -173,8 +174,7 @@ async fn an_https_upstream_with_an_untrusted_certificate_is_refused_before_sendi
     assert_eq!(sim.executions_for("tls-key-2"), 0);
     // Nothing ran, so the key was released: the same key is tried again
     // (and refused again) rather than answered from a stored failure.
-    let retried = chat(port, "tls-key-2").await;
-    assert_eq!(retried.status(), 502);
+    let retried = chat(port, "tls-key-2", 502).await;
     assert!(
         retried
             .headers()

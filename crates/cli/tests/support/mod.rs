@@ -138,6 +138,13 @@ pub async fn post_chat(
         .expect("send the request")
 }
 
+/// Sends `req` and asserts the answer's status is `status`.
+pub async fn expect_status(req: reqwest::RequestBuilder, status: u16) -> reqwest::Response {
+    let r = req.send().await.expect("send the request");
+    assert_eq!(r.status(), status);
+    r
+}
+
 /// Sends SIGTERM to `child` (a graceful shutdown) and checks it was
 /// delivered.
 pub async fn sigterm(child: &Child) {
