@@ -39,24 +39,22 @@ async fn a_retryable_status_releases_the_key() {
 #[tokio::test]
 async fn a_stream_broken_midway_is_not_stored() {
     let h = Harness::start(config(OnInflight::Reject)).await;
-    let mut res = h
-        .post("/sse", Some("b"), "{}")
-        .header("x-break-after", "2")
-        .send()
-        .await
-        .unwrap();
+    let mut res = h.stream("b", ("x-break-after", "2")).await;
     let (got, broke) = read_until_broken(&mut res).await;
     assert!(broke, "a broken stream must not end cleanly");
     assert_eq!(event_ids(&got), vec![1, 2]);
     h.until_settled().await;
+    // Sends key `b` again, resuming after event `last`.
+    let resume = |last: String| {
+        send(
+            h.post("/sse", Some("b"), "{}")
+                .header("last-event-id", last),
+        )
+    };
     // The client resumes after event 2 of the run that broke: a new run
     // starts, and it gets that run whole, told it restarted, never the
     // new run's events 3… after the old run's 1 and 2.
-    let retry = send(
-        h.post("/sse", Some("b"), "{}")
-            .header("last-event-id", last_id(&got)),
-    )
-    .await;
+    let retry = resume(last_id(&got)).await;
     assert_eq!(retry.replayed(), Some("false"));
     assert_eq!(retry.headers["idempotent-stream-restarted"], "true");
     assert_eq!(event_ids(&retry.body), (1..=8).collect::<Vec<_>>());
@@ -67,20 +65,12 @@ async fn a_stream_broken_midway_is_not_stored() {
     );
     assert_eq!(h.executions(), 2);
     // The same resumption once the new run is stored: whole, restarted.
-    let late = send(
-        h.post("/sse", Some("b"), "{}")
-            .header("last-event-id", last_id(&got)),
-    )
-    .await;
+    let late = resume(last_id(&got)).await;
     assert_eq!(late.replayed(), Some("true"));
     assert_eq!(late.headers["idempotent-stream-restarted"], "true");
     assert_eq!(late.body, retry.body);
     // Resuming the stored run itself gives its events after that one.
-    let within = send(
-        h.post("/sse", Some("b"), "{}")
-            .header("last-event-id", format!("{}-3", run_of(&retry.body))),
-    )
-    .await;
+    let within = resume(format!("{}-3", run_of(&retry.body))).await;
     assert!(!within.headers.contains_key("idempotent-stream-restarted"));
     assert_eq!(event_ids(&within.body), (4..=8).collect::<Vec<_>>());
     assert_eq!(h.executions(), 2);
@@ -135,17 +125,8 @@ async fn an_error_event_reaches_owner_and_attached_then_the_key_is_released() {
 /// released.
 #[tokio::test]
 async fn an_event_that_never_ends_breaks_the_stream_at_the_limit() {
-    let h = Harness::start(LayerConfig {
-        max_stored_body: 16 * 1024,
-        ..config(OnInflight::Reject)
-    })
-    .await;
-    let mut res = h
-        .post("/sse", Some("x"), "{}")
-        .header("x-endless-event", "1")
-        .send()
-        .await
-        .unwrap();
+    let h = Harness::rejecting_with(|c| c.max_stored_body = 16 * 1024).await;
+    let mut res = h.stream("x", ("x-endless-event", "1")).await;
     let (got, broke) = read_until_broken(&mut res).await;
     assert!(broke, "the stream ends with an error");
     assert_eq!(event_ids(&got), (1..=6).collect::<Vec<_>>());
@@ -189,15 +170,22 @@ async fn timed_out(charging: bool, slug: &str) -> App {
     app
 }
 
+/// The retry of a [`timed_out`] app's request: not held at the gate.
+/// Asserts its status and `Idempotent-Replayed` header.
+async fn retried(app: &App, status: StatusCode, replayed: &str) -> axum::response::Response {
+    let retry = app.call(gated_request(false)).await;
+    assert_eq!(retry.status(), status);
+    assert_eq!(retry.headers()["idempotent-replayed"], replayed);
+    retry
+}
+
 /// On tokio's paused clock: the 30 s completion timeout elapses at once,
 /// exactly, while the handler still waits on its gate.
 #[tokio::test(start_paused = true)]
 async fn work_past_the_completion_timeout_is_abandoned_and_released() {
     let app = timed_out(false, "upstream-timeout").await;
     // The abandoned attempt released the key: the retry runs again.
-    let retry = app.call(gated_request(false)).await;
-    assert_eq!(retry.status(), StatusCode::CREATED);
-    assert_eq!(retry.headers()["idempotent-replayed"], "false");
+    retried(&app, StatusCode::CREATED, "false").await;
     assert_eq!(app.executions(), 2);
 }
 
@@ -207,20 +195,14 @@ async fn work_past_the_completion_timeout_is_abandoned_and_released() {
 #[tokio::test(start_paused = true)]
 async fn a_charging_completion_timeout_keeps_outcome_unknown() {
     let app = timed_out(true, "outcome-unknown").await;
-    let retry = app.call(gated_request(false)).await;
-    assert_eq!(retry.status(), StatusCode::GATEWAY_TIMEOUT);
-    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    let retry = retried(&app, StatusCode::GATEWAY_TIMEOUT, "true").await;
     assert_eq!(problem_of(retry).await, problem("outcome-unknown"));
     assert_eq!(app.executions(), 1);
 }
 
 #[tokio::test]
 async fn a_response_too_large_to_store_is_delivered_but_not_stored() {
-    let h = Harness::start(LayerConfig {
-        max_stored_body: 1024,
-        ..config(OnInflight::Reject)
-    })
-    .await;
+    let h = Harness::rejecting_with(|c| c.max_stored_body = 1024).await;
     let a = send(h.post("/json", Some("big"), "{}").header("x-pad", "1")).await;
     a.assert_replay(StatusCode::CREATED, Some("false"));
     assert_eq!(a.json()["padding"].as_str().unwrap().len(), 4096);

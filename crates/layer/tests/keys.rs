@@ -66,11 +66,7 @@ async fn malformed_and_missing_keys_are_refused() {
 
 #[tokio::test]
 async fn optional_routes_pass_unkeyed_requests_through_unmerged() {
-    let h = Harness::start(LayerConfig {
-        key_mode: KeyMode::Optional,
-        ..config(OnInflight::Reject)
-    })
-    .await;
+    let h = Harness::rejecting_with(|c| c.key_mode = KeyMode::Optional).await;
     let a = send(h.post("/json", None, "{}")).await;
     let b = send(h.post("/json", None, "{}")).await;
     a.assert_replay(StatusCode::CREATED, None);
@@ -92,11 +88,8 @@ async fn optional_routes_pass_unkeyed_requests_through_unmerged() {
 
 #[tokio::test]
 async fn derived_keys_need_their_dimensions() {
-    let h = Harness::start(LayerConfig {
-        key_mode: KeyMode::Derive(DeriveTemplate::default()),
-        ..config(OnInflight::Reject)
-    })
-    .await;
+    let h =
+        Harness::rejecting_with(|c| c.key_mode = KeyMode::Derive(DeriveTemplate::default())).await;
     let missing = send(h.post("/json", None, "{}").header("x-user-id", "u1")).await;
     missing.assert_problem(StatusCode::BAD_REQUEST, "missing-key");
     let req = |session: &str| {
@@ -115,11 +108,7 @@ async fn derived_keys_need_their_dimensions() {
 
 #[tokio::test]
 async fn bodies_over_the_limit_are_refused_before_the_handler() {
-    let h = Harness::start(LayerConfig {
-        body_limit: 64,
-        ..config(OnInflight::Reject)
-    })
-    .await;
+    let h = Harness::rejecting_with(|c| c.body_limit = 64).await;
     let big = format!("{{\"x\":\"{}\"}}", "y".repeat(100));
     let a = send(h.post("/json", Some("big"), &big)).await;
     a.assert_problem(StatusCode::PAYLOAD_TOO_LARGE, "body-too-large");

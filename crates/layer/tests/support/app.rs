@@ -314,6 +314,21 @@ impl Harness {
         Self::start_with(Arc::new(MemoryStore::new()), config).await
     }
 
+    /// A harness in `reject` mode whose config `tweak` changes.
+    pub async fn rejecting_with(tweak: impl FnOnce(&mut LayerConfig)) -> Self {
+        let mut c = config(OnInflight::Reject);
+        tweak(&mut c);
+        Self::start(c).await
+    }
+
+    /// Opens a keyed stream whose handler is told `header` (an `x-…` one).
+    pub async fn stream(&self, key: &str, header: (&str, &str)) -> reqwest::Response {
+        let b = self
+            .post("/sse", Some(key), "{}")
+            .header(header.0, header.1);
+        b.send().await.expect("the layer answers")
+    }
+
     pub async fn start_with(store: Arc<dyn Store>, config: LayerConfig) -> Self {
         let app = App::new(store, config);
         let base = app.serve().await;
