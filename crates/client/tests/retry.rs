@@ -13,15 +13,14 @@ use idemgate_client::{
     KEY_MISMATCH,
 };
 use reqwest::StatusCode;
-use support::{Canned, Scripted, chat, gateway, sim};
+use support::{Canned, Scripted, chat, executed_then_stop, gateway, sim, sim_behind_gateway};
 
 /// (a) The client's attempt timeout is shorter than the generation. The
 /// first attempt times out; the retries carry the same key; the gateway
 /// keeps the one upstream call going and a retry gets its stored answer.
 #[tokio::test]
 async fn a_timeout_shorter_than_the_generation_is_retried_with_the_same_key_and_runs_once() {
-    let sim = sim().await;
-    let gw = gateway(&sim.url(), RawInflightMode::Wait, |_| {}).await;
+    let (sim, gw) = sim_behind_gateway(RawInflightMode::Wait).await;
     let client = Client::builder(&gw.base)
         .bearer_auth("sk-test")
         .attempt_timeout(Duration::from_millis(300))
@@ -135,8 +134,7 @@ async fn a_409_for_a_key_in_flight_is_retried_after_the_servers_delay() {
     let first = other.await.unwrap().unwrap();
     assert!(!first.replayed(), "the other worker executed it");
     assert_eq!(response.bytes(), first.bytes(), "the same answer");
-    assert_eq!(sim.executions_for(key.as_str()), 1);
-    gw.stop().await.expect("the gateway ended without error");
+    executed_then_stop(&sim, key.as_str(), 1, gw).await;
 }
 
 /// (d) The same key with a different body is a 422 `key-mismatch`: final
@@ -144,8 +142,7 @@ async fn a_409_for_a_key_in_flight_is_retried_after_the_servers_delay() {
 /// Another final 4xx (an upstream 400) is not retried either.
 #[tokio::test]
 async fn a_key_reused_for_a_different_body_is_final_and_says_so() {
-    let sim = sim().await;
-    let gw = gateway(&sim.url(), RawInflightMode::Wait, |_| {}).await;
+    let (sim, gw) = sim_behind_gateway(RawInflightMode::Wait).await;
     let client = Client::builder(&gw.base).attempts(5).build().unwrap();
     let key = IdempotencyKey::new("order-81:summary").unwrap();
 

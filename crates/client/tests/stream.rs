@@ -9,8 +9,13 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use idemgate_client::{AttemptEnd, Client, Error, Event, RestartReason};
-use support::{TestGateway, chat, cutting_relay, drain, gateway, ids, paced_stream, sim};
+use idemgate_client::{
+    AttemptEnd, Client, Error, Event, EventStream, IdempotencyKey, RequestBuilder, RestartReason,
+};
+use support::{
+    TestGateway, chat, cutting_relay, drain, executed_then_stop, ids, paced_stream,
+    sim_behind_gateway,
+};
 
 fn addr(base: &str) -> SocketAddr {
     base.trim_start_matches("http://")
@@ -45,8 +50,7 @@ fn assert_whole(events: &[Event]) {
 /// was never interrupted.
 #[tokio::test]
 async fn a_stream_cut_mid_way_resumes_after_the_last_whole_event() {
-    let sim = sim().await;
-    let gw = gateway(&sim.url(), RawInflightMode::Attach, |_| {}).await;
+    let (sim, gw) = sim_behind_gateway(RawInflightMode::Attach).await;
     // The head plus a few events, then the cut.
     let (relay, connections) = cutting_relay(addr(&gw.base), 1500).await;
     let client = Client::builder(&relay)
@@ -79,37 +83,57 @@ async fn a_stream_cut_mid_way_resumes_after_the_last_whole_event() {
     gw.stop().await.expect("the gateway ended without error");
 }
 
+/// Opens the streamed chat about `text` under `key` on a fresh client;
+/// `tweak` adds to the request.
+async fn keyed_stream(
+    gw: &TestGateway,
+    key: &IdempotencyKey,
+    text: &str,
+    tweak: impl FnOnce(RequestBuilder) -> RequestBuilder,
+) -> EventStream {
+    let client = Client::new(&gw.base).expect("a client of the gateway");
+    let request = client
+        .post("/v1/chat/completions")
+        .idempotency_key(key.clone());
+    tweak(request)
+        .json(&chat(true, text))
+        .send_stream()
+        .await
+        .expect("the stream opens")
+}
+
+/// The first `n` events of `stream`, none of them an error.
+async fn first_events(stream: &mut EventStream, n: usize) -> Vec<Event> {
+    let mut first = Vec::new();
+    for _ in 0..n {
+        let event = stream.next().await.expect("an event");
+        first.push(event.expect("not an error"));
+    }
+    first
+}
+
 /// (c) The caller drops the stream after a few events (the process ends)
 /// and a later call resumes it from the saved key and last event id.
 #[tokio::test]
 async fn a_stream_dropped_by_the_caller_resumes_from_the_saved_id() {
-    let sim = sim().await;
-    let gw = gateway(&sim.url(), RawInflightMode::Attach, |_| {}).await;
+    let (sim, gw) = sim_behind_gateway(RawInflightMode::Attach).await;
     let text = "a stream its reader abandons";
     let (key, saved, first) = {
         let client = Client::new(&gw.base).unwrap();
         let mut stream = paced_stream(&client, text, "12", "30").await;
-        let mut first = Vec::new();
-        for _ in 0..3 {
-            first.push(stream.next().await.unwrap().unwrap());
-        }
+        let first = first_events(&mut stream, 3).await;
         let saved = stream.last_event_id().unwrap().to_owned();
         (stream.key().clone(), saved, first)
         // Dropped here, mid-stream.
     };
     assert!(saved.ends_with("-3"), "the third event of its run: {saved}");
 
-    let client = Client::new(&gw.base).unwrap();
-    let mut stream = client
-        .post("/v1/chat/completions")
-        .idempotency_key(key.clone())
-        .last_event_id(saved)
-        .header("x-sim-tokens", "12")
-        .header("x-sim-token-interval-ms", "30")
-        .json(&chat(true, text))
-        .send_stream()
-        .await
-        .unwrap();
+    let resume = |r: RequestBuilder| {
+        r.last_event_id(saved)
+            .header("x-sim-tokens", "12")
+            .header("x-sim-token-interval-ms", "30")
+    };
+    let mut stream = keyed_stream(&gw, &key, text, resume).await;
     assert!(stream.replayed(), "joined or replayed, never run again");
     let rest = drain(&mut stream).await;
     assert_eq!(ids(&rest).first(), Some(&4));
@@ -124,35 +148,16 @@ async fn a_stream_dropped_by_the_caller_resumes_from_the_saved_id() {
     // the client has read ahead of the caller. The saved id is the last
     // event the caller received, not the last one read.
     let (saved, first) = {
-        let client = Client::new(&gw.base).unwrap();
-        let mut stream = client
-            .post("/v1/chat/completions")
-            .idempotency_key(key.clone())
-            .json(&chat(true, text))
-            .send_stream()
-            .await
-            .unwrap();
-        let mut first = Vec::new();
-        for _ in 0..5 {
-            first.push(stream.next().await.unwrap().unwrap());
-        }
+        let mut stream = keyed_stream(&gw, &key, text, |r| r).await;
+        let first = first_events(&mut stream, 5).await;
         (stream.last_event_id().unwrap().to_owned(), first)
     };
     assert!(saved.ends_with("-5"), "the fifth event of its run: {saved}");
-    let client = Client::new(&gw.base).unwrap();
-    let mut stream = client
-        .post("/v1/chat/completions")
-        .idempotency_key(key.clone())
-        .last_event_id(saved)
-        .json(&chat(true, text))
-        .send_stream()
-        .await
-        .unwrap();
+    let mut stream = keyed_stream(&gw, &key, text, |r| r.last_event_id(saved)).await;
     let mut all = first;
     all.extend(drain(&mut stream).await);
     assert_eq!(all, whole);
-    assert_eq!(sim.executions_for(key.as_str()), 1);
-    gw.stop().await.expect("the gateway ended without error");
+    executed_then_stop(&sim, key.as_str(), 1, gw).await;
 }
 
 /// (c) The client drops a stream that goes silent (its idle timeout is
@@ -161,8 +166,7 @@ async fn a_stream_dropped_by_the_caller_resumes_from_the_saved_id() {
 /// count.
 #[tokio::test]
 async fn a_silent_stream_is_dropped_and_resumed_until_its_end() {
-    let sim = sim().await;
-    let gw = gateway(&sim.url(), RawInflightMode::Attach, |_| {}).await;
+    let (sim, gw) = sim_behind_gateway(RawInflightMode::Attach).await;
     let client = Client::builder(&gw.base)
         .stream_idle_timeout(Duration::from_millis(60))
         .attempts(8)
@@ -184,8 +188,7 @@ async fn a_silent_stream_is_dropped_and_resumed_until_its_end() {
         stream.attempts()
     );
     assert_eq!(events, replay(&gw, stream.key(), text).await);
-    assert_eq!(sim.executions_for(stream.key().as_str()), 1);
-    gw.stop().await.expect("the gateway ended without error");
+    executed_then_stop(&sim, stream.key().as_str(), 1, gw).await;
 }
 
 /// A stream that breaks *upstream* cannot be resumed: the gateway released
@@ -195,8 +198,7 @@ async fn a_silent_stream_is_dropped_and_resumed_until_its_end() {
 /// does not go on retrying: two executions, not more.
 #[tokio::test]
 async fn a_stream_broken_upstream_is_reported_not_stitched() {
-    let sim = sim().await;
-    let gw = gateway(&sim.url(), RawInflightMode::Attach, |_| {}).await;
+    let (sim, gw) = sim_behind_gateway(RawInflightMode::Attach).await;
     let client = Client::builder(&gw.base)
         .attempts(5)
         .backoff(Duration::from_millis(10), Duration::from_millis(50))
@@ -230,6 +232,5 @@ async fn a_stream_broken_upstream_is_reported_not_stitched() {
     assert_eq!(*reason, RestartReason::NewExecution);
     assert!(err.to_string().contains("same key"), "{err}");
     assert!(stream.next().await.is_none(), "the stream is over");
-    assert_eq!(sim.executions_for(stream.key().as_str()), 2);
-    gw.stop().await.expect("the gateway ended without error");
+    executed_then_stop(&sim, stream.key().as_str(), 2, gw).await;
 }

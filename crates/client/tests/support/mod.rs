@@ -45,6 +45,25 @@ pub(crate) async fn gateway(
         .await
 }
 
+/// The simulated LLM and a plain [`gateway`] to it with `on_inflight`.
+pub(crate) async fn sim_behind_gateway(on_inflight: RawInflightMode) -> (SimHandle, TestGateway) {
+    let sim = sim().await;
+    let gw = gateway(&sim.url(), on_inflight, |_| {}).await;
+    (sim, gw)
+}
+
+/// Asserts that the simulator ran the work of `key` `executions` times,
+/// then stops the gateway, which must end without error.
+pub(crate) async fn executed_then_stop(
+    sim: &SimHandle,
+    key: &str,
+    executions: u64,
+    gw: TestGateway,
+) {
+    assert_eq!(sim.executions_for(key), executions);
+    gw.stop().await.expect("the gateway ended without error");
+}
+
 /// An OpenAI chat request body.
 pub(crate) fn chat(stream: bool, text: &str) -> serde_json::Value {
     serde_json::json!({
