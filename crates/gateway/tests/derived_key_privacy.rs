@@ -55,16 +55,10 @@ async fn the_forwarded_key_header_holds_no_user_or_session_id() {
     let client = reqwest::Client::new();
     let mut replays = Vec::new();
     for _ in 0..2 {
-        let r = client
-            .post(format!("{}/v1/chat", gw.base))
-            .header("content-type", "application/json")
+        let req = support::json_post(&client, format!("{}/v1/chat", gw.base), "{\"q\":1}")
             .header("x-user-id", USER)
-            .header("x-session-id", SESSION)
-            .body("{\"q\":1}")
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
+            .header("x-session-id", SESSION);
+        let r = support::expect_status(req, 200).await;
         replays.push(idemgate_testkit::http::replayed(&r));
     }
     assert_eq!(replays, [Some("false".into()), Some("true".into())]);

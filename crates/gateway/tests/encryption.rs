@@ -105,12 +105,9 @@ async fn post(
     stream: bool,
 ) -> (u16, Option<String>, String) {
     let body = serde_json::json!({ "marker": marker, "stream": stream });
-    let r = reqwest::Client::new()
-        .post(format!("{}/v1/chat", gw.base))
-        .header("content-type", "application/json")
-        .header("authorization", "Bearer sk-enc-test")
-        .header("idempotency-key", key)
-        .body(body.to_string())
+    let url = format!("{}/v1/chat", gw.base);
+    let client = reqwest::Client::new();
+    let r = support::keyed_post(&client, url, "Bearer sk-enc-test", key, body.to_string())
         .send()
         .await
         .unwrap();

@@ -245,12 +245,8 @@ async fn send(
         "model": "sim-1",
         "messages": [{"role": "user", "content": format!("about {key}")}],
     });
-    let r = client
-        .post(format!("{base}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .header("authorization", "Bearer tenant-a")
-        .header("idempotency-key", key)
-        .body(body.to_string())
+    let url = format!("{base}/v1/chat/completions");
+    let r = support::keyed_post(client, url, "Bearer tenant-a", key, body.to_string())
         .send()
         .await
         .ok()?;

@@ -66,15 +66,10 @@ async fn executes_once_and_replays(store: String) {
     for (key, stream) in [("tls-json", false), ("tls-sse", true)] {
         let mut bodies = Vec::new();
         for _ in 0..2 {
-            let r = client
-                .post(format!("{}/v1/chat", gw.base))
-                .header("content-type", "application/json")
-                .header("idempotency-key", key)
-                .body(serde_json::json!({ "stream": stream }).to_string())
-                .send()
-                .await
-                .expect("the gateway answers (its store opened over TLS)");
-            assert_eq!(r.status(), 200);
+            let body = serde_json::json!({ "stream": stream }).to_string();
+            let req = support::json_post(&client, format!("{}/v1/chat", gw.base), body);
+            // The gateway answers: its store opened over TLS.
+            let r = support::expect_status(req.header("idempotency-key", key), 200).await;
             let again = replayed(&r);
             bodies.push((again, r.text().await.unwrap()));
         }

@@ -84,6 +84,39 @@ pub(crate) async fn raw_exchange(base: &str, request: &str) -> (u16, String) {
     (status, text)
 }
 
+/// A `POST` of the JSON `body` to `url`.
+pub(crate) fn json_post(
+    client: &reqwest::Client,
+    url: impl reqwest::IntoUrl,
+    body: impl Into<reqwest::Body>,
+) -> reqwest::RequestBuilder {
+    client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body)
+}
+
+/// A [`json_post`] with the credential `authorization` and the
+/// idempotency `key`.
+pub(crate) fn keyed_post(
+    client: &reqwest::Client,
+    url: impl reqwest::IntoUrl,
+    authorization: &str,
+    key: &str,
+    body: impl Into<reqwest::Body>,
+) -> reqwest::RequestBuilder {
+    json_post(client, url, body)
+        .header("authorization", authorization)
+        .header("idempotency-key", key)
+}
+
+/// Sends `req` and asserts the answer's status is `status`.
+pub(crate) async fn expect_status(req: reqwest::RequestBuilder, status: u16) -> reqwest::Response {
+    let r = req.send().await.expect("send the request");
+    assert_eq!(r.status(), status);
+    r
+}
+
 /// The answer's header `name`, if it is there and readable as text.
 pub(crate) fn header(r: &reqwest::Response, name: &str) -> Option<String> {
     r.headers()

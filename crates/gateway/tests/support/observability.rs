@@ -6,7 +6,8 @@
 use idemgate_gateway::config::{RawInflightMode, RawRoute, RawTimeouts};
 use idemgate_llm_sim::SimHandle;
 
-use super::{TestGateway, timeouts};
+pub(crate) use super::expect_status;
+use super::{TestGateway, keyed_post, timeouts};
 
 /// Starts the gateway on an SQLite store in a fresh directory.
 pub(crate) async fn start(upstream: &str, tweak: impl FnOnce(&mut RawRoute)) -> TestGateway {
@@ -83,19 +84,8 @@ pub(crate) fn post(
     key: &str,
     body: String,
 ) -> reqwest::RequestBuilder {
-    client
-        .post(format!("{}/v1/chat/completions", gw.base))
-        .header("content-type", "application/json")
-        .header("authorization", CREDENTIAL)
-        .header("idempotency-key", key)
-        .body(body)
-}
-
-/// Sends `req` and asserts the answer's status is `status`.
-pub(crate) async fn expect_status(req: reqwest::RequestBuilder, status: u16) -> reqwest::Response {
-    let r = req.send().await.expect("send the request");
-    assert_eq!(r.status(), status);
-    r
+    let url = format!("{}/v1/chat/completions", gw.base);
+    keyed_post(client, url, CREDENTIAL, key, body)
 }
 
 /// Sends the keyed chat `body` ([`post`]), asserts the answer's status is
