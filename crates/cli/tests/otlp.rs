@@ -199,6 +199,17 @@ struct Gateway {
 }
 
 impl Gateway {
+    /// A gateway in front of `upstream` exporting its spans to `endpoint`
+    /// (`--otlp-endpoint`), a batch every `delay_ms` milliseconds.
+    async fn exporting_to(upstream: &str, endpoint: &str, delay_ms: &str) -> Gateway {
+        Self::start(
+            upstream,
+            &["--otlp-endpoint", endpoint],
+            &[("OTEL_BSP_SCHEDULE_DELAY", delay_ms)],
+        )
+        .await
+    }
+
     async fn start(upstream: &str, extra_args: &[&str], env: &[(&str, &str)]) -> Gateway {
         let mut cmd = Command::new(BIN);
         cmd.args(["serve", "--upstream", upstream])
@@ -266,12 +277,7 @@ impl Gateway {
 async fn request_span_is_exported_with_key_and_client_trace_id() {
     let (receiver, addr) = Receiver::start().await;
     let sim = sim().await;
-    let gw = Gateway::start(
-        &sim.url(),
-        &["--otlp-endpoint", &format!("http://{addr}/")],
-        &[("OTEL_BSP_SCHEDULE_DELAY", "100")],
-    )
-    .await;
+    let gw = Gateway::exporting_to(&sim.url(), &format!("http://{addr}/"), "100").await;
     let key = "otlp-key-5b1d9e";
     assert_eq!(gw.keyed(key).await, 200);
     let body = receiver.wait_for(key.as_bytes()).await;
@@ -310,12 +316,11 @@ fn parent_id_bytes(traceparent: &str) -> Vec<u8> {
 async fn upstream_call_is_a_child_of_the_exported_gateway_span() {
     let (collector, collector_addr) = Receiver::start().await;
     let (upstream, upstream_addr) = Receiver::start().await;
-    let gw = Gateway::start(
-        &format!("http://{upstream_addr}"),
-        &["--otlp-endpoint", &format!("http://{collector_addr}")],
-        &[("OTEL_BSP_SCHEDULE_DELAY", "100")],
-    )
-    .await;
+    let (upstream_url, collector_url) = (
+        format!("http://{upstream_addr}"),
+        format!("http://{collector_addr}"),
+    );
+    let gw = Gateway::exporting_to(&upstream_url, &collector_url, "100").await;
     let key = "otlp-child-key-8e2a";
     assert_eq!(gw.keyed(key).await, 200);
     let sent = upstream.traceparents();
@@ -380,12 +385,7 @@ async fn collector_down_changes_nothing_for_clients() {
         l.local_addr().expect("a bound listener has an address")
     };
     let sim = sim().await;
-    let gw = Gateway::start(
-        &sim.url(),
-        &["--otlp-endpoint", &format!("http://{closed}")],
-        &[("OTEL_BSP_SCHEDULE_DELAY", "50")],
-    )
-    .await;
+    let gw = Gateway::exporting_to(&sim.url(), &format!("http://{closed}"), "50").await;
     for i in 0..20 {
         let key = format!("otlp-down-{i}");
         assert_eq!(gw.keyed(&key).await, 200);
