@@ -11,21 +11,38 @@ use idemgate_testkit::fault::{CHUNK, Direction, FaultProxy, Stats};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-/// An echo server on a free port; it stops when the runtime does.
-async fn echo() -> SocketAddr {
+/// A server on a free port: `run` is spawned with its listener. Its
+/// address; it stops when the runtime does.
+async fn server<Fut>(run: impl FnOnce(TcpListener) -> Fut) -> SocketAddr
+where
+    Fut: Future<Output = ()> + Send + 'static,
+{
     let listener = TcpListener::bind(("127.0.0.1", 0))
         .await
-        .expect("bind echo");
-    let addr = listener.local_addr().expect("echo addr");
-    tokio::spawn(async move {
+        .expect("bind a server");
+    let addr = listener.local_addr().expect("server addr");
+    tokio::spawn(run(listener));
+    addr
+}
+
+/// An echo server on a free port; it stops when the runtime does.
+async fn echo() -> SocketAddr {
+    server(|listener| async move {
         while let Ok((mut s, _)) = listener.accept().await {
             tokio::spawn(async move {
                 let (mut r, mut w) = s.split();
                 let _ = tokio::io::copy(&mut r, &mut w).await;
             });
         }
-    });
-    addr
+    })
+    .await
+}
+
+/// Asserts that the connection `s` was closed or aborted: a read gets the
+/// end of the stream or an error.
+async fn assert_closed(s: &mut TcpStream) {
+    let mut buf = [0u8; 8];
+    assert!(matches!(s.read(&mut buf).await, Ok(0) | Err(_)));
 }
 
 async fn proxy() -> FaultProxy {
@@ -43,6 +60,13 @@ async fn roundtrip(s: &mut TcpStream, msg: &[u8]) {
     let mut got = vec![0; msg.len()];
     s.read_exact(&mut got).await.expect("read echo");
     assert_eq!(got, msg);
+}
+
+/// A connection through `p`, checked with a round trip of `msg`.
+async fn connected(p: &FaultProxy, msg: &[u8]) -> TcpStream {
+    let mut s = connect(p).await;
+    roundtrip(&mut s, msg).await;
+    s
 }
 
 /// Whether a read on `s` gets nothing within 200 ms (the connection is
@@ -67,8 +91,7 @@ async fn until(mut ok: impl FnMut() -> bool) {
 #[tokio::test]
 async fn forwards_both_ways_and_counts() {
     let p = proxy().await;
-    let mut s = connect(&p).await;
-    roundtrip(&mut s, b"hello").await;
+    let mut s = connected(&p, b"hello").await;
     let big = vec![7u8; 3 * CHUNK + 5];
     roundtrip(&mut s, &big).await;
     let total = 5 + big.len() as u64;
@@ -111,8 +134,7 @@ async fn cut_closes_live_connections_with_fin() {
     assert_eq!(a.read(&mut buf).await.unwrap(), 0, "FIN, not an error");
     assert_eq!(b.read(&mut buf).await.unwrap(), 0);
     // New connections work at once.
-    let mut c = connect(&p).await;
-    roundtrip(&mut c, b"c").await;
+    let _c = connected(&p, b"c").await;
     assert_eq!(p.cut().await, 1);
     assert_eq!(p.cut().await, 0);
 }
@@ -120,14 +142,12 @@ async fn cut_closes_live_connections_with_fin() {
 #[tokio::test]
 async fn reset_aborts_live_connections_with_rst() {
     let p = proxy().await;
-    let mut a = connect(&p).await;
-    roundtrip(&mut a, b"a").await;
+    let mut a = connected(&p, b"a").await;
     assert_eq!(p.reset().await, 1);
     let mut buf = [0u8; 1];
     let err = a.read(&mut buf).await.expect_err("RST");
     assert_eq!(err.kind(), io::ErrorKind::ConnectionReset);
-    let mut b = connect(&p).await;
-    roundtrip(&mut b, b"b").await;
+    let _b = connected(&p, b"b").await;
 }
 
 #[tokio::test]
@@ -139,14 +159,12 @@ async fn refusing_accepts_and_closes_new_connections_only() {
     p.set_refusing(true);
     assert!(p.is_refusing());
     let mut refused = connect(&p).await;
-    let mut buf = [0u8; 1];
     // Closed at once; a write racing the close may turn it into a reset.
     let _ = refused.write_all(b"x").await;
-    assert!(matches!(refused.read(&mut buf).await, Ok(0) | Err(_)));
+    assert_closed(&mut refused).await;
     roundtrip(&mut live, b"still here").await;
     p.set_refusing(false);
-    let mut again = connect(&p).await;
-    roundtrip(&mut again, b"back").await;
+    let _again = connected(&p, b"back").await;
     let st = p.stats();
     assert_eq!((st.accepted, st.refused, st.live), (3, 1, 2));
 }
@@ -161,15 +179,13 @@ async fn refuse_for_ends_by_itself_or_when_told() {
     p.refuse_for(Duration::from_millis(100));
     assert!(p.is_refusing());
     until(|| !p.is_refusing()).await;
-    let mut s = connect(&p).await;
-    roundtrip(&mut s, b"ok").await;
+    let _s = connected(&p, b"ok").await;
 }
 
 #[tokio::test]
 async fn stall_holds_bytes_without_closing() {
     let p = proxy().await;
-    let mut s = connect(&p).await;
-    roundtrip(&mut s, b"before").await;
+    let mut s = connected(&p, b"before").await;
     until(|| p.stats().bytes_to_server == 6).await;
     p.stall(true);
     s.write_all(b"held").await.unwrap();
@@ -192,22 +208,18 @@ async fn stalled_replies_then_cut_lose_the_reply_only() {
     until(|| p.stats().bytes_to_server == 7).await;
     assert!(silent(&mut s).await);
     assert_eq!(p.cut().await, 1);
-    let mut buf = [0u8; 8];
-    assert!(matches!(s.read(&mut buf).await, Ok(0) | Err(_)));
+    assert_closed(&mut s).await;
     assert_eq!(p.stats().bytes_to_client, 0);
     p.stall(false);
-    let mut s = connect(&p).await;
-    roundtrip(&mut s, b"next").await;
+    let _s = connected(&p, b"next").await;
 }
 
 #[tokio::test]
 async fn stall_from_next_request_spares_earlier_replies() {
     // A server whose reply to each byte ends 100 ms after it starts: the
     // tail of a reply is still in flight when the client has its head.
-    let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
-    let server = listener.local_addr().unwrap();
     let (got_tx, mut got) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
+    let server = server(|listener| async move {
         let (mut s, _) = listener.accept().await.unwrap();
         let mut b = [0u8; 1];
         while s.read_exact(&mut b).await.is_ok() {
@@ -216,7 +228,8 @@ async fn stall_from_next_request_spares_earlier_replies() {
             tokio::time::sleep(Duration::from_millis(100)).await;
             s.write_all(b"tail").await.unwrap();
         }
-    });
+    })
+    .await;
     let p = FaultProxy::start(server).await.unwrap();
     let mut c = connect(&p).await;
     c.write_all(b"1").await.unwrap();
@@ -233,21 +246,18 @@ async fn stall_from_next_request_spares_earlier_replies() {
     assert_eq!(got.recv().await, Some(b'2'));
     assert!(silent(&mut c).await);
     assert_eq!(p.cut().await, 1);
-    let mut buf = [0u8; 8];
-    assert!(matches!(c.read(&mut buf).await, Ok(0) | Err(_)));
+    assert_closed(&mut c).await;
     assert_eq!(p.stats().bytes_to_client, 8);
 }
 
 #[tokio::test]
 async fn freeze_live_spares_new_connections() {
     let p = proxy().await;
-    let mut old = connect(&p).await;
-    roundtrip(&mut old, b"x").await;
+    let mut old = connected(&p, b"x").await;
     assert_eq!(p.freeze_live(), 1);
     old.write_all(b"y").await.unwrap();
     assert!(silent(&mut old).await);
-    let mut new = connect(&p).await;
-    roundtrip(&mut new, b"fresh").await;
+    let _new = connected(&p, b"fresh").await;
     p.heal();
     assert!(
         silent(&mut old).await,
@@ -272,10 +282,8 @@ async fn delay_adds_latency_per_chunk() {
 #[tokio::test]
 async fn a_dropped_reply_reaches_the_server_and_aborts_only_its_connection() {
     // A server that records every byte it is sent, and echoes it.
-    let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
-    let server = listener.local_addr().unwrap();
     let (got_tx, mut got) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
+    let server = server(|listener| async move {
         while let Ok((mut s, _)) = listener.accept().await {
             let got_tx = got_tx.clone();
             tokio::spawn(async move {
@@ -288,26 +296,23 @@ async fn a_dropped_reply_reaches_the_server_and_aborts_only_its_connection() {
                 }
             });
         }
-    });
+    })
+    .await;
     let p = FaultProxy::start(server).await.unwrap();
-    let mut doomed = connect(&p).await;
-    roundtrip(&mut doomed, b"a").await;
+    let mut doomed = connected(&p, b"a").await;
     assert_eq!(got.recv().await, Some(b'a'));
-    let mut other = connect(&p).await;
-    roundtrip(&mut other, b"b").await;
+    let mut other = connected(&p, b"b").await;
     assert_eq!(got.recv().await, Some(b'b'));
     p.drop_next_reply();
     doomed.write_all(b"c").await.unwrap();
     // The server applied it…
     assert_eq!(got.recv().await, Some(b'c'));
     // …and its answer never comes: the connection is aborted.
-    let mut buf = [0u8; 1];
-    assert!(matches!(doomed.read(&mut buf).await, Ok(0) | Err(_)));
+    assert_closed(&mut doomed).await;
     until(|| p.stats().replies_dropped == 1).await;
     // One shot: the other connection, and a new one, still work.
     roundtrip(&mut other, b"d").await;
-    let mut fresh = connect(&p).await;
-    roundtrip(&mut fresh, b"e").await;
+    let _fresh = connected(&p, b"e").await;
     assert_eq!(p.stats().replies_dropped, 1);
 }
 
@@ -316,8 +321,7 @@ async fn heal_disarms_a_dropped_reply() {
     let p = proxy().await;
     p.drop_next_reply();
     p.heal();
-    let mut s = connect(&p).await;
-    roundtrip(&mut s, b"kept").await;
+    let _s = connected(&p, b"kept").await;
     assert_eq!(p.stats().replies_dropped, 0);
 }
 
@@ -325,9 +329,7 @@ async fn heal_disarms_a_dropped_reply() {
 async fn retarget_moves_new_connections_only() {
     // Two servers that greet with their name.
     async fn greeter(name: &'static [u8]) -> SocketAddr {
-        let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
+        server(|listener| async move {
             while let Ok((mut s, _)) = listener.accept().await {
                 tokio::spawn(async move {
                     let _ = s.write_all(name).await;
@@ -335,8 +337,8 @@ async fn retarget_moves_new_connections_only() {
                     let _ = s.read(&mut b).await;
                 });
             }
-        });
-        addr
+        })
+        .await
     }
     let first = greeter(b"one").await;
     let second = greeter(b"two").await;
@@ -368,8 +370,7 @@ async fn target_down_closes_the_client() {
     // The listener is dropped: nothing listens on `port` any more.
     let p = FaultProxy::start(port).await.unwrap();
     let mut s = connect(&p).await;
-    let mut buf = [0u8; 1];
-    assert!(matches!(s.read(&mut buf).await, Ok(0) | Err(_)));
+    assert_closed(&mut s).await;
     until(|| p.stats().live == 0).await;
 }
 
@@ -377,12 +378,10 @@ async fn target_down_closes_the_client() {
 async fn drop_stops_everything() {
     let p = proxy().await;
     let addr = p.addr();
-    let mut s = connect(&p).await;
-    roundtrip(&mut s, b"x").await;
+    let mut s = connected(&p, b"x").await;
     p.stall(true);
     drop(p);
-    let mut buf = [0u8; 1];
-    assert!(matches!(s.read(&mut buf).await, Ok(0) | Err(_)));
+    assert_closed(&mut s).await;
     let mut refused = false;
     for _ in 0..500 {
         if TcpStream::connect(addr).await.is_err() {
