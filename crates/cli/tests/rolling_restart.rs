@@ -12,10 +12,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use idemgate_llm_sim::SimHandle;
 use tokio::process::{Child, Command};
 
 mod support;
@@ -111,18 +110,20 @@ fn request(url: &str, key: &str, stream: bool) -> reqwest::RequestBuilder {
     }
 }
 
-/// The first request goes to a gateway that is stopped (SIGTERM) once the
+/// The first request goes to a gateway (in front of a fresh simulator, on
+/// a file in a fresh directory) that is stopped (SIGTERM) once the
 /// upstream has started it; the retry goes to a gateway started again on
 /// the same file. Returns the retry's status, `Idempotent-Replayed` and
 /// problem slug (if any; for a stream, the `error.code` of its last
 /// event), and the upstream's executions of the key.
 async fn sigterm_mid_answer(
-    sim: &SimHandle,
-    dir: &Path,
     route: &str,
     key: &str,
     stream: bool,
 ) -> (u16, String, Option<String>, u64) {
+    let sim = sim().await;
+    let keep = tempfile::tempdir().unwrap();
+    let dir = keep.path();
     let gw = Gw::start(dir, &sim.url()).await;
     let first = tokio::spawn({
         let req = request(&gw.url(route), key, stream);
@@ -172,43 +173,31 @@ async fn sigterm_mid_answer(
     (status, replayed, slug, sim.executions_for(key))
 }
 
-fn dir() -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().to_path_buf();
-    (dir, path)
+/// [`sigterm_mid_answer`] on the charging route: the upstream ran `key`
+/// once, and the retry is replayed with `status` and names
+/// `outcome-unknown`.
+async fn charging_key_stays_outcome_unknown(key: &str, stream: bool, status: u16) {
+    let (got, replayed, slug, executions) = sigterm_mid_answer("charged", key, stream).await;
+    assert_eq!(executions, 1, "a rolling restart must not charge twice");
+    assert_eq!(got, status);
+    assert_eq!(replayed, "true");
+    assert_eq!(slug.as_deref(), Some("outcome-unknown"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_mid_json_answer_keeps_a_charging_key_outcome_unknown() {
-    let sim = sim().await;
-    let (_keep, dir) = dir();
-    let (status, replayed, slug, executions) =
-        sigterm_mid_answer(&sim, &dir, "charged", "json-charge", false).await;
-    assert_eq!(executions, 1, "a rolling restart must not charge twice");
-    assert_eq!(status, 502);
-    assert_eq!(replayed, "true");
-    assert_eq!(slug.as_deref(), Some("outcome-unknown"));
+    charging_key_stays_outcome_unknown("json-charge", false, 502).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_mid_stream_keeps_a_charging_key_outcome_unknown() {
-    let sim = sim().await;
-    let (_keep, dir) = dir();
-    let (status, replayed, slug, executions) =
-        sigterm_mid_answer(&sim, &dir, "charged", "sse-charge", true).await;
-    assert_eq!(executions, 1, "a rolling restart must not charge twice");
     // The partial stream, ended by its outcome-unknown event.
-    assert_eq!(status, 200);
-    assert_eq!(replayed, "true");
-    assert_eq!(slug.as_deref(), Some("outcome-unknown"));
+    charging_key_stays_outcome_unknown("sse-charge", true, 200).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_mid_answer_releases_a_key_that_does_not_charge() {
-    let sim = sim().await;
-    let (_keep, dir) = dir();
-    let (status, replayed, _, executions) =
-        sigterm_mid_answer(&sim, &dir, "plain", "json-plain", false).await;
+    let (status, replayed, _, executions) = sigterm_mid_answer("plain", "json-plain", false).await;
     assert_eq!(status, 200);
     assert_eq!(replayed, "false", "the released key runs again");
     assert_eq!(executions, 2);
