@@ -88,6 +88,41 @@ async fn hold_next_reply(rig: &Rig) {
     rig.proxy.stall_replies_from_next_request();
 }
 
+/// Sends `call` with its reply held: once the server's record of `key`
+/// comes to satisfy `reached` (the request was applied), the connection is
+/// cut and the proxy healed. Returns the call's error, which must be
+/// temporary (`what` names the call).
+async fn reply_lost<T: std::fmt::Debug + Send + 'static>(
+    rig: &Rig,
+    key: &ScopedKey,
+    what: &str,
+    reached: impl Fn(Option<&Record>) -> bool,
+    call: impl Future<Output = Result<T, StoreError>> + Send + 'static,
+) -> StoreError {
+    hold_next_reply(rig).await;
+    let first = tokio::spawn(call);
+    let applied = server_record_comes_to(rig, key, reached).await;
+    assert!(applied, "the stalled {what} never reached the server");
+    assert!(rig.proxy.cut().await >= 1);
+    rig.proxy.heal();
+    let err = match first.await.expect("the call's task") {
+        Ok(v) => panic!("a {what} whose reply was lost succeeded: {v:?}"),
+        Err(e) => e,
+    };
+    assert!(err.is_temporary(), "{what} with a lost reply: {err}");
+    err
+}
+
+/// Completes `lease` on `store` with `payload` as an executed attempt and
+/// asserts that the write was applied (`when`: the step, should it fail).
+async fn complete_applied(store: &dyn Store, lease: &Lease, payload: &'static [u8], when: &str) {
+    let w = store
+        .complete(lease, Bytes::from_static(payload), LONG, &executed())
+        .await
+        .expect(when);
+    assert_eq!(w, Fenced::Applied, "{when}");
+}
+
 /// Runs `op` again while it fails with a temporary error; panics on any
 /// other error, or when it still fails after [`RECOVERY`]. Returns the
 /// value and how many temporary errors came first.
@@ -126,11 +161,7 @@ async fn warm_up(rig: &Rig) {
     );
     let w = s.renew(&mut lease, LONG).await.expect("warm-up renew");
     assert_eq!(w, Fenced::Applied);
-    let w = s
-        .complete(&lease, Bytes::from_static(b"w"), LONG, &executed())
-        .await
-        .expect("warm-up complete");
-    assert_eq!(w, Fenced::Applied);
+    complete_applied(s.as_ref(), &lease, b"w", "warm-up complete").await;
     existing(
         s.claim(&key, &fp("warm"), LONG)
             .await
@@ -206,12 +237,13 @@ pub async fn claim_refused_then_recovers(rig: Rig) {
         until_ok("claim after recovery", || rig.store.claim(&key, &fa, LONG)).await;
     let lease = acquired(claim);
     eprintln!("claim after recovery: {failures} temporary errors first");
-    let w = rig
-        .store
-        .complete(&lease, Bytes::from_static(b"back"), LONG, &executed())
-        .await
-        .expect("complete once reconnected");
-    assert_eq!(w, Fenced::Applied);
+    complete_applied(
+        rig.store.as_ref(),
+        &lease,
+        b"back",
+        "complete once reconnected",
+    )
+    .await;
     assert_eq!(
         done_once(&rig, &key).await,
         (Bytes::from_static(b"back"), 1)
@@ -266,7 +298,6 @@ pub async fn complete_reply_lost_retry_is_idempotent(rig: Rig) {
     let executed = crate::executed();
     let lease = acquired(rig.store.claim(&key, &fp("a"), LONG).await.expect("claim"));
     let payload = Bytes::from_static(b"{\"charged\":1}");
-    hold_next_reply(&rig).await;
     let first = {
         let (store, lease, payload, executed) = (
             Arc::clone(&rig.store),
@@ -274,17 +305,10 @@ pub async fn complete_reply_lost_retry_is_idempotent(rig: Rig) {
             payload.clone(),
             executed.clone(),
         );
-        tokio::spawn(async move { store.complete(&lease, payload, LONG, &executed).await })
+        async move { store.complete(&lease, payload, LONG, &executed).await }
     };
-    let applied = server_record_comes_to(&rig, &key, |r| r.is_some_and(Record::is_done)).await;
-    assert!(applied, "the stalled complete never reached the server");
-    assert!(rig.proxy.cut().await >= 1);
-    rig.proxy.heal();
-    let err = first
-        .await
-        .expect("complete task")
-        .expect_err("a complete whose reply was lost succeeded");
-    assert!(err.is_temporary(), "complete with a lost reply: {err}");
+    let done = |r: Option<&Record>| r.is_some_and(Record::is_done);
+    reply_lost(&rig, &key, "complete", done, first).await;
     let (retry, _) = until_ok("complete retried after a lost reply", || {
         rig.store.complete(&lease, payload.clone(), LONG, &executed)
     })
@@ -377,12 +401,13 @@ pub async fn heartbeat_outage_within_the_lease(rig: Rig) {
     assert_eq!(w, Fenced::Applied, "the lease was lost during the outage");
     lease = renewed;
     assert!(lease.expires_at_ms > first_expiry, "renew did not extend");
-    let w = rig
-        .store
-        .complete(&lease, Bytes::from_static(b"hb"), LONG, &executed())
-        .await
-        .expect("complete after the outage");
-    assert_eq!(w, Fenced::Applied);
+    complete_applied(
+        rig.store.as_ref(),
+        &lease,
+        b"hb",
+        "complete after the outage",
+    )
+    .await;
     assert_eq!(done_once(&rig, &key).await, (Bytes::from_static(b"hb"), 1));
 }
 
@@ -393,20 +418,11 @@ pub async fn claim_reply_lost_blocks_until_lease_expiry(rig: Rig) {
     warm_up(&rig).await;
     let key = fresh_key();
     let fa = fp("a");
-    hold_next_reply(&rig).await;
     let first = {
         let (store, key) = (Arc::clone(&rig.store), key.clone());
-        tokio::spawn(async move { store.claim(&key, &fp("a"), SHORT_TTL).await })
+        async move { store.claim(&key, &fp("a"), SHORT_TTL).await }
     };
-    let claimed = server_record_comes_to(&rig, &key, |r| r.is_some()).await;
-    assert!(claimed, "the stalled claim never reached the server");
-    assert!(rig.proxy.cut().await >= 1);
-    rig.proxy.heal();
-    let err = first
-        .await
-        .expect("claim task")
-        .expect_err("a claim whose reply was lost succeeded");
-    assert!(err.is_temporary(), "claim with a lost reply: {err}");
+    reply_lost(&rig, &key, "claim", |r| r.is_some(), first).await;
     let (retry, _) = until_ok("claim retried after a lost reply", || {
         rig.store.claim(&key, &fa, SHORT_TTL)
     })
@@ -415,12 +431,7 @@ pub async fn claim_reply_lost_blocks_until_lease_expiry(rig: Rig) {
     assert!(matches!(rec.state, RecordState::Pending { .. }), "{rec:?}");
     tokio::time::sleep(PAST_SHORT_TTL).await;
     let lease = acquired(rig.store.claim(&key, &fp("a"), LONG).await.expect("claim"));
-    let w = rig
-        .store
-        .complete(&lease, Bytes::from_static(b"late"), LONG, &executed())
-        .await
-        .expect("complete");
-    assert_eq!(w, Fenced::Applied);
+    complete_applied(rig.store.as_ref(), &lease, b"late", "complete").await;
 }
 
 /// Every step of a record's life works, unchanged, over a slow link.
@@ -460,10 +471,11 @@ pub async fn frozen_connection_is_replaced(rig: Rig) {
     .await;
     eprintln!("claim after a freeze: {failures} temporary errors first");
     let lease = acquired(claim);
-    let w = rig
-        .store
-        .complete(&lease, Bytes::from_static(b"thawed"), LONG, &executed())
-        .await
-        .expect("complete on a new connection");
-    assert_eq!(w, Fenced::Applied);
+    complete_applied(
+        rig.store.as_ref(),
+        &lease,
+        b"thawed",
+        "complete on a new connection",
+    )
+    .await;
 }
