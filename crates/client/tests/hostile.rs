@@ -9,7 +9,9 @@ mod support;
 
 use std::time::Duration;
 
-use idemgate_client::{Client, Delay, DelaySource, Error, MAX_ERROR_BODY};
+use idemgate_client::{
+    Client, ClientBuilder, Delay, DelaySource, Error, MAX_ERROR_BODY, Rejected, RequestBuilder,
+};
 use support::{RawServer, Reply, chat};
 
 /// The cap the tests use, so that a capped wait is short.
@@ -20,6 +22,20 @@ fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
         let (k, v) = l.split_once(':')?;
         k.trim().eq_ignore_ascii_case(name).then_some(v.trim())
     })
+}
+
+/// A client of `url` with the settings `tweak` makes.
+fn client_of(url: &str, tweak: impl FnOnce(ClientBuilder) -> ClientBuilder) -> Client {
+    tweak(Client::builder(url))
+        .build()
+        .expect("build the client")
+}
+
+/// A chat request about `text` through `client`, streamed when `stream`.
+fn chat_to(client: &Client, stream: bool, text: &str) -> RequestBuilder {
+    client
+        .post("/v1/chat/completions")
+        .json(&chat(stream, text))
 }
 
 #[tokio::test]
@@ -45,13 +61,8 @@ async fn a_delay_of_decades_in_any_header_form_is_cut_to_max_server_delay() {
             _ => Reply::ok(),
         })
         .await;
-        let client = Client::builder(&server.url)
-            .max_server_delay(CAP)
-            .build()
-            .expect("build the client");
-        let response = client
-            .post("/v1/chat/completions")
-            .json(&chat(false, "wait for it"))
+        let client = client_of(&server.url, |b| b.max_server_delay(CAP));
+        let response = chat_to(&client, false, "wait for it")
             .send()
             .await
             .unwrap_or_else(|e| panic!("{name}: {value}: {e}"));
@@ -72,38 +83,44 @@ async fn a_delay_of_decades_in_any_header_form_is_cut_to_max_server_delay() {
     }
 }
 
-/// The head of a 200 event stream with `headers` added.
-fn stream_head(headers: &[(&str, &str)]) -> String {
+/// Sends the chat about `text` through `client`, which must end rejected
+/// (`Error::Rejected`, not retried): the rejection, and the error's
+/// message.
+async fn rejected_chat(client: &Client, text: &str) -> (Rejected, String) {
+    let err = chat_to(client, false, text)
+        .send()
+        .await
+        .expect_err("a rejection is not a success");
+    let message = err.to_string();
+    let Error::Rejected(rejected) = err else {
+        panic!("not a rejection: {message}");
+    };
+    (*rejected, message)
+}
+
+/// A 200 event stream with `headers` added, then `rest` (the framing
+/// headers, the blank line and the body).
+fn stream_reply(headers: &[(&str, &str)], rest: &str) -> Reply {
     let mut head = String::from("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n");
     for (name, value) in headers {
         head.push_str(&format!("{name}: {value}\r\n"));
     }
-    head
+    Reply::Bytes(format!("{head}{rest}").into_bytes())
 }
 
 /// A stream that sends `events` as one chunk, then breaks inside its
 /// chunked body.
 fn cut_stream(headers: &[(&str, &str)], events: &str) -> Reply {
-    let head = stream_head(headers);
-    Reply::Bytes(
-        format!(
-            "{head}transfer-encoding: chunked\r\n\r\n{:x}\r\n{events}\r\n",
-            events.len()
-        )
-        .into_bytes(),
-    )
+    let len = events.len();
+    let rest = format!("transfer-encoding: chunked\r\n\r\n{len:x}\r\n{events}\r\n");
+    stream_reply(headers, &rest)
 }
 
 /// A stream that sends `events` whole and closes.
 fn whole_stream(headers: &[(&str, &str)], events: &str) -> Reply {
-    let head = stream_head(headers);
-    Reply::Bytes(
-        format!(
-            "{head}content-length: {}\r\nconnection: close\r\n\r\n{events}",
-            events.len()
-        )
-        .into_bytes(),
-    )
+    let len = events.len();
+    let rest = format!("content-length: {len}\r\nconnection: close\r\n\r\n{events}");
+    stream_reply(headers, &rest)
 }
 
 #[tokio::test]
@@ -117,13 +134,8 @@ async fn a_streams_retry_field_of_centuries_is_cut_to_max_server_delay() {
         }
     })
     .await;
-    let client = Client::builder(&server.url)
-        .max_server_delay(CAP)
-        .build()
-        .expect("build the client");
-    let mut stream = client
-        .post("/v1/chat/completions")
-        .json(&chat(true, "a stream that asks for patience"))
+    let client = client_of(&server.url, |b| b.max_server_delay(CAP));
+    let mut stream = chat_to(&client, true, "a stream that asks for patience")
         .send_stream()
         .await
         .expect("the stream starts");
@@ -155,13 +167,10 @@ async fn another_executions_stream_is_not_stitched_on() {
         ),
     })
     .await;
-    let client = Client::builder(&server.url)
-        .backoff(Duration::from_millis(1), Duration::from_millis(1))
-        .build()
-        .expect("build the client");
-    let mut stream = client
-        .post("/v1/chat/completions")
-        .json(&chat(true, "a stream whose run breaks"))
+    let client = client_of(&server.url, |b| {
+        b.backoff(Duration::from_millis(1), Duration::from_millis(1))
+    });
+    let mut stream = chat_to(&client, true, "a stream whose run breaks")
         .send_stream()
         .await
         .expect("the stream starts");
@@ -200,22 +209,13 @@ async fn redirects_are_returned_not_followed_and_the_other_host_receives_nothing
             Reply::answer(status, &[("location", location.as_str())], b"")
         })
         .await;
-        let client = Client::builder(&server.url)
-            .bearer_auth("sk-secret-bearer")
-            .header("x-api-key", "secret-x-api-key")
-            .header("api-key", "secret-api-key")
-            .header("x-goog-api-key", "secret-goog-key")
-            .build()
-            .expect("build the client");
-        let err = client
-            .post("/v1/chat/completions")
-            .json(&chat(false, "the prompt"))
-            .send()
-            .await
-            .expect_err("a redirect is not a success");
-        let Error::Rejected(rejected) = &err else {
-            panic!("{status}: {err}");
-        };
+        let client = client_of(&server.url, |b| {
+            b.bearer_auth("sk-secret-bearer")
+                .header("x-api-key", "secret-x-api-key")
+                .header("api-key", "secret-api-key")
+                .header("x-goog-api-key", "secret-goog-key")
+        });
+        let (rejected, message) = rejected_chat(&client, "the prompt").await;
         assert_eq!(rejected.response.status.as_u16(), status);
         assert_eq!(
             rejected
@@ -225,7 +225,7 @@ async fn redirects_are_returned_not_followed_and_the_other_host_receives_nothing
                 .and_then(|v| v.to_str().ok()),
             Some(to.as_str())
         );
-        assert!(err.to_string().contains("not followed"), "{err}");
+        assert!(message.contains("not followed"), "{status}: {message}");
         assert_eq!(server.heads().len(), 1, "{status}: sent once");
     }
     assert_eq!(
@@ -238,14 +238,11 @@ async fn redirects_are_returned_not_followed_and_the_other_host_receives_nothing
     // takes the API keys to the other host.
     let server =
         RawServer::start(move |_, _| Reply::answer(307, &[("location", to.as_str())], b"")).await;
-    let client = Client::builder(&server.url)
-        .header("x-api-key", "secret-x-api-key")
-        .http_client(reqwest::Client::new())
-        .build()
-        .expect("build the client");
-    let followed = client
-        .post("/v1/chat/completions")
-        .json(&chat(false, "the prompt"))
+    let client = client_of(&server.url, |b| {
+        b.header("x-api-key", "secret-x-api-key")
+            .http_client(reqwest::Client::new())
+    });
+    let followed = chat_to(&client, false, "the prompt")
         .send()
         .await
         .expect("followed to a 200");
@@ -263,9 +260,7 @@ async fn an_error_body_of_megabytes_is_read_up_to_the_cap() {
     })
     .await;
     let client = Client::new(&server.url).expect("build the client");
-    let err = client
-        .post("/v1/chat/completions")
-        .json(&chat(false, "x"))
+    let err = chat_to(&client, false, "x")
         .send()
         .await
         .expect_err("a 400 is final");
@@ -307,20 +302,10 @@ async fn an_endless_error_body_is_cut_at_the_cap_not_read_to_the_timeout() {
     .await;
     // Read whole, the body would run into this timeout: the attempt would
     // end as a timeout and be retried instead of being a final 400.
-    let client = Client::builder(&server.url)
-        .attempt_timeout(Duration::from_secs(60))
-        .attempts(1)
-        .build()
-        .expect("build the client");
-    let err = client
-        .post("/v1/chat/completions")
-        .json(&chat(false, "x"))
-        .send()
-        .await
-        .expect_err("a 400 is final");
-    let Error::Rejected(rejected) = &err else {
-        panic!("{err}");
-    };
+    let client = client_of(&server.url, |b| {
+        b.attempt_timeout(Duration::from_secs(60)).attempts(1)
+    });
+    let (rejected, _) = rejected_chat(&client, "x").await;
     assert_eq!(rejected.response.status.as_u16(), 400);
     assert_eq!(rejected.response.body.len(), MAX_ERROR_BODY);
     assert!(rejected.response.truncated);
