@@ -9,10 +9,8 @@ mod support;
 
 use std::time::Duration;
 
-use idemgate_client::{
-    Client, ClientBuilder, Delay, DelaySource, Error, MAX_ERROR_BODY, Rejected, RequestBuilder,
-};
-use support::{RawServer, Reply, chat};
+use idemgate_client::{Client, ClientBuilder, Delay, DelaySource, Error, MAX_ERROR_BODY, Rejected};
+use support::{RawServer, Reply, chat_to};
 
 /// The cap the tests use, so that a capped wait is short.
 const CAP: Duration = Duration::from_millis(50);
@@ -29,13 +27,6 @@ fn client_of(url: &str, tweak: impl FnOnce(ClientBuilder) -> ClientBuilder) -> C
     tweak(Client::builder(url))
         .build()
         .expect("build the client")
-}
-
-/// A chat request about `text` through `client`, streamed when `stream`.
-fn chat_to(client: &Client, stream: bool, text: &str) -> RequestBuilder {
-    client
-        .post("/v1/chat/completions")
-        .json(&chat(stream, text))
 }
 
 #[tokio::test]

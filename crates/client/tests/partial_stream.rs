@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use idemgate_client::{Client, Error, Event, IdempotencyKey};
 use idemgate_gateway::config::RawInflightMode;
-use support::{chat, gateway, sim};
+use support::{chat_to, gateway, sim};
 
 /// Events until the stream's end; the error it ended with, if any.
 async fn read(
@@ -22,13 +22,11 @@ async fn read(
     key: &IdempotencyKey,
     text: &str,
 ) -> (Vec<Event>, Option<Error>, bool) {
-    let mut stream = client
-        .post("/v1/chat/completions")
+    let mut stream = chat_to(client, true, text)
         .idempotency_key(key.clone())
         .header("x-sim-tokens", "12")
         .header("x-sim-token-interval-ms", "10")
         .header("x-sim-fail", "reset-after:4")
-        .json(&chat(true, text))
         .send_stream()
         .await
         .expect("the stream opens");

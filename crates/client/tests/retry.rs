@@ -13,7 +13,9 @@ use idemgate_client::{
     KEY_MISMATCH,
 };
 use reqwest::StatusCode;
-use support::{Canned, Scripted, chat, executed_then_stop, gateway, sim, sim_behind_gateway};
+use support::{
+    Canned, Scripted, chat, chat_to, executed_then_stop, gateway, sim, sim_behind_gateway,
+};
 
 /// (a) The client's attempt timeout is shorter than the generation. The
 /// first attempt times out; the retries carry the same key; the gateway
@@ -29,10 +31,7 @@ async fn a_timeout_shorter_than_the_generation_is_retried_with_the_same_key_and_
         .build()
         .unwrap();
 
-    let request = client
-        .post("/v1/chat/completions")
-        .header("x-sim-latency-ms", "1200")
-        .json(&chat(false, "write the report"));
+    let request = chat_to(&client, false, "write the report").header("x-sim-latency-ms", "1200");
     let key = request.key().clone();
     let response = request.send().await.unwrap();
 
@@ -146,19 +145,15 @@ async fn a_key_reused_for_a_different_body_is_final_and_says_so() {
     let client = Client::builder(&gw.base).attempts(5).build().unwrap();
     let key = IdempotencyKey::new("order-81:summary").unwrap();
 
-    let first = client
-        .post("/v1/chat/completions")
+    let first = chat_to(&client, false, "summarize order 81")
         .idempotency_key(key.clone())
-        .json(&chat(false, "summarize order 81"))
         .send()
         .await
         .unwrap();
     assert!(!first.replayed());
 
-    let err = client
-        .post("/v1/chat/completions")
+    let err = chat_to(&client, false, "summarize order 82")
         .idempotency_key(key.clone())
-        .json(&chat(false, "summarize order 82"))
         .send()
         .await
         .unwrap_err();
@@ -180,10 +175,8 @@ async fn a_key_reused_for_a_different_body_is_final_and_says_so() {
     assert_eq!(sim.executions_for(key.as_str()), 1);
 
     // An upstream's own 400 is final too.
-    let err = client
-        .post("/v1/chat/completions")
+    let err = chat_to(&client, false, "invalid")
         .header("x-sim-fail", "400")
-        .json(&chat(false, "invalid"))
         .send()
         .await
         .unwrap_err();
@@ -215,9 +208,7 @@ async fn backoff_honours_retry_after_ms_through_the_gateway() {
         .build()
         .unwrap();
 
-    let response = client
-        .post("/v1/chat/completions")
-        .json(&chat(false, "rate limited twice"))
+    let response = chat_to(&client, false, "rate limited twice")
         .send()
         .await
         .unwrap();
@@ -256,10 +247,8 @@ async fn backoff_honours_retry_after_ms_through_the_gateway() {
     assert!(!response.replayed());
 
     // The operation is now DONE: sending it again is a replay.
-    let again = client
-        .post("/v1/chat/completions")
+    let again = chat_to(&client, false, "rate limited twice")
         .idempotency_key(response.key().clone())
-        .json(&chat(false, "rate limited twice"))
         .send()
         .await
         .unwrap();
@@ -284,9 +273,7 @@ async fn x_should_retry_overrides_the_status() {
     })
     .await;
     let client = Client::builder(&gw.base).attempts(5).build().unwrap();
-    let err = client
-        .post("/v1/chat/completions")
-        .json(&chat(false, "x-should-retry"))
+    let err = chat_to(&client, false, "x-should-retry")
         .send()
         .await
         .unwrap_err();

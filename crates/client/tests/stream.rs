@@ -13,7 +13,7 @@ use idemgate_client::{
     AttemptEnd, Client, Error, Event, EventStream, IdempotencyKey, RequestBuilder, RestartReason,
 };
 use support::{
-    TestGateway, chat, cutting_relay, drain, executed_then_stop, ids, paced_stream,
+    TestGateway, chat, chat_to, cutting_relay, drain, executed_then_stop, ids, paced_stream,
     sim_behind_gateway,
 };
 
@@ -26,10 +26,8 @@ fn addr(base: &str) -> SocketAddr {
 /// The whole stored stream of `key`, as a fresh caller replays it.
 async fn replay(gw: &TestGateway, key: &idemgate_client::IdempotencyKey, text: &str) -> Vec<Event> {
     let client = Client::new(&gw.base).expect("build the client");
-    let mut stream = client
-        .post("/v1/chat/completions")
+    let mut stream = chat_to(&client, true, text)
         .idempotency_key(key.clone())
-        .json(&chat(true, text))
         .send_stream()
         .await
         .expect("send stream");
@@ -204,11 +202,9 @@ async fn a_stream_broken_upstream_is_reported_not_stitched() {
         .backoff(Duration::from_millis(10), Duration::from_millis(50))
         .build()
         .unwrap();
-    let mut stream = client
-        .post("/v1/chat/completions")
+    let mut stream = chat_to(&client, true, "a stream the upstream breaks")
         .header("x-sim-fail", "reset-after:3")
         .header("x-sim-token-interval-ms", "10")
-        .json(&chat(true, "a stream the upstream breaks"))
         .send_stream()
         .await
         .unwrap();

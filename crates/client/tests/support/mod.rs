@@ -73,6 +73,17 @@ pub(crate) fn chat(stream: bool, text: &str) -> serde_json::Value {
     })
 }
 
+/// A chat request about `text` through `client`, streamed when `stream`.
+pub(crate) fn chat_to(
+    client: &idemgate_client::Client,
+    stream: bool,
+    text: &str,
+) -> idemgate_client::RequestBuilder {
+    client
+        .post("/v1/chat/completions")
+        .json(&chat(stream, text))
+}
+
 /// The numbers of `events`' ids, in order: the gateway's `RUN-N` or a bare
 /// number (panics on an event without one).
 pub(crate) fn ids(events: &[Event]) -> Vec<u64> {
