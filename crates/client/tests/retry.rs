@@ -9,13 +9,24 @@ use idemgate_gateway::config::RawInflightMode;
 use std::time::Duration;
 
 use idemgate_client::{
-    AttemptEnd, Client, Delay, DelaySource, Error, GiveUpReason, IdempotencyKey, Jitter,
-    KEY_MISMATCH,
+    AttemptEnd, Client, ClientBuilder, Delay, DelaySource, Error, GiveUpReason, IdempotencyKey,
+    Jitter, KEY_MISMATCH,
 };
 use reqwest::StatusCode;
 use support::{
     Canned, Scripted, chat, chat_to, executed_then_stop, gateway, sim, sim_behind_gateway,
 };
+
+/// A client of `base` making up to `attempts` attempts, `backoff` apart
+/// unless the server says otherwise (no jitter).
+fn steady_client(base: &str, attempts: u32, backoff: Duration) -> Client {
+    Client::builder(base)
+        .attempts(attempts)
+        .backoff(backoff, backoff)
+        .jitter(Jitter::None)
+        .build()
+        .expect("build the client")
+}
 
 /// (a) The client's attempt timeout is shorter than the generation. The
 /// first attempt times out; the retries carry the same key; the gateway
@@ -95,13 +106,8 @@ async fn a_409_for_a_key_in_flight_is_retried_after_the_servers_delay() {
     }
     assert_eq!(stats.snapshot().executions, 1, "the other worker started");
 
-    let client = Client::builder(&gw.base)
-        .attempts(10)
-        // A backoff far from the server's delay: the log shows which won.
-        .backoff(Duration::from_secs(30), Duration::from_secs(30))
-        .jitter(Jitter::None)
-        .build()
-        .unwrap();
+    // A backoff far from the server's delay: the log shows which won.
+    let client = steady_client(&gw.base, 10, Duration::from_secs(30));
     let response = client
         .post("/v1/chat/completions")
         .idempotency_key(key.clone())
@@ -201,12 +207,7 @@ async fn backoff_honours_retry_after_ms_through_the_gateway() {
     ])
     .await;
     let gw = gateway(&upstream.url, RawInflightMode::Reject, |_| {}).await;
-    let client = Client::builder(&gw.base)
-        .attempts(5)
-        .backoff(Duration::from_secs(10), Duration::from_secs(10))
-        .jitter(Jitter::None)
-        .build()
-        .unwrap();
+    let client = steady_client(&gw.base, 5, Duration::from_secs(10));
 
     let response = chat_to(&client, false, "rate limited twice")
         .send()
@@ -308,19 +309,19 @@ async fn retry_after_seconds_dates_and_the_deadline() {
         .pool_max_idle_per_host(0)
         .build()
         .unwrap();
-    let client = Client::builder(&upstream.url)
-        .http_client(http.clone())
-        .attempts(10)
-        .attempt_timeout(None)
-        .deadline(Duration::from_secs(25))
-        .build()
-        .unwrap();
-    let err = client
-        .post("/v1/x")
-        .json(&chat(false, "busy"))
-        .send()
-        .await
-        .unwrap_err();
+    // Sends a chat about `text` to `upstream` through a client on `http`,
+    // without an attempt timeout, with the settings `tweak` makes.
+    let send = |upstream: &Scripted, text: &str, tweak: fn(ClientBuilder) -> ClientBuilder| {
+        let builder = Client::builder(&upstream.url).http_client(http.clone());
+        let client = tweak(builder.attempt_timeout(None)).build().unwrap();
+        let request = client.post("/v1/x").json(&chat(false, text));
+        async move { request.send().await }
+    };
+    let err = send(&upstream, "busy", |b| {
+        b.attempts(10).deadline(Duration::from_secs(25))
+    })
+    .await
+    .unwrap_err();
     let Error::GaveUp(gave_up) = &err else {
         panic!("{err:?}");
     };
@@ -347,17 +348,7 @@ async fn retry_after_seconds_dates_and_the_deadline() {
         Canned::ok(),
     ])
     .await;
-    let client = Client::builder(&upstream.url)
-        .http_client(http)
-        .attempt_timeout(None)
-        .build()
-        .unwrap();
-    let response = client
-        .post("/v1/x")
-        .json(&chat(false, "later"))
-        .send()
-        .await
-        .unwrap();
+    let response = send(&upstream, "later", |b| b).await.unwrap();
     let delay = response.attempts()[0].delay.unwrap();
     assert_eq!(delay.source, DelaySource::RetryAfterDate);
     // The date has whole seconds: 3 s from when it was written, at most.
