@@ -32,21 +32,90 @@ async fn executions_reach(sim: &SimHandle, key: &str, n: u64) {
     panic!("{key} never reached {n} executions");
 }
 
+/// Two replicas on one store in front of a fresh simulator, a client, and
+/// the test's key with its JSON body.
+struct Interrupted {
+    sim: SimHandle,
+    a: Gw,
+    b: Gw,
+    client: reqwest::Client,
+    key: String,
+    body: String,
+}
+
+impl Interrupted {
+    /// The test's request (tenant `t1`, the key and its body) to `gw`'s
+    /// `route`.
+    fn to(&self, gw: &Gw, route: &str) -> reqwest::RequestBuilder {
+        request(
+            &self.client,
+            &gw.url(route),
+            "t1",
+            &self.key,
+            self.body.clone(),
+        )
+    }
+
+    /// Sends the request to `b`'s `route` and asserts `b` ran the key
+    /// anew: 200, not a replay, the upstream's second execution.
+    async fn runs_again_on_b(&self, route: &str) -> Answer {
+        let answer = send(self.to(&self.b, route)).await;
+        assert_eq!(
+            answer.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&answer.body)
+        );
+        assert_eq!(answer.replayed.as_deref(), Some("false"));
+        assert_eq!(
+            self.sim.executions_for(&self.key),
+            2,
+            "at-least-once after a crash: the work ran again"
+        );
+        answer
+    }
+}
+
+/// Starts two replicas on `store` (`pending_ttl` `ttl`) and sends a JSON
+/// request for `key` to `a`'s `route`, the upstream taking `latency_ms` to
+/// answer; once the upstream has started it, sends `a` the `signal`.
+/// Returns the replicas and that first request.
+async fn interrupted(
+    store: &str,
+    ttl: &str,
+    key: String,
+    route: &str,
+    latency_ms: &str,
+    signal: &str,
+) -> (
+    Interrupted,
+    tokio::task::JoinHandle<Result<Answer, reqwest::Error>>,
+) {
+    let sim = sim().await;
+    let a = Gw::start(store, &sim.url(), ttl).await;
+    let b = Gw::start(store, &sim.url(), ttl).await;
+    let client = client();
+    let body = chat(false, &key);
+    let req = request(&client, &a.url(route), "t1", &key, body.clone());
+    let first = tokio::spawn(send_result(req.header("x-sim-latency-ms", latency_ms)));
+    executions_reach(&sim, &key, 1).await;
+    a.signal(signal).await;
+    let s = Interrupted {
+        sim,
+        a,
+        b,
+        client,
+        key,
+        body,
+    };
+    (s, first)
+}
+
 /// A replica killed mid-generation: the retry on the other replica waits
 /// for the dead owner's lease to lapse, then runs the work once more.
 async fn killed_mid_generation(store: &str) {
-    let sim = sim().await;
-    let a = Gw::start(store, &sim.url(), "2s").await;
-    let b = Gw::start(store, &sim.url(), "2s").await;
-    let client = client();
     let key = format!("{}-killed", tag());
-    let body = chat(false, &key);
-    let first = tokio::spawn(send_result(
-        request(&client, &a.url("attach"), "t1", &key, body.clone())
-            .header("x-sim-latency-ms", "5000"),
-    ));
-    executions_reach(&sim, &key, 1).await;
-    a.signal("KILL").await;
+    let (s, first) = interrupted(store, "2s", key, "attach", "5000", "KILL").await;
     assert!(
         first.await.unwrap().is_err(),
         "the killed replica's client gets no answer"
@@ -54,24 +123,12 @@ async fn killed_mid_generation(store: &str) {
     // Sent at once: the key is PENDING under the dead owner's lease; the
     // duplicate waits (attach = wait for a JSON response), sees the lease
     // lapse and claims the key.
-    let retry = send(request(&client, &b.url("attach"), "t1", &key, body.clone())).await;
-    assert_eq!(
-        retry.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&retry.body)
-    );
-    assert_eq!(retry.replayed.as_deref(), Some("false"));
-    assert_eq!(
-        sim.executions_for(&key),
-        2,
-        "at-least-once after a crash: the work ran again"
-    );
-    let replay = send(request(&client, &b.url("attach"), "t1", &key, body)).await;
+    let retry = s.runs_again_on_b("attach").await;
+    let replay = send(s.to(&s.b, "attach")).await;
     assert_eq!(replay.status, 200);
     assert_eq!(replay.replayed.as_deref(), Some("true"));
     assert_eq!(replay.body, retry.body);
-    assert_eq!(sim.executions_for(&key), 2);
+    assert_eq!(s.sim.executions_for(&s.key), 2);
 }
 
 async fn send_result(req: reqwest::RequestBuilder) -> Result<Answer, reqwest::Error> {
@@ -158,35 +215,14 @@ async fn redis_a_follower_of_a_killed_owners_stream_sees_it_break_and_the_retry_
 /// does not overwrite, its client gets 503 `lease-lost` rather than a
 /// second answer, and its `/metrics` counts it.
 async fn paused_past_the_lease(store: &str) {
-    let sim = sim().await;
-    let a = Gw::start(store, &sim.url(), "1s").await;
-    let b = Gw::start(store, &sim.url(), "1s").await;
-    let client = client();
     let key = format!("{}-paused", tag());
-    let body = chat(false, &key);
-    let stale = tokio::spawn(send(
-        request(&client, &a.url("wait"), "t1", &key, body.clone())
-            .header("x-sim-latency-ms", "3000"),
-    ));
-    executions_reach(&sim, &key, 1).await;
-    a.signal("STOP").await;
+    let (s, first) = interrupted(store, "1s", key, "wait", "3000", "STOP").await;
     // Well past the 1 s lease: no heartbeat can run in a stopped process.
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    let taken = send(request(&client, &b.url("wait"), "t1", &key, body.clone())).await;
-    assert_eq!(
-        taken.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&taken.body)
-    );
-    assert_eq!(
-        taken.replayed.as_deref(),
-        Some("false"),
-        "b took the key over"
-    );
-    assert_eq!(sim.executions_for(&key), 2);
-    a.signal("CONT").await;
-    let late = stale.await.unwrap();
+    // b takes the key over.
+    let taken = s.runs_again_on_b("wait").await;
+    s.a.signal("CONT").await;
+    let late = first.await.unwrap().expect("the resumed replica answers");
     // Its result is not the key's answer: its client is told so (a
     // retryable refusal), never handed a second, different answer.
     assert_eq!(late.status, 503, "{}", String::from_utf8_lossy(&late.body));
@@ -195,8 +231,8 @@ async fn paused_past_the_lease(store: &str) {
         "{}",
         String::from_utf8_lossy(&late.body)
     );
-    for gw in [&a, &b] {
-        let replay = send(request(&client, &gw.url("wait"), "t1", &key, body.clone())).await;
+    for gw in [&s.a, &s.b] {
+        let replay = send(s.to(gw, "wait")).await;
         assert_eq!(replay.status, 200);
         assert_eq!(replay.replayed.as_deref(), Some("true"));
         assert_eq!(
@@ -205,10 +241,10 @@ async fn paused_past_the_lease(store: &str) {
         );
     }
     assert!(
-        a.counter("idempotency_fenced_total", "").await >= 1,
+        s.a.counter("idempotency_fenced_total", "").await >= 1,
         "the paused replica counted its fenced completion"
     );
-    assert_eq!(b.counter("idempotency_fenced_total", "").await, 0);
+    assert_eq!(s.b.counter("idempotency_fenced_total", "").await, 0);
 }
 
 on_shared_stores!(paused_past_the_lease:
