@@ -551,22 +551,12 @@ async fn a_live_entry_that_does_not_open_is_a_counted_store_error() {
     .await;
     let client = reqwest::Client::new();
     let request = |gw: &TestGateway| {
-        client
-            .post(format!("{}/v1/chat/completions", gw.base))
-            .header("content-type", "application/json")
-            .header("authorization", "Bearer sk-enc-test")
-            .header("idempotency-key", "live-unopenable")
+        let url = format!("{}/v1/chat/completions", gw.base);
+        let body = support::chat_body(true, "hello");
+        support::keyed_post(&client, url, "Bearer sk-enc-test", "live-unopenable", body)
             // ~3 s of generation: 60 tokens, 50 ms apart.
             .header("x-sim-tokens", "60")
             .header("x-sim-token-interval-ms", "50")
-            .body(
-                serde_json::json!({
-                    "model": "sim-1",
-                    "stream": true,
-                    "messages": [{"role": "user", "content": "hello"}],
-                })
-                .to_string(),
-            )
     };
     let mut first = request(&a).send().await.unwrap();
     assert_eq!(first.status(), 200);
