@@ -9,6 +9,7 @@ use support::TestGateway;
 
 use idemgate_gateway::GatewayConfig;
 use idemgate_gateway::config::{RawKeyMode, RawRoute};
+use idemgate_llm_sim::SimHandle;
 
 fn config(upstream: &str, tweak: impl FnOnce(&mut RawRoute)) -> GatewayConfig {
     TestGateway::builder(upstream)
@@ -20,6 +21,25 @@ fn config(upstream: &str, tweak: impl FnOnce(&mut RawRoute)) -> GatewayConfig {
             tweak(r);
         })
         .into_config()
+}
+
+/// A quick simulator and, in front of it, a gateway on [`config`] with the
+/// route changed by `tweak`, with a client for the test.
+async fn start(tweak: impl FnOnce(&mut RawRoute)) -> (SimHandle, TestGateway, reqwest::Client) {
+    let sim = support::quick_sim().await;
+    let gw = TestGateway::start(config(&sim.url(), tweak)).await;
+    (sim, gw, reqwest::Client::new())
+}
+
+/// A `POST` of the JSON `body` to the gateway's `/v1/messages` under `key`.
+fn messages(
+    client: &reqwest::Client,
+    gw: &TestGateway,
+    key: &str,
+    body: impl Into<reqwest::Body>,
+) -> reqwest::RequestBuilder {
+    support::json_post(client, format!("{}/v1/messages", gw.base), body)
+        .header("idempotency-key", key)
 }
 
 /// An Anthropic Messages body.
@@ -64,9 +84,7 @@ async fn stop(gw: TestGateway) {
 /// execution; the same credential again gets the stored answer.
 #[tokio::test]
 async fn each_providers_credential_header_names_its_own_tenant() {
-    let sim = support::quick_sim().await;
-    let gw = TestGateway::start(config(&sim.url(), |_| {})).await;
-    let client = reqwest::Client::new();
+    let (sim, gw, client) = start(|_| {}).await;
     let url = format!("{}/v1/messages", gw.base);
     for header in ["x-api-key", "api-key", "x-goog-api-key", "authorization"] {
         let key = format!("same-key-{header}");
@@ -99,15 +117,9 @@ async fn each_providers_credential_header_names_its_own_tenant() {
 /// from every credentialed tenant.
 #[tokio::test]
 async fn no_credential_is_its_own_tenant() {
-    let sim = support::quick_sim().await;
-    let gw = TestGateway::start(config(&sim.url(), |_| {})).await;
-    let client = reqwest::Client::new();
+    let (sim, gw, client) = start(|_| {}).await;
     let req = |credential: Option<&str>| {
-        let mut b = client
-            .post(format!("{}/v1/messages", gw.base))
-            .header("content-type", "application/json")
-            .header("idempotency-key", "anon-key")
-            .body(messages_body("anonymous"));
+        let mut b = messages(&client, &gw, "anon-key", messages_body("anonymous"));
         if let Some(c) = credential {
             b = b.header("x-api-key", c);
         }
@@ -128,19 +140,13 @@ async fn no_credential_is_its_own_tenant() {
 /// one tenant, so its retry replays; another `x-tenant-id` is another.
 #[tokio::test]
 async fn a_route_reads_its_own_tenant_headers_in_order() {
-    let sim = support::quick_sim().await;
-    let gw = TestGateway::start(config(&sim.url(), |r| {
+    let (sim, gw, client) = start(|r| {
         r.tenant_headers = Some(vec!["x-tenant-id".into(), "x-api-key".into()]);
-    }))
+    })
     .await;
-    let client = reqwest::Client::new();
     let req = |tenant: Option<&str>, token: &str| {
-        let mut b = client
-            .post(format!("{}/v1/messages", gw.base))
-            .header("content-type", "application/json")
-            .header("idempotency-key", "listed-key")
-            .header("x-api-key", token)
-            .body(messages_body("listed headers"));
+        let mut b = messages(&client, &gw, "listed-key", messages_body("listed headers"))
+            .header("x-api-key", token);
         if let Some(t) = tenant {
             b = b.header("x-tenant-id", t);
         }
@@ -172,22 +178,14 @@ async fn a_route_reads_its_own_tenant_headers_in_order() {
 /// replay of the other amount's answer.
 #[tokio::test]
 async fn numbers_beyond_f64_precision_are_different_requests() {
-    let sim = support::quick_sim().await;
-    let gw = TestGateway::start(config(&sim.url(), |_| {})).await;
-    let client = reqwest::Client::new();
+    let (sim, gw, client) = start(|_| {}).await;
     let body = |amount: &str| {
         format!(
             r#"{{"model":"sim-claude-small","max_tokens":16,"amount":{amount},"messages":[{{"role":"user","content":"charge"}}]}}"#
         )
     };
-    let req = |amount: &str| {
-        client
-            .post(format!("{}/v1/messages", gw.base))
-            .header("content-type", "application/json")
-            .header("idempotency-key", "amount-key")
-            .header("x-api-key", "k")
-            .body(body(amount))
-    };
+    let req =
+        |amount: &str| messages(&client, &gw, "amount-key", body(amount)).header("x-api-key", "k");
     let first = send(req("12345678901234567890123")).await;
     assert_eq!(first.status, 200, "{}", first.body);
     let other = send(req("12345678901234567890124")).await;
@@ -198,12 +196,8 @@ async fn numbers_beyond_f64_precision_are_different_requests() {
     );
     assert_eq!(other.replayed, None);
     // The same amount, reformatted, is the same request.
-    let spaced = client
-        .post(format!("{}/v1/messages", gw.base))
-        .header("content-type", "application/json")
-        .header("idempotency-key", "amount-key")
-        .header("x-api-key", "k")
-        .body(body(" 12345678901234567890123 ").replace(',', ", "));
+    let spaced = body(" 12345678901234567890123 ").replace(',', ", ");
+    let spaced = messages(&client, &gw, "amount-key", spaced).header("x-api-key", "k");
     let same = send(spaced).await;
     assert_eq!(same.replayed.as_deref(), Some("true"), "{}", same.body);
     assert_eq!(sim.executions_for("amount-key"), 1);
@@ -215,43 +209,16 @@ async fn numbers_beyond_f64_precision_are_different_requests() {
 /// the same key then runs as a first request.
 #[tokio::test]
 async fn duplicate_object_keys_are_refused_before_anything_runs() {
-    let sim = support::quick_sim().await;
-    let gw = TestGateway::start(config(&sim.url(), |_| {})).await;
-    let client = reqwest::Client::new();
-    let req = |body: &str| {
-        client
-            .post(format!("{}/v1/messages", gw.base))
-            .header("content-type", "application/json")
-            .header("idempotency-key", "dup-key")
-            .header("x-api-key", "k")
-            .body(body.to_owned())
-    };
-    for body in [
-        r#"{"model":"sim-claude-small","max_tokens":16,"max_tokens":4096,"messages":[{"role":"user","content":"x"}]}"#,
-        r#"{"model":"sim-claude-small","max_tokens":16,"messages":[{"role":"user","role":"system","content":"x"}]}"#,
-    ] {
-        let refused = send(req(body)).await;
-        assert_eq!(refused.status, 400, "{}", refused.body);
-        assert_eq!(
-            problem_type(&refused),
-            "https://idemgate.dev/problems/ambiguous-body"
-        );
-        assert!(
-            refused.body.contains("repeats the object key"),
-            "{}",
-            refused.body
-        );
-    }
-    assert_eq!(sim.stats().requests, 0, "nothing forwarded");
-    let fixed = send(req(&messages_body("x"))).await;
-    assert_eq!(fixed.status, 200, "{}", fixed.body);
-    assert_eq!(
-        fixed.replayed.as_deref(),
-        Some("false"),
-        "no record was left"
-    );
-    assert_eq!(sim.executions_for("dup-key"), 1);
-    stop(gw).await;
+    refused_before_anything_runs(
+        "dup-key",
+        [
+            r#"{"model":"sim-claude-small","max_tokens":16,"max_tokens":4096,"messages":[{"role":"user","content":"x"}]}"#.to_owned(),
+            r#"{"model":"sim-claude-small","max_tokens":16,"messages":[{"role":"user","role":"system","content":"x"}]}"#.to_owned(),
+        ],
+        "https://idemgate.dev/problems/ambiguous-body",
+        "repeats the object key",
+    )
+    .await;
 }
 
 /// A body nested far deeper than any request needs (20 KB, 10,000
@@ -260,33 +227,35 @@ async fn duplicate_object_keys_are_refused_before_anything_runs() {
 /// goes on serving: the same key then runs a normal request.
 #[tokio::test]
 async fn deeply_nested_bodies_are_refused_and_the_gateway_goes_on() {
-    let sim = support::quick_sim().await;
-    let gw = TestGateway::start(config(&sim.url(), |_| {})).await;
-    let client = reqwest::Client::new();
-    let req = |body: String| {
-        client
-            .post(format!("{}/v1/messages", gw.base))
-            .header("content-type", "application/json")
-            .header("idempotency-key", "deep-key")
-            .header("x-api-key", "k")
-            .body(body)
-    };
     let depth = 10_000;
-    for body in [
-        format!("{}{}", "[".repeat(depth), "]".repeat(depth)),
-        format!(
-            r#"{{"model":"sim-claude-small","max_tokens":16,"metadata":{}1{}}}"#,
-            r#"{"a":"#.repeat(depth),
-            "}".repeat(depth)
-        ),
-    ] {
+    refused_before_anything_runs(
+        "deep-key",
+        [
+            format!("{}{}", "[".repeat(depth), "]".repeat(depth)),
+            format!(
+                r#"{{"model":"sim-claude-small","max_tokens":16,"metadata":{}1{}}}"#,
+                r#"{"a":"#.repeat(depth),
+                "}".repeat(depth)
+            ),
+        ],
+        "https://idemgate.dev/problems/body-too-deep",
+        "128 levels",
+    )
+    .await;
+}
+
+/// Sends each of `bodies` under `key`: each is refused with 400, the
+/// problem `problem` and a text that `says` why, and nothing reaches the
+/// upstream; then a well-formed body under the same key runs as a first
+/// request (no record was left).
+async fn refused_before_anything_runs(key: &str, bodies: [String; 2], problem: &str, says: &str) {
+    let (sim, gw, client) = start(|_| {}).await;
+    let req = |body: String| messages(&client, &gw, key, body).header("x-api-key", "k");
+    for body in bodies {
         let refused = send(req(body)).await;
         assert_eq!(refused.status, 400, "{}", refused.body);
-        assert_eq!(
-            problem_type(&refused),
-            "https://idemgate.dev/problems/body-too-deep"
-        );
-        assert!(refused.body.contains("128 levels"), "{}", refused.body);
+        assert_eq!(problem_type(&refused), problem);
+        assert!(refused.body.contains(says), "{}", refused.body);
     }
     assert_eq!(sim.stats().requests, 0, "nothing forwarded");
     let fine = send(req(messages_body("x"))).await;
@@ -296,7 +265,7 @@ async fn deeply_nested_bodies_are_refused_and_the_gateway_goes_on() {
         Some("false"),
         "no record was left"
     );
-    assert_eq!(sim.executions_for("deep-key"), 1);
+    assert_eq!(sim.executions_for(key), 1);
     stop(gw).await;
 }
 
@@ -313,9 +282,7 @@ fn multipart(boundary: &str, purpose: &str) -> (String, String) {
 /// the same request (replayed), while other parts under the key are a 422.
 #[tokio::test]
 async fn a_multipart_retry_with_a_new_boundary_replays() {
-    let sim = support::quick_sim().await;
-    let gw = TestGateway::start(config(&sim.url(), |_| {})).await;
-    let client = reqwest::Client::new();
+    let (sim, gw, client) = start(|_| {}).await;
     let req = |(content_type, body): (String, String)| {
         client
             .post(format!("{}/v1/messages", gw.base))
