@@ -4,6 +4,8 @@
 //! that panics on demand, behind the same guard both listeners of
 //! `serve` use.
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -26,11 +28,7 @@ async fn a_panicking_request_gets_500_and_the_listener_goes_on() {
             }
         }),
     ));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind a loopback port");
-    let url = format!("http://{}/work", listener.local_addr().expect("an address"));
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let url = format!("{}/work", support::serve(app).await);
 
     let client = reqwest::Client::new();
     let mut tasks = Vec::new();

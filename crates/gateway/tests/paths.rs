@@ -27,11 +27,7 @@ async fn recording_upstream() -> (String, Arc<Mutex<Vec<String>>>) {
             ([("content-type", "application/json")], "{\"ok\":true}")
         }
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind a loopback port");
-    let url = format!("http://{}", listener.local_addr().expect("an address"));
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let url = support::serve(app).await;
     (url, seen)
 }
 

@@ -1,6 +1,8 @@
 //! The upstream proxy on its own, against a real upstream on 127.0.0.1:0:
 //! forwarding, headers, and each timeout phase separately.
 
+mod support;
+
 use axum::body::Body;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
@@ -130,16 +132,8 @@ async fn echo_upstream() -> String {
         map.insert("x-path".into(), req.uri().to_string().into());
         axum::Json(serde_json::Value::Object(map))
     }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind a loopback port");
-    let addr = listener
-        .local_addr()
-        .expect("a bound listener has an address");
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, Router::new().fallback(any(echo))).await;
-    });
-    format!("http://{addr}/base")
+    let url = support::serve(Router::new().fallback(any(echo))).await;
+    format!("{url}/base")
 }
 
 #[tokio::test]
@@ -185,15 +179,8 @@ async fn headers_are_rewritten_for_the_upstream() {
 
 #[tokio::test]
 async fn connection_refused_is_a_retryable_502() {
-    let closed = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind a loopback port");
-    let addr = closed
-        .local_addr()
-        .expect("a bound listener has an address");
-    drop(closed);
     let r = route(
-        &format!("http://{addr}"),
+        &format!("http://127.0.0.1:{}", idemgate_testkit::closed_port()),
         timeouts("1s", "5s", "5s", "10s"),
         |_| {},
     );

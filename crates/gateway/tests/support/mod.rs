@@ -147,6 +147,14 @@ pub(crate) fn closed_upstream_config(
     GatewayConfig::from_raw(raw).unwrap_or_else(|e| panic!("config: {e}"))
 }
 
+/// Serves `router` on a free loopback port until the test ends; returns
+/// its `http://ADDR`.
+pub(crate) async fn serve(router: axum::Router) -> String {
+    let (listener, url) = idemgate_gateway::test_util::loopback().await;
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    url
+}
+
 /// The admin listener's `/metrics` text.
 pub(crate) async fn metrics(gw: &TestGateway, client: &reqwest::Client) -> String {
     let r = client
