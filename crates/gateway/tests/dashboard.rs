@@ -18,6 +18,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use chromiumoxide::browser::{Browser, BrowserConfig};
+use chromiumoxide::element::Element;
 use chromiumoxide::page::{Page, ScreenshotParams};
 use futures_util::StreamExt;
 use idemgate_gateway::config::RawInflightMode;
@@ -258,12 +259,8 @@ async fn the_dashboard_shows_recent_keys_the_alert_threshold_and_timelines() {
         .new_page(format!("{admin_url}/"))
         .await
         .expect("open the dashboard");
-    page.find_element("#f-token")
+    click(&page, "#f-token", "the token field")
         .await
-        .expect("the token field")
-        .click()
-        .await
-        .expect("focus the token field")
         .type_str(ADMIN_TOKEN)
         .await
         .expect("type the token");
@@ -350,34 +347,23 @@ async fn the_dashboard_shows_recent_keys_the_alert_threshold_and_timelines() {
     );
 
     // Clicking the in-flight row opens that key's timeline: still running.
-    page.find_element("tr.recent-row[data-kind='inflight']")
-        .await
-        .expect("the in-flight row")
-        .click()
-        .await
-        .expect("click the row");
-    until(
+    click(
         &page,
-        "document.getElementById('timeline-summary').textContent.includes('dash-slow')",
+        "tr.recent-row[data-kind='inflight']",
+        "the in-flight row",
     )
     .await;
-    let summary = text(&page, "timeline-summary").await;
+    let summary = timeline_summary(&page, "dash-slow", None).await;
     assert!(summary.contains("state: pending (running)"), "{summary}");
 
     // Clicking the retried row: five attempts, the first one executed.
-    page.find_element("tr.recent-row[data-key='dash-retried']")
-        .await
-        .expect("the retried row")
-        .click()
-        .await
-        .expect("click the row");
-    until(
+    click(
         &page,
-        "document.getElementById('timeline-summary').textContent.includes('dash-retried')",
+        "tr.recent-row[data-key='dash-retried']",
+        "the retried row",
     )
     .await;
-    until(&page, &attempts_shown(5)).await;
-    let summary = text(&page, "timeline-summary").await;
+    let summary = timeline_summary(&page, "dash-retried", Some(5)).await;
     assert!(summary.contains("state: done (status 200)"), "{summary}");
     assert!(summary.contains(&format!("tenant {tenant}")), "{summary}");
     let attempts = rows(&page, "tr.attempt").await;
@@ -400,12 +386,8 @@ async fn the_dashboard_shows_recent_keys_the_alert_threshold_and_timelines() {
             &format!("(document.querySelector({field:?}).value = '', true)"),
         )
         .await;
-        page.find_element(field)
+        click(&page, field, "a lookup field")
             .await
-            .expect("a lookup field")
-            .click()
-            .await
-            .expect("focus the field")
             .type_str(value)
             .await
             .expect("type");
@@ -415,19 +397,8 @@ async fn the_dashboard_shows_recent_keys_the_alert_threshold_and_timelines() {
         "(document.getElementById('f-tenant').value = '', true)",
     )
     .await;
-    page.find_element("#lookup button[type='submit']")
-        .await
-        .expect("the lookup button")
-        .click()
-        .await
-        .expect("click Look up");
-    until(
-        &page,
-        "document.getElementById('timeline-summary').textContent.includes('dash-key-1')",
-    )
-    .await;
-    until(&page, &attempts_shown(3)).await;
-    let summary = text(&page, "timeline-summary").await;
+    click(&page, "#lookup button[type='submit']", "the lookup button").await;
+    let summary = timeline_summary(&page, "dash-key-1", Some(3)).await;
     assert!(summary.contains(&format!("tenant {tenant}")), "{summary}");
     let attempts = rows(&page, "tr.attempt").await;
     assert_eq!(expanded(&attempts), ["executed", "replayed", "replayed"]);
@@ -454,6 +425,31 @@ async fn the_dashboard_shows_recent_keys_the_alert_threshold_and_timelines() {
     events.abort();
     slow.abort();
     gw.stop().await.expect("stop cleanly");
+}
+
+/// Finds the element `selector` (`what` it is, for the failure message)
+/// and clicks it (which also focuses a field); returns it.
+async fn click(page: &Page, selector: &str, what: &str) -> Element {
+    let element = page
+        .find_element(selector)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    element.click().await.expect("click it");
+    element
+}
+
+/// Waits until the timeline panel shows `key` (and, when given, that many
+/// attempts); returns its summary text.
+async fn timeline_summary(page: &Page, key: &str, attempts: Option<usize>) -> String {
+    until(
+        page,
+        &format!("document.getElementById('timeline-summary').textContent.includes('{key}')"),
+    )
+    .await;
+    if let Some(n) = attempts {
+        until(page, &attempts_shown(n)).await;
+    }
+    text(page, "timeline-summary").await
 }
 
 /// A page condition: the timeline rows account for `n` attempts (a row of
