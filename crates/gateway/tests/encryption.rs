@@ -179,18 +179,42 @@ fn sqlite_bytes(db: &Path) -> Vec<u8> {
     all
 }
 
-async fn sqlite_case(encrypted: bool) -> bool {
+/// A gateway on `store` (sealed with key `a`, its key file in `dir`, when
+/// `encrypted`) that has been [`exercise`]d with a fresh marker; returns it
+/// and the marker.
+async fn exercised(store: &str, dir: &Path, encrypted: bool) -> (TestGateway, String) {
+    let keys = encrypted.then(|| key_file(dir, &["a"], "a"));
+    let marker = format!("SECRET-ANSWER-{}", tag());
+    let gw = start(config(store, &upstream().await, keys.as_deref())).await;
+    exercise(&gw, &marker).await;
+    (gw, marker)
+}
+
+/// Runs `case` unsealed, the control, which must find the marker, and
+/// sealed, which must not (`leaked` says where it was found).
+async fn sealed_hides_the_marker<F: std::future::Future<Output = bool>>(
+    case: impl Fn(bool) -> F,
+    leaked: &str,
+) {
+    assert!(
+        case(false).await,
+        "the unsealed control must find the marker"
+    );
+    assert!(!case(true).await, "{leaked}");
+}
+
+/// A fresh directory, the SQLite file `store.db` in it, and that store's
+/// URL.
+fn sqlite_store() -> (tempfile::TempDir, PathBuf, String) {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("store.db");
-    let keys = encrypted.then(|| key_file(dir.path(), &["a"], "a"));
-    let marker = format!("SECRET-ANSWER-{}", tag());
-    let gw = start(config(
-        &format!("sqlite:{}", db.display()),
-        &upstream().await,
-        keys.as_deref(),
-    ))
-    .await;
-    exercise(&gw, &marker).await;
+    let store = format!("sqlite:{}", db.display());
+    (dir, db, store)
+}
+
+async fn sqlite_case(encrypted: bool) -> bool {
+    let (dir, db, store) = sqlite_store();
+    let (gw, marker) = exercised(&store, dir.path(), encrypted).await;
     let running = holds(&sqlite_bytes(&db), &marker);
     stop(gw).await;
     running || holds(&sqlite_bytes(&db), &marker)
@@ -198,18 +222,11 @@ async fn sqlite_case(encrypted: bool) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_file_and_wal_never_hold_the_answer_when_sealed() {
-    assert!(
-        sqlite_case(false).await,
-        "the unsealed control must find the marker"
-    );
-    assert!(
-        !sqlite_case(true).await,
-        "the marker reached the SQLite file or its WAL"
-    );
+    sealed_hides_the_marker(sqlite_case, "the marker reached the SQLite file or its WAL").await;
 }
 
-/// Every value under `prefix`, read by type.
-async fn redis_values(prefix: &str) -> Vec<u8> {
+/// A connection to the shared Redis, and the keys under `prefix`.
+async fn redis_keys(prefix: &str) -> (redis::aio::MultiplexedConnection, Vec<String>) {
     let client = redis::Client::open(REDIS).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let keys: Vec<String> = redis::cmd("KEYS")
@@ -217,6 +234,12 @@ async fn redis_values(prefix: &str) -> Vec<u8> {
         .query_async(&mut conn)
         .await
         .unwrap();
+    (conn, keys)
+}
+
+/// Every value under `prefix`, read by type.
+async fn redis_values(prefix: &str) -> Vec<u8> {
+    let (mut conn, keys) = redis_keys(prefix).await;
     assert!(!keys.is_empty(), "nothing stored under {prefix}");
     let mut all = Vec::new();
     let mut streams = 0;
@@ -272,13 +295,7 @@ fn flatten(v: &redis::Value, out: &mut Vec<u8>) {
 }
 
 async fn drop_prefix(prefix: &str) {
-    let client = redis::Client::open(REDIS).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}:*"))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let (mut conn, keys) = redis_keys(prefix).await;
     for k in keys {
         let _: () = redis::cmd("DEL")
             .arg(k)
@@ -290,16 +307,9 @@ async fn drop_prefix(prefix: &str) {
 
 async fn redis_case(encrypted: bool) -> bool {
     let dir = tempfile::tempdir().unwrap();
-    let keys = encrypted.then(|| key_file(dir.path(), &["a"], "a"));
     let prefix = tag();
-    let marker = format!("SECRET-ANSWER-{}", tag());
-    let gw = start(config(
-        &format!("{REDIS}/?prefix={prefix}"),
-        &upstream().await,
-        keys.as_deref(),
-    ))
-    .await;
-    exercise(&gw, &marker).await;
+    let store = format!("{REDIS}/?prefix={prefix}");
+    let (gw, marker) = exercised(&store, dir.path(), encrypted).await;
     // The live stream of the SSE request is kept for its end grace.
     let found = holds(&redis_values(&prefix).await, &marker);
     stop(gw).await;
@@ -309,11 +319,7 @@ async fn redis_case(encrypted: bool) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_records_and_live_streams_never_hold_the_answer_when_sealed() {
-    assert!(
-        redis_case(false).await,
-        "the unsealed control must find the marker"
-    );
-    assert!(!redis_case(true).await, "the marker reached a Redis value");
+    sealed_hides_the_marker(redis_case, "the marker reached a Redis value").await;
 }
 
 async fn psql(sql: &str) -> String {
@@ -332,16 +338,9 @@ async fn psql(sql: &str) -> String {
 
 async fn postgres_case(encrypted: bool) -> bool {
     let dir = tempfile::tempdir().unwrap();
-    let keys = encrypted.then(|| key_file(dir.path(), &["a"], "a"));
     let schema = tag();
-    let marker = format!("SECRET-ANSWER-{}", tag());
-    let gw = start(config(
-        &format!("{}?schema={schema}&pool=4", postgres_server::shared_url()),
-        &upstream().await,
-        keys.as_deref(),
-    ))
-    .await;
-    exercise(&gw, &marker).await;
+    let store = format!("{}?schema={schema}&pool=4", postgres_server::shared_url());
+    let (gw, marker) = exercised(&store, dir.path(), encrypted).await;
     stop(gw).await;
     let tables = psql(&format!(
         "SELECT table_name FROM information_schema.tables WHERE table_schema = '{schema}'"
@@ -358,14 +357,7 @@ async fn postgres_case(encrypted: bool) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_rows_never_hold_the_answer_when_sealed() {
-    assert!(
-        postgres_case(false).await,
-        "the unsealed control must find the marker"
-    );
-    assert!(
-        !postgres_case(true).await,
-        "the marker reached a PostgreSQL row"
-    );
+    sealed_hides_the_marker(postgres_case, "the marker reached a PostgreSQL row").await;
 }
 
 async fn metrics(gw: &TestGateway) -> String {
@@ -377,11 +369,28 @@ async fn metrics(gw: &TestGateway) -> String {
         .unwrap()
 }
 
+/// Asserts that `key`'s stored answer on `gw` is refused, closed: a 503
+/// `store-unavailable` problem, not a replay, that shows nothing of the
+/// answer (`marker`); and that a seal failure of `reason` is counted.
+async fn assert_refused_closed(gw: &TestGateway, key: &str, marker: &str, reason: &str) {
+    let (status, replayed, body) = post(gw, key, marker, false).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(replayed, None);
+    assert!(!body.contains(marker), "{body}");
+    assert!(body.contains("store-unavailable"), "{body}");
+    assert_seal_failures(gw, reason).await;
+}
+
+/// Asserts that `gw`'s `/metrics` counts seal failures of `reason`.
+async fn assert_seal_failures(gw: &TestGateway, reason: &str) {
+    let m = metrics(gw).await;
+    let series = format!("idemgate_seal_failures_total{{reason=\"{reason}\"}}");
+    assert!(m.lines().any(|l| l.starts_with(&series)), "{m}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rotation_replays_old_records_until_their_key_is_removed_then_fails_closed() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("store.db");
-    let store = format!("sqlite:{}", db.display());
+    let (dir, _db, store) = sqlite_store();
     let up = upstream().await;
     let marker = format!("SECRET-ANSWER-{}", tag());
 
@@ -417,26 +426,15 @@ async fn rotation_replays_old_records_until_their_key_is_removed_then_fails_clos
         Some(&key_file(dir.path(), &["b"], "b")),
     ))
     .await;
-    let (status, _, body) = post(&gw, "rot-1", &marker, false).await;
-    assert_eq!(status, 503, "{body}");
-    assert!(!body.contains(&marker), "{body}");
-    assert!(body.contains("store-unavailable"), "{body}");
+    assert_refused_closed(&gw, "rot-1", &marker, "unknown_key_id").await;
     let (status, replayed, _) = post(&gw, "rot-2", &marker, false).await;
     assert_eq!((status, replayed.as_deref()), (200, Some("true")));
-    let m = metrics(&gw).await;
-    assert!(
-        m.lines()
-            .any(|l| l.starts_with("idemgate_seal_failures_total{reason=\"unknown_key_id\"}")),
-        "{m}"
-    );
     stop(gw).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tampered_row_is_answered_503_not_garbage() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("store.db");
-    let store = format!("sqlite:{}", db.display());
+    let (dir, db, store) = sqlite_store();
     let keys = key_file(dir.path(), &["a"], "a");
     let up = upstream().await;
     let marker = format!("SECRET-ANSWER-{}", tag());
@@ -462,25 +460,15 @@ async fn a_tampered_row_is_answered_503_not_garbage() {
     }
 
     let gw = start(config(&store, &up, Some(&keys))).await;
-    let (status, replayed, body) = post(&gw, "tamper", &marker, false).await;
-    assert_eq!(status, 503, "{body}");
-    assert_eq!(replayed, None);
-    assert!(body.contains("store-unavailable"), "{body}");
-    let m = metrics(&gw).await;
-    assert!(
-        m.lines()
-            .any(|l| l.starts_with("idemgate_seal_failures_total{reason=\"tampered\"}")),
-        "{m}"
-    );
+    assert_refused_closed(&gw, "tamper", &marker, "tampered").await;
     stop(gw).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_body_false_keeps_status_and_headers_and_replays_an_empty_body() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("store.db");
+    let (_dir, db, store) = sqlite_store();
     let marker = format!("SECRET-ANSWER-{}", tag());
-    let mut config = config(&format!("sqlite:{}", db.display()), &upstream().await, None);
+    let mut config = config(&store, &upstream().await, None);
     config.routes[0].store_body = false;
     let gw = start(config).await;
     for (key, stream) in [("min-json", false), ("min-sse", true)] {
@@ -490,16 +478,11 @@ async fn store_body_false_keeps_status_and_headers_and_replays_an_empty_body() {
             body.contains(&marker),
             "the first caller gets the answer: {body}"
         );
-        let r = reqwest::Client::new()
-            .post(format!("{}/v1/chat", gw.base))
-            .header("content-type", "application/json")
-            .header("authorization", "Bearer sk-enc-test")
-            .header("idempotency-key", key)
-            .body(serde_json::json!({ "marker": marker, "stream": stream }).to_string())
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
+        let body = serde_json::json!({ "marker": marker, "stream": stream }).to_string();
+        let url = format!("{}/v1/chat", gw.base);
+        let client = reqwest::Client::new();
+        let retry = support::keyed_post(&client, url, "Bearer sk-enc-test", key, body);
+        let r = support::expect_status(retry, 200).await;
         assert_eq!(r.headers()["idempotent-replayed"], "true");
         let ct = r.headers()["content-type"].to_str().unwrap().to_owned();
         assert!(
@@ -579,12 +562,7 @@ async fn a_live_entry_that_does_not_open_is_a_counted_store_error() {
     );
     let body = dup.text().await.unwrap();
     assert!(body.contains("store-unavailable"), "{body}");
-    let m = metrics(&b).await;
-    assert!(
-        m.lines()
-            .any(|l| l.starts_with("idemgate_seal_failures_total{reason=\"unknown_key_id\"}")),
-        "{m}"
-    );
+    assert_seal_failures(&b, "unknown_key_id").await;
     // A's own client is served to the end, once.
     reader.await.unwrap();
     assert_eq!(sim.executions_for("live-unopenable"), 1);
