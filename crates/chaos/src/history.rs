@@ -282,6 +282,11 @@ pub struct History {
     pub pending_ttl_ms: u64,
     /// The bound stated for I6 beyond `pending_ttl`, in milliseconds.
     pub settle_bound_ms: u64,
+    /// The replicas share one file (SQLite): a replica frozen while it
+    /// holds the file's write lock stalls every replica's writes, a store
+    /// outage for all of them.
+    #[serde(default)]
+    pub shared_file: bool,
 }
 
 /// The time now, in milliseconds since the Unix epoch.

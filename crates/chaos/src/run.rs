@@ -393,6 +393,7 @@ async fn serve(
         .collect();
     history.pending_ttl_ms = millis(PENDING_TTL);
     history.settle_bound_ms = millis(SETTLE_BOUND);
+    history.shared_file = cfg.store == Store::Sqlite;
     let report = check::check(&history, &executions);
     write_json(&dir.join("history.json"), &history)?;
     write_json(&dir.join("executions.json"), &executions)?;

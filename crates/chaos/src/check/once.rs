@@ -2,9 +2,8 @@
 //! route its execution. Both are judged with the windows the design
 //! states for a second execution: the at-least-once window of an owner
 //! killed or frozen past its lease, and a store outage that outlasted an
-//! owner's lease while it held its result (the owner's client then got
-//! the result marked `Idempotent-Stored: false`, which is no final
-//! answer). Each is excused only by its stated rule, and counted
+//! owner's lease (the owner's client then got its result marked
+//! `Idempotent-Stored: false`, or 503 `lease-lost`: no final answer). Each is excused only by its stated rule, and counted
 //! ([`Report::excused`], [`Report::held`]).
 
 use std::collections::BTreeMap;
@@ -160,11 +159,15 @@ pub(super) fn i2(
                 report.excused += 1;
                 continue;
             }
-            // The owner held its result through a store outage that
-            // outlasted its lease, then released it: its client got the
-            // result marked not stored (no final answer), or had given up.
-            // A stored answer's loss is never excused.
-            if !owner.answer.is_final() && outage(ix, first.started_ms, next.started_ms) {
+            // A store outage outlasted the owner's lease: it held its
+            // result and released it unstored, or lost the key mid-call
+            // (its renewals waited on the store). Its client got the
+            // result marked not stored or a 503 `lease-lost` (no final
+            // answer), or had given up. A stored answer's loss is never
+            // excused.
+            if !owner.answer.is_final()
+                && outage(ix, owner.replica, first.started_ms, next.started_ms)
+            {
                 report.held += 1;
                 continue;
             }
@@ -180,19 +183,29 @@ pub(super) fn i2(
     }
 }
 
-/// Whether a store outage that may have outlasted an owner's lease
-/// overlaps `[from, to]`: a store restart or failover (the store takes no
-/// write the promise can rely on until its replica is in sync again)
-/// lasting at least half the lease. An owner holds a result the store
+/// Whether a store outage that may have outlasted the lease of an owner
+/// on replica `owner` overlaps `[from, to]`, lasting at least half the
+/// lease: a store restart or failover (the store takes no write the
+/// promise can rely on until its replica is in sync again), or, where the
+/// replicas share one SQLite file, another replica frozen (it may hold
+/// the file's write lock: every replica's writes, the owner's renewals
+/// among them, wait until it resumes, and the first claim after that takes
+/// the expired record over). An owner holds a result the store
 /// refuses until its lease runs out (docs/design.md, "A store blink does
 /// not lose a result"), at least half a lease since renewals come every
 /// third of it; then the key is released, the owner's client gets the
 /// result marked `Idempotent-Stored: false`, and the next request runs the
 /// work again (docs/design.md, "A store blink does not lose a result").
-fn outage(ix: &Index<'_>, from: u64, to: u64) -> bool {
+fn outage(ix: &Index<'_>, owner: usize, from: u64, to: u64) -> bool {
     let half_lease = ix.history.pending_ttl_ms / 2;
+    let shared_file = ix.history.shared_file;
     ix.history.faults.iter().any(|f| {
-        matches!(f.kind, FaultKind::StoreRestart | FaultKind::Failover)
+        let store_out = match f.kind {
+            FaultKind::StoreRestart | FaultKind::Failover => true,
+            FaultKind::Pause => shared_file && f.replica != Some(owner),
+            _ => false,
+        };
+        store_out
             && f.end_ms.saturating_sub(f.start_ms) >= half_lease
             && f.start_ms <= to
             && f.end_ms >= from

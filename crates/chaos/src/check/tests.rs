@@ -246,6 +246,47 @@ fn a_result_released_in_a_store_outage_past_the_lease_is_counted_not_hidden() {
     assert_eq!(check(&h, &log).count(Invariant::I2), 1);
 }
 
+/// Replicas sharing one SQLite file: replica 1 frozen while it held the
+/// file's write lock stalled every write for longer than the lease, so
+/// the owner on replica 0 could not renew, and the first claim after the
+/// thaw (replica 2) ran the charge again while the owner's call went on.
+/// The owner's client never got a final answer. That is a store outage
+/// past the lease (counted as `held`), only where the file is shared,
+/// only for a freeze of another replica, and only one of at least half
+/// the lease.
+#[test]
+fn a_frozen_peer_holding_the_shared_file_is_a_store_outage() {
+    let mut owner = op(1, "charged", 1_000, 1, "A", false);
+    owner.complete_ms = 1_300;
+    owner.answer.complete = false;
+    let mut next = op(2, "charged", 5_000, 2, "B", false);
+    next.replica = 2;
+    let mut h = history(vec![owner, next]);
+    let log = [execution(1, 1, 1_001), execution(2, 2, 5_001)];
+    let freeze = |replica, start_ms, end_ms| Fault {
+        kind: FaultKind::Pause,
+        replica: Some(replica),
+        start_ms,
+        end_ms,
+        detail: None,
+    };
+    h.faults.push(freeze(1, 1_200, 4_990));
+    // Replicas on a networked store: another replica's freeze stalls
+    // nobody else's writes.
+    assert_eq!(check(&h, &log).count(Invariant::I2), 1);
+    h.shared_file = true;
+    let report = check(&h, &log);
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!((report.held, report.excused), (1, 0), "{report:?}");
+    // A freeze shorter than half the lease (1.5 s) outlasts no lease.
+    h.faults[0] = freeze(1, 3_600, 4_990);
+    assert_eq!(check(&h, &log).count(Invariant::I2), 1);
+    // The owner's answer was final: its loss is never excused.
+    h.faults[0] = freeze(1, 1_200, 4_990);
+    h.ops[0].answer.complete = true;
+    assert_eq!(check(&h, &log).count(Invariant::I2), 1);
+}
+
 /// Request 1's execution was in flight on replica 0 when a forget deleted
 /// the key; its result was then held in memory through a store restart.
 /// A held result is its owner's alone: a replay of it from memory, marked
