@@ -38,10 +38,13 @@ ENV
   wait_http "http://127.0.0.1:$2/" "$3/log"
 }
 
-cpu_ticks() { # pid... : user + system clock ticks of those processes
+# pid... : user + system clock ticks of those processes and of their
+# children that have ended (a PostgreSQL backend that comes and goes
+# within a run, as pgbench's do, is counted through the postmaster)
+cpu_ticks() {
   local t=0 pid
   for pid in "$@"; do
-    t=$((t + $(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null || echo 0)))
+    t=$((t + $(awk '{print $14 + $15 + $16 + $17}' "/proc/$pid/stat" 2>/dev/null || echo 0)))
   done
   echo "$t"
 }
