@@ -175,6 +175,25 @@ pub enum AttemptOutcome {
 }
 
 impl AttemptOutcome {
+    /// Every outcome, in the order they are declared.
+    pub const ALL: [Self; 9] = [
+        Self::Executed,
+        Self::Replayed,
+        Self::Conflict,
+        Self::Attached,
+        Self::Mismatch,
+        Self::Failed,
+        Self::Fenced,
+        Self::OutcomeUnknown,
+        Self::Forgotten,
+    ];
+
+    /// The outcome named `name` by [`as_str`](Self::as_str), for a store
+    /// that keeps the name in a column.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|o| o.as_str() == name)
+    }
+
     /// Stable lower-case name (for logs, metrics and the timeline).
     pub fn as_str(self) -> &'static str {
         match self {
@@ -253,5 +272,13 @@ mod tests {
         let a = monotonic_ms();
         let b = monotonic_ms();
         assert!(b >= a, "the monotonic clock went back");
+    }
+
+    #[test]
+    fn every_outcome_is_parsed_back_from_its_name() {
+        for o in AttemptOutcome::ALL {
+            assert_eq!(AttemptOutcome::parse(o.as_str()), Some(o));
+        }
+        assert_eq!(AttemptOutcome::parse("exploded"), None);
     }
 }

@@ -31,13 +31,7 @@ pub const VARIABLES: [&str; 8] = [
 /// (pgbench variables are numbers), `client × 10¹² + random`, fresh with
 /// near certainty; [`VARIABLES`] come from the caller.
 pub fn fresh_key_script(opts: &PostgresOptions) -> String {
-    let sql = Sql::new(
-        &opts.schema,
-        &opts.records_table,
-        &opts.timeline_table,
-        opts.purge_batch.max(1),
-        opts.synchronous_claims,
-    );
+    let sql = Sql::for_options(opts);
     let claim = with_variables(
         &sql.claim,
         &[

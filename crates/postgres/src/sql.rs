@@ -62,6 +62,17 @@ pub(crate) struct Sql {
 }
 
 impl Sql {
+    /// The statements for a store configured by `opts`.
+    pub(crate) fn for_options(opts: &crate::options::PostgresOptions) -> Self {
+        Self::new(
+            &opts.schema,
+            &opts.records_table,
+            &opts.timeline_table,
+            opts.purge_batch.max(1),
+            opts.synchronous_claims,
+        )
+    }
+
     pub(crate) fn new(
         schema: &str,
         records: &str,

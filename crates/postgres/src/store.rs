@@ -119,13 +119,7 @@ impl PostgresStore {
                 ));
             }
         }
-        let sql = Sql::new(
-            &opts.schema,
-            &opts.records_table,
-            &opts.timeline_table,
-            opts.purge_batch.max(1),
-            opts.synchronous_claims,
-        );
+        let sql = Sql::for_options(&opts);
         let timeline = if opts.background_timeline {
             TimelineWriter::start(
                 pool.clone(),

@@ -108,7 +108,7 @@ pub(crate) fn raw_attempt(row: &Row<'_>) -> rusqlite::Result<RawAttempt> {
 impl RawAttempt {
     /// Decodes the row into an [`Attempt`].
     pub(crate) fn decode(self) -> Result<Attempt, StoreError> {
-        let outcome = outcome_from_str(&self.outcome)
+        let outcome = AttemptOutcome::parse(&self.outcome)
             .ok_or_else(|| corrupt(format!("unknown attempt outcome {:?}", self.outcome)))?;
         let status = self
             .status
@@ -133,43 +133,9 @@ impl RawAttempt {
     }
 }
 
-/// Inverse of [`AttemptOutcome::as_str`].
-fn outcome_from_str(s: &str) -> Option<AttemptOutcome> {
-    const ALL: [AttemptOutcome; 9] = [
-        AttemptOutcome::Executed,
-        AttemptOutcome::Replayed,
-        AttemptOutcome::Conflict,
-        AttemptOutcome::Attached,
-        AttemptOutcome::Mismatch,
-        AttemptOutcome::Failed,
-        AttemptOutcome::Fenced,
-        AttemptOutcome::OutcomeUnknown,
-        AttemptOutcome::Forgotten,
-    ];
-    ALL.into_iter().find(|o| o.as_str() == s)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn outcomes_round_trip() {
-        for o in [
-            AttemptOutcome::Executed,
-            AttemptOutcome::Replayed,
-            AttemptOutcome::Conflict,
-            AttemptOutcome::Attached,
-            AttemptOutcome::Mismatch,
-            AttemptOutcome::Failed,
-            AttemptOutcome::Fenced,
-            AttemptOutcome::OutcomeUnknown,
-            AttemptOutcome::Forgotten,
-        ] {
-            assert_eq!(outcome_from_str(o.as_str()), Some(o));
-        }
-        assert_eq!(outcome_from_str("exploded"), None);
-    }
 
     #[test]
     fn integers_saturate_and_refuse_negatives() {
