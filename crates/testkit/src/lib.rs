@@ -210,10 +210,7 @@ pub async fn complete_executed(
     body: &'static [u8],
     ttl: Duration,
 ) -> idemgate_engine::Fenced {
-    store
-        .complete(lease, Bytes::from_static(body), ttl, &executed())
-        .await
-        .unwrap()
+    cases::complete(store, lease, body, ttl, &executed()).await
 }
 
 /// Polls `check` until it is true or 5 s pass (for best-effort writes).

@@ -6,10 +6,9 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use idemgate_engine::{AttemptOutcome, Claim, Engine, Executed, Fenced, ScopedKey, Store};
 
-use crate::{acquired, executed, fp, fresh_key};
+use crate::{acquired, complete_executed, executed, fp, fresh_key};
 
 /// Lease and record lifetime of the counted operations: nothing expires
 /// during a test.
@@ -70,10 +69,7 @@ pub async fn claim_and_complete(
     payload: &'static [u8],
 ) -> Fenced {
     let lease = acquired(store.claim(key, &fp("{}"), LONG).await.unwrap());
-    store
-        .complete(&lease, Bytes::from_static(payload), LONG, &executed())
-        .await
-        .unwrap()
+    complete_executed(store, &lease, payload, LONG).await
 }
 
 /// Claims `key`, which must hold a DONE record: a replay.
