@@ -13,6 +13,8 @@
 //! # Layout
 //! - [`store`]: [`PostgresStore`]: connecting, migrating, the bounded
 //!   connection use, [`PostgresStore::complete_in`] and the background purge.
+//! - `connections`: the connections the operations run on, lent one
+//!   operation at a time and taken back with no extra round trip.
 //! - `options`: [`PostgresOptions`].
 //! - `ops`: the `Store` implementation, one statement per operation.
 //! - `rows`: statement parameters and row decoding.
@@ -41,10 +43,9 @@
 //! `Store` trait allows), so the request waits for no second round trip
 //! and no second commit.
 //!
-//! A connection goes back to the pool after one more round trip: sqlx pings
-//! every connection it gets back, with no limit on the wait. The store runs
-//! that return itself, bounded like an operation, so a connection that went
-//! silent after its answer is closed instead of keeping its slot.
+//! The operations run on connections of the store's own rather than sqlx's
+//! pool, which pings every connection it gets back: a connection goes back
+//! as soon as its answer was read, so an operation is one round trip.
 //!
 //! Because the record is an ordinary row, a service that keeps its business
 //! data in the same database can write DONE inside its own transaction
@@ -61,6 +62,7 @@
 //! (`postgres://app@db.internal/app?sslmode=verify-full&sslrootcert=/etc/idemgate/pg-ca.pem`).
 //! It is rustls (aws-lc-rs), the same TLS stack as the Redis store's.
 
+mod connections;
 mod error;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]

@@ -13,7 +13,11 @@ pub struct PostgresOptions {
     pub records_table: String,
     /// Name of the timeline table (default `timeline`).
     pub timeline_table: String,
-    /// Pool size when the store opens its own pool (default 10).
+    /// Most connections the store's operations use at once (default 10).
+    /// They are the store's own, opened on demand with the pool's connect
+    /// options. The sqlx pool (migrations, the background timeline writer,
+    /// the purge, the caller's transactions) is another set: when the store
+    /// opens it ([`PostgresStore::connect_with`](crate::PostgresStore::connect_with)), it has the same bound.
     pub max_connections: u32,
     /// Upper bound on one store operation, waiting for a pooled connection
     /// included (default 5 s). [`PostgresStore::complete_in`](crate::PostgresStore::complete_in) is not bounded:

@@ -15,10 +15,10 @@ use idemgate_engine::backend::KeyedNotify;
 use idemgate_engine::{
     Attempt, Fenced, Fingerprint, Lease, LeaseGuard, ScopedKey, StoreError, StoreErrorKind,
 };
-use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
-use sqlx::{AssertSqlSafe, PgConnection, Postgres, Row};
+use sqlx::{AssertSqlSafe, PgConnection, Row};
 
+use crate::connections::{Connections, State, Unlent};
 use crate::error::{BACKEND, map_error};
 use crate::options::PostgresOptions;
 use crate::rows::{applied, attempt_json, fence_param, ttl_param};
@@ -45,6 +45,8 @@ pub struct PostgresStore {
 #[derive(Debug)]
 pub(crate) struct Inner {
     pub(crate) pool: PgPool,
+    /// The connections the `Store` operations run on.
+    pub(crate) connections: Arc<Connections>,
     pub(crate) sql: Sql,
     pub(crate) opts: PostgresOptions,
     pub(crate) notify: KeyedNotify,
@@ -131,6 +133,11 @@ impl PostgresStore {
         };
         let store = Self {
             inner: Arc::new(Inner {
+                connections: Connections::new(
+                    pool.connect_options(),
+                    opts.max_connections,
+                    opts.operation_timeout,
+                ),
                 pool,
                 sql,
                 opts,
@@ -346,11 +353,11 @@ impl PostgresStore {
         )
     }
 
-    /// Runs `run` on a pooled connection within the operation bound,
-    /// waiting for the connection included. A connection whose statement
-    /// overran the bound is closed instead of going back to the pool: it
-    /// may have gone silent. Every other connection goes back through
-    /// [`Checkout`], within the same bound.
+    /// Runs `run` on one of the store's connections within the operation
+    /// bound, waiting for the connection included. The connection goes
+    /// back as soon as `run` has read its whole answer (see
+    /// [`Connections`]); one whose statement overran the bound, or that
+    /// failed outside the database, is closed: it may have gone silent.
     pub(crate) async fn bounded<T>(
         &self,
         what: &'static str,
@@ -363,24 +370,51 @@ impl PostgresStore {
                 format!("{what} did not finish in time"),
             )
         };
-        let bound = self.inner.opts.operation_timeout;
-        let deadline = tokio::time::Instant::now() + bound;
-        let conn = tokio::time::timeout_at(deadline, self.inner.pool.acquire())
-            .await
-            .map_err(|_| timed_out())?
-            .map_err(map_error)?;
-        let mut checkout = Checkout {
-            conn,
-            bound,
-            close: false,
+        let deadline = tokio::time::Instant::now() + self.inner.opts.operation_timeout;
+        let mut lent = match self.inner.connections.lend(deadline).await {
+            Ok(lent) => lent,
+            Err(Unlent::TimedOut) => return Err(timed_out()),
+            Err(Unlent::Connect(e)) => return Err(map_error(e)),
         };
-        match tokio::time::timeout_at(deadline, run(&mut checkout.conn)).await {
-            Ok(r) => r.map_err(map_error),
+        match tokio::time::timeout_at(deadline, run(lent.conn())).await {
+            Ok(Ok(v)) => {
+                lent.finish(State::Finished);
+                Ok(v)
+            }
+            Ok(Err(e)) => {
+                // The server's own error comes with the rest of its answer:
+                // the connection is ready for the next statement.
+                lent.finish(if matches!(e, sqlx::Error::Database(_)) {
+                    State::Finished
+                } else {
+                    State::Broken
+                });
+                Err(map_error(e))
+            }
             Err(_) => {
-                checkout.close = true;
+                lent.finish(State::Broken);
                 Err(timed_out())
             }
         }
+    }
+
+    /// Runs `run` on one of the store's own connections, as an operation
+    /// (for tests that look at a connection's state, e.g. its prepared
+    /// statements).
+    #[doc(hidden)]
+    pub async fn on_own_connection<T>(
+        &self,
+        run: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
+    ) -> Result<T, StoreError> {
+        self.bounded("a test's statement", run).await
+    }
+
+    /// The store's own connections in use right now, an abandoned
+    /// operation's settling included (tests wait for none before they
+    /// freeze the network).
+    #[doc(hidden)]
+    pub fn busy_connections(&self) -> usize {
+        self.inner.connections.busy()
     }
 
     pub(crate) async fn claim_once(
@@ -403,52 +437,6 @@ impl PostgresStore {
                 .await
         })
         .await
-    }
-}
-
-/// A pooled connection that goes back to the pool within a bound.
-///
-/// sqlx checks every connection it gets back with a ping, and waits for
-/// that ping without a limit: a connection that went silent after its last
-/// answer would hold its pool slot forever. A bounded ping of our own in
-/// `after_release` used to come first, but that made every operation three
-/// round trips (the statement and two pings). Instead the return itself,
-/// sqlx's ping included, runs under the operation bound; a return that
-/// overruns it drops the connection, which closes the socket and frees the
-/// slot.
-///
-/// This also covers an operation whose caller stopped waiting in the
-/// middle of a statement: the ping then waits for that statement's answer,
-/// within the bound, before the connection is used again.
-struct Checkout {
-    conn: PoolConnection<Postgres>,
-    bound: Duration,
-    /// Close the connection instead (its statement overran the bound).
-    close: bool,
-}
-
-impl Drop for Checkout {
-    fn drop(&mut self) {
-        if self.close {
-            // sqlx closes it when the field drops, with a bound of its own.
-            self.conn.close_on_drop();
-            return;
-        }
-        // `return_to_pool` is public but hidden from sqlx's documentation;
-        // it is the pool's own drop path, started here so we can bound it.
-        let back = self.conn.return_to_pool();
-        let bound = self.bound;
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                if tokio::time::timeout(bound, back).await.is_err() {
-                    tracing::warn!(
-                        "a PostgreSQL connection did not answer the pool's check in time; it was closed"
-                    );
-                }
-            });
-        }
-        // Outside a runtime `back` is dropped unpolled, which closes the
-        // connection and frees its slot.
     }
 }
 

@@ -10,6 +10,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use idemgate_engine::RecordState;
 use idemgate_postgres::{PostgresOptions, PostgresStore};
 use idemgate_testkit::FaultProxy;
 use idemgate_testkit::fault::scenarios::Rig;
@@ -53,10 +54,10 @@ async fn rig() -> Rig {
     let store = PostgresStore::connect_with(&via(&url, proxy.addr()), opts)
         .await
         .expect("connect through the proxy");
-    // sqlx pings every connection it gets back (a request of the store's
-    // own, after each operation); the store is quiet once it is idle.
-    let pool = store.pool().clone();
-    let quiet = move || pool.num_idle() == pool.size() as usize;
+    // An operation left mid-way settles its connection with a ping of the
+    // store's own; the store is quiet once no connection is in use.
+    let probe = store.clone();
+    let quiet = move || probe.busy_connections() == 0;
     Rig {
         proxy,
         store: Arc::new(store),
@@ -81,26 +82,88 @@ fn urls_are_rerouted_through_the_proxy() {
 
 idemgate_testkit::fault_suite!(faults_postgres, rig);
 
-/// A connection that goes silent just after answering, while the pool
-/// checks it on its way back, must not keep its pool slot: the store bounds
-/// that check like an operation, drops the connection, and opens a new one.
-/// sqlx's own check waits without a limit, so without the bound the rig's
-/// one pooled connection would stay taken and every later operation would
-/// time out waiting for it.
+/// A connection that goes silent while idle, just after answering, must
+/// not keep its slot: the next operation on it overruns the bound, the
+/// store closes the connection, and the one after opens a new one. (The
+/// store's connections go back with no check of their own, so the silence
+/// is met by the next operation, within its bound, never by a wait without
+/// a limit.)
 #[tokio::test(flavor = "current_thread")]
 async fn a_connection_silent_after_its_answer_gives_its_slot_back() {
     let rig = rig().await;
     let key = idemgate_testkit::fresh_key();
     assert!(rig.store.get(&key).await.expect("get").is_none());
-    // On this single-threaded runtime the connection's way back to the
-    // pool (spawned as the operation ended) has not run yet: it starts
-    // after the freeze, so its check finds the connection silent.
-    assert_eq!(rig.proxy.freeze_live(), 1, "the one pooled connection");
+    // The store's one connection (and the sqlx pool's, idle).
+    assert!(
+        rig.proxy.freeze_live() >= 1,
+        "the store's connection is live"
+    );
     let (got, failures) = idemgate_testkit::fault::scenarios::until_ok(
-        "get after the connection froze on its way back",
+        "get after the connection froze while idle",
         || rig.store.get(&key),
     )
     .await;
     assert!(got.is_none());
-    eprintln!("get after a freeze on the way back: {failures} temporary errors first");
+    eprintln!("get after a freeze while idle: {failures} temporary errors first");
+}
+
+/// An operation is one round trip: once it has returned, nothing more
+/// goes to the server on its connection. (sqlx's pool sends a check of its
+/// own after every operation; the store's connections go back without
+/// one.) The next operation reuses the same connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_operation_sends_nothing_after_its_answer() {
+    let rig = rig().await;
+    let key = idemgate_testkit::fresh_key();
+    assert!(rig.store.get(&key).await.expect("warm-up get").is_none());
+    for i in 0..5 {
+        assert!(rig.store.get(&key).await.expect("get").is_none());
+        let after = rig.proxy.stats();
+        // Long enough for any task spawned on the way back to run.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let later = rig.proxy.stats();
+        assert_eq!(
+            later.bytes_to_server, after.bytes_to_server,
+            "get {i}: bytes went to the server after its answer"
+        );
+        assert_eq!(later.accepted, after.accepted, "get {i}: a new connection");
+    }
+}
+
+/// A caller that stops waiting mid-statement leaves its connection with
+/// an answer still on the wire. The store settles that connection before
+/// it lends it again, and keeps it: the next operations read their own
+/// answers, not the abandoned one's, on the same connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operation_abandoned_mid_statement_leaves_a_usable_connection() {
+    let rig = rig().await;
+    let (key, other) = (idemgate_testkit::fresh_key(), idemgate_testkit::fresh_key());
+    let claim = rig
+        .store
+        .claim(&key, &idemgate_testkit::fp("{}"), Duration::from_secs(30))
+        .await
+        .expect("claim");
+    let lease = idemgate_testkit::acquired(claim);
+    let accepted = rig.proxy.stats().accepted;
+    rig.proxy
+        .stall_direction(idemgate_testkit::fault::Direction::ToClient, true);
+    let abandoned = tokio::time::timeout(Duration::from_millis(200), rig.store.get(&key)).await;
+    assert!(
+        abandoned.is_err(),
+        "the get answered through a stalled link"
+    );
+    rig.proxy.heal();
+    for _ in 0..3 {
+        assert!(rig.store.get(&other).await.expect("get").is_none());
+        let record = rig.store.get(&key).await.expect("get").expect("PENDING");
+        assert!(
+            matches!(record.state, RecordState::Pending { fence, .. } if fence == lease.fence),
+            "{record:?}"
+        );
+    }
+    assert_eq!(
+        rig.proxy.stats().accepted,
+        accepted,
+        "the abandoned operation's connection was replaced, not settled"
+    );
 }

@@ -324,16 +324,20 @@ async fn statements_are_prepared_once_and_reused() {
             let done = claim_and_complete(&store, &fresh_key(), b"r").await;
             assert_eq!(done, Fenced::Applied);
         }
-        // The pool's one connection: the one that ran the claims.
-        let uses: Vec<i64> = sqlx::query_scalar(
-            "SELECT generic_plans + custom_plans FROM pg_prepared_statements \
-             WHERE (statement LIKE '%nextval(%' OR statement LIKE '%SET state = ''D''%') \
-               AND statement NOT LIKE '%pg_prepared_statements%' \
-             ORDER BY statement",
-        )
-        .fetch_all(store.pool())
-        .await
-        .unwrap();
+        // The store's one connection: the one that ran the claims.
+        let uses: Vec<i64> = store
+            .on_own_connection(async |c: &mut sqlx::PgConnection| {
+                sqlx::query_scalar(
+                    "SELECT generic_plans + custom_plans FROM pg_prepared_statements \
+                     WHERE (statement LIKE '%nextval(%' OR statement LIKE '%SET state = ''D''%') \
+                       AND statement NOT LIKE '%pg_prepared_statements%' \
+                     ORDER BY statement",
+                )
+                .fetch_all(c)
+                .await
+            })
+            .await
+            .unwrap();
         assert_eq!(uses, [10, 10], "claim and complete, each prepared once");
     }
 }
