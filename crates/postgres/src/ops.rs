@@ -105,13 +105,13 @@ impl Store for PostgresStore {
             let Some(fence) = fence_param(lease) else {
                 return Ok(Fenced::Stale);
             };
-            let query = self.complete_query(lease, fence, payload, done_ttl, attempt)?;
-            let row = self
-                .bounded("complete", async move |c: &mut PgConnection| {
-                    query.fetch_one(c).await
+            let entry = attempt_json(attempt)?;
+            let written = self
+                .bounded("complete", async |c: &mut PgConnection| {
+                    self.complete_on(c, lease, fence, &payload, done_ttl, &entry)
+                        .await
                 })
                 .await?;
-            let written = applied(&row)?;
             if written == Fenced::Applied {
                 self.inner.notify.notify(&lease.key.storage_id());
             }

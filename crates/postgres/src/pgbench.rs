@@ -5,7 +5,9 @@
 //!
 //! A fresh key is a claim and a completion, each its own commit. The
 //! claim's timeline entry goes to the background writer, in batches, so
-//! it is not here; the completion's is part of its statement.
+//! it is not here; the completion's is kept in the record's row by its
+//! statement. The check a completion runs when its UPDATE matched nothing
+//! (a retry) is not here either: a fresh key never needs it.
 
 use crate::options::PostgresOptions;
 use crate::sql::Sql;

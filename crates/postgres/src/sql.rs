@@ -11,7 +11,7 @@ use std::sync::Arc;
 use idemgate_engine::MAX_TIMELINE;
 
 /// Newest schema version this build knows.
-pub(crate) const SCHEMA_VERSION: i32 = 1;
+pub(crate) const SCHEMA_VERSION: i32 = 2;
 
 /// Checks that `name` is a plain lower-case SQL identifier, so it can be
 /// spliced into statements without quoting or injection.
@@ -41,7 +41,14 @@ pub(crate) struct Sql {
     /// Locks the owned PENDING row until the caller's transaction ends:
     /// `$1` id, `$2` token, `$3` fence.
     pub(crate) lock: Arc<str>,
+    /// PENDING → DONE, the attempt kept in the row: `$1` id, `$2` token,
+    /// `$3` fence, `$4` payload, `$5` keep-for ms, `$6` entry.
     pub(crate) complete: Arc<str>,
+    /// Whether the DONE row is the one this lease wrote with this payload
+    /// (a completion retried after its reply was lost): `$1` id, `$2`
+    /// token, `$3` fence, `$4` payload. Run only when `complete` matched
+    /// nothing.
+    pub(crate) completed: Arc<str>,
     pub(crate) release: Arc<str>,
     /// Deletes the record whatever its state: `$1` id, `$2` entry, `$3`
     /// keep-for ms.
@@ -137,7 +144,7 @@ impl Sql {
                ON CONFLICT (id) DO UPDATE SET \
                  fingerprint = EXCLUDED.fingerprint, state = 'P', token = EXCLUDED.token, \
                  fence = greatest(EXCLUDED.fence, r.fence + 1), \
-                 expires_at = EXCLUDED.expires_at, payload = NULL \
+                 expires_at = EXCLUDED.expires_at, payload = NULL, entry = NULL \
                WHERE r.expires_at <= now() \
                RETURNING r.fence, r.expires_at) \
              SELECT true AS acquired, fence, {ins_ms} AS exp_ms, NULL::bytea AS fingerprint, \
@@ -159,29 +166,24 @@ impl Sql {
         let lock = format!(
             "SELECT count(*) AS applied FROM (SELECT 1 FROM {rec} WHERE {owned}              FOR NO KEY UPDATE) owned"
         );
-        // `again`: the DONE row this very lease wrote with this payload — a
-        // retry of a complete whose reply was lost — counts as applied and
-        // writes nothing. It reads the statement's snapshot, so it never
-        // sees the row `done` updates, and it is looked for only when
-        // `done` updated nothing (a one-time filter: no index scan on the
-        // common path).
+        // The completion's timeline entry is kept in the record's row
+        // (`entry`), not as a timeline row: it lives exactly as long as the
+        // DONE record, so a row of its own bought nothing but a second heap
+        // tuple and two index entries per fresh key. Timeline reads add it
+        // to the key's timeline rows; a forget moves it there.
         //
-        // The completion appends its timeline entry without trimming the
-        // key's timeline: the claim before it went through a trimming
-        // write (the background batch, or `record_attempt`), so a key
-        // holds at most one entry over `MAX_TIMELINE` per completion
-        // since, and reads return the newest `MAX_TIMELINE` only.
+        // The common path is this one plain UPDATE. A retry of a
+        // completion whose reply was lost matches nothing here; the store
+        // then asks `completed` whether the DONE row is this lease's, with
+        // this payload, and counts that as applied.
         let complete = format!(
-            "WITH done AS (\
-               UPDATE {rec} SET state = 'D', payload = $4, expires_at = {exp} \
-               WHERE {owned} RETURNING id, expires_at), \
-             tl AS (INSERT INTO {tl} (id, entry, keep_until) \
-                    SELECT id, $6::jsonb, expires_at FROM done), \
-             again AS (SELECT 1 FROM {rec} WHERE NOT EXISTS (SELECT 1 FROM done) \
-                       AND id = $1 AND token = $2 AND fence = $3 \
-                       AND state = 'D' AND payload = $4 AND expires_at > now()) \
-             SELECT (SELECT count(*) FROM done) + (SELECT count(*) FROM again) AS applied",
+            "UPDATE {rec} SET state = 'D', payload = $4, expires_at = {exp}, entry = $6::jsonb \
+             WHERE {owned}",
             exp = after_ms("$5"),
+        );
+        let completed = format!(
+            "SELECT count(*) AS applied FROM {rec} WHERE id = $1 AND token = $2 AND fence = $3 \
+             AND state = 'D' AND payload = $4 AND expires_at > now()"
         );
         let release = format!(
             "WITH gone AS (DELETE FROM {rec} WHERE {owned} RETURNING id), \
@@ -192,10 +194,17 @@ impl Sql {
             keep_until = after_ms("$5"),
             trim = trim("(SELECT id FROM gone)"),
         );
+        // The record's own entry (its completion) goes to the timeline
+        // first, kept as long as the record would have been, then the
+        // forget's; identities follow the insert's order.
         let forget = format!(
-            "WITH gone AS (DELETE FROM {rec} WHERE id = $1 RETURNING id), \
+            "WITH gone AS (DELETE FROM {rec} WHERE id = $1 RETURNING id, entry, expires_at), \
              tl AS (INSERT INTO {tl} (id, entry, keep_until) \
-                    SELECT id, $2::jsonb, {keep_until} FROM gone), \
+                    SELECT id, entry, keep_until FROM (\
+                      SELECT id, entry, expires_at AS keep_until, 1 AS o FROM gone \
+                      WHERE entry IS NOT NULL \
+                      UNION ALL \
+                      SELECT id, $2::jsonb, {keep_until}, 2 FROM gone) moved ORDER BY o), \
              {trim} \
              SELECT count(*) AS applied FROM gone",
             keep_until = after_ms("$3"),
@@ -235,11 +244,18 @@ impl Sql {
             k = after_ms("keep_ms"),
         );
         // Entries written in the background may land after a later
-        // completion's: the newest rows, ordered by the attempts' own time.
+        // completion's: the newest entries by the attempts' own time, the
+        // timeline rows' and the live record's own (its completion, kept
+        // in the row) together.
         let read_timeline = format!(
             "SELECT entry::text AS entry FROM (\
-               SELECT seq, entry FROM {tl} WHERE id = $1 AND keep_until > now() \
-               ORDER BY seq DESC LIMIT {keep}) newest \
+               SELECT seq, entry FROM (\
+                 (SELECT seq, entry FROM {tl} WHERE id = $1 AND keep_until > now() \
+                  ORDER BY seq DESC LIMIT {keep}) \
+                 UNION ALL \
+                 (SELECT 0, entry FROM {rec} WHERE id = $1 AND entry IS NOT NULL \
+                  AND expires_at > now())) every \
+               ORDER BY (entry->>'at_ms')::bigint DESC, seq DESC LIMIT {keep}) newest \
              ORDER BY (entry->>'at_ms')::bigint, seq"
         );
         // The outer `expires_at` test is re-checked on the latest row version
@@ -287,12 +303,18 @@ impl Sql {
              CREATE INDEX {timeline}_keep_until ON {tl} (keep_until); \
              INSERT INTO {schema}.idemgate_schema_version (version) VALUES (1);"
         );
+        // Version 2: the completion's timeline entry in the record's row.
+        let v2 = format!(
+            "ALTER TABLE {rec} ADD COLUMN entry jsonb; \
+             INSERT INTO {schema}.idemgate_schema_version (version) VALUES (2);"
+        );
         Self {
             schema: schema.to_owned(),
             claim: claim.into(),
             renew: renew.into(),
             lock: lock.into(),
             complete: complete.into(),
+            completed: completed.into(),
             release: release.into(),
             forget: forget.into(),
             get: get.into(),
@@ -303,7 +325,7 @@ impl Sql {
             purge_timeline: purge_timeline.into(),
             version: version.into(),
             bootstrap: bootstrap.into(),
-            migrations: vec![v1.into()],
+            migrations: vec![v1.into(), v2.into()],
         }
     }
 }

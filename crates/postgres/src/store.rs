@@ -325,32 +325,50 @@ impl PostgresStore {
         let Some(fence) = fence_param(lease) else {
             return Ok(Fenced::Stale);
         };
-        let row = self
-            .complete_query(lease, fence, payload, done_ttl, attempt)?
-            .fetch_one(&mut *conn)
+        let entry = attempt_json(attempt)?;
+        self.complete_on(conn, lease, fence, &payload, done_ttl, &entry)
             .await
-            .map_err(map_error)?;
-        applied(&row)
+            .map_err(map_error)
     }
 
-    pub(crate) fn complete_query<'q>(
+    /// The completion's statements on `conn`: the UPDATE, then, only when
+    /// it matched nothing, the check for the DONE row this very lease
+    /// wrote with this payload (a retry whose first reply was lost).
+    pub(crate) async fn complete_on(
         &self,
+        conn: &mut PgConnection,
         lease: &Lease,
         fence: i64,
-        payload: Bytes,
+        payload: &Bytes,
         done_ttl: Duration,
-        attempt: &Attempt,
-    ) -> Result<sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>, StoreError>
-    {
-        Ok(
-            sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.complete)))
-                .bind(lease.key.storage_id())
-                .bind(lease.token.to_be_bytes().to_vec())
-                .bind(fence)
-                .bind(payload.to_vec())
-                .bind(ttl_param(done_ttl))
-                .bind(attempt_json(attempt)?),
-        )
+        entry: &str,
+    ) -> Result<Fenced, sqlx::Error> {
+        let id = lease.key.storage_id();
+        let token = lease.token.to_be_bytes();
+        let done = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.complete)))
+            .bind(&id)
+            .bind(&token[..])
+            .bind(fence)
+            .bind(payload.as_ref())
+            .bind(ttl_param(done_ttl))
+            .bind(entry)
+            .execute(&mut *conn)
+            .await?;
+        if done.rows_affected() > 0 {
+            return Ok(Fenced::Applied);
+        }
+        let again: i64 = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.inner.sql.completed)))
+            .bind(&id)
+            .bind(&token[..])
+            .bind(fence)
+            .bind(payload.as_ref())
+            .fetch_one(&mut *conn)
+            .await?;
+        Ok(if again > 0 {
+            Fenced::Applied
+        } else {
+            Fenced::Stale
+        })
     }
 
     /// Runs `run` on one of the store's connections within the operation
