@@ -400,9 +400,7 @@ impl PostgresStore {
                 Ok(v)
             }
             Ok(Err(e)) => {
-                // The server's own error comes with the rest of its answer:
-                // the connection is ready for the next statement.
-                lent.finish(if matches!(e, sqlx::Error::Database(_)) {
+                lent.finish(if leaves_connection_usable(&e) {
                     State::Finished
                 } else {
                     State::Broken
@@ -455,6 +453,20 @@ impl PostgresStore {
                 .await
         })
         .await
+    }
+}
+
+/// Whether a failed statement leaves its connection ready for the next:
+/// the server's own error comes with the rest of its answer, unless it is
+/// ending the session (class 57P: shutdown, crash, or the backend
+/// terminated) or the connection itself failed (class 08). Any other
+/// failure (I/O, protocol, decoding) may have left bytes on the wire.
+fn leaves_connection_usable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => !db
+            .code()
+            .is_some_and(|code| code.starts_with("57P") || code.starts_with("08")),
+        _ => false,
     }
 }
 

@@ -10,7 +10,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idemgate_engine::RecordState;
+use idemgate_engine::{RecordState, Store};
 use idemgate_postgres::{PostgresOptions, PostgresStore};
 use idemgate_testkit::FaultProxy;
 use idemgate_testkit::fault::scenarios::Rig;
@@ -166,4 +166,51 @@ async fn an_operation_abandoned_mid_statement_leaves_a_usable_connection() {
         accepted,
         "the abandoned operation's connection was replaced, not settled"
     );
+}
+
+/// A server that ends the session (here its backend is terminated, as a
+/// restart or an operator would) costs one failed operation, not two: the
+/// error that says so (SQLSTATE 57P01) closes the connection rather than
+/// giving it back, so the next operation opens a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminated_backend_costs_one_operation() {
+    let direct = support::shared_store().await;
+    let opts = PostgresOptions {
+        migrate: false,
+        ..PostgresOptions::default()
+            .schema(support::run_schema())
+            .max_connections(1)
+            .purge_interval(None)
+            .background_timeline(false)
+    };
+    let store = PostgresStore::connect_with(&support::shared_url(), opts)
+        .await
+        .expect("connect");
+    let key = idemgate_testkit::fresh_key();
+    for round in 0..3 {
+        let pid: i32 = store
+            .on_own_connection(async |c: &mut sqlx::PgConnection| {
+                sqlx::query_scalar("SELECT pg_backend_pid()")
+                    .fetch_one(c)
+                    .await
+            })
+            .await
+            .expect("the backend's pid");
+        let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .fetch_one(direct.pool())
+            .await
+            .expect("terminate");
+        assert!(ended, "round {round}: the backend was not terminated");
+        let first = store.get(&key).await;
+        assert!(
+            first.is_err(),
+            "round {round}: the terminated session answered: {first:?}"
+        );
+        let second = store.get(&key).await;
+        assert!(
+            matches!(second, Ok(None)),
+            "round {round}: the operation after the failed one failed too: {second:?} (first: {first:?})"
+        );
+    }
 }
