@@ -57,7 +57,7 @@ pub(crate) fn run(args: &CheckArgs) -> ExitCode {
     };
     let mut findings = idemgate_gateway::plan::findings(&config);
     // What only the store's server can tell (PostgreSQL's synchronous
-    // standbys), asked within a few seconds.
+    // standbys and autovacuum), asked within a few seconds.
     let asked = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

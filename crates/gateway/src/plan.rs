@@ -43,8 +43,9 @@ pub fn findings(config: &GatewayConfig) -> Vec<Finding> {
     idemgate_check::check(&plan(config))
 }
 
-/// Findings only the store's server can give: whether a PostgreSQL store
-/// of a charging route keeps a committed DONE across a failover (a
+/// Findings only the store's server can give, for a PostgreSQL store:
+/// whether autovacuum runs (the store's tables grow without it), and, for
+/// charging routes, whether a committed DONE survives a failover (a
 /// synchronous standby). Asks the server once, within `timeout`; nothing
 /// is written. Other stores give none.
 pub async fn store_findings(config: &GatewayConfig, timeout: std::time::Duration) -> Vec<Finding> {
@@ -57,31 +58,50 @@ pub async fn store_findings(config: &GatewayConfig, timeout: std::time::Duration
         .filter(|r| r.charges)
         .map(|r| r.id.as_str())
         .collect();
-    if charging.is_empty() {
-        return Vec::new();
-    }
     let fix = "set synchronous_standby_names on the primary (with at least one standby) and keep \
                synchronous_commit = on or remote_apply; otherwise a failover can lose answers \
                the store acknowledged"
         .to_owned();
     let routes = charging.join(", ");
-    match idemgate_postgres::replication_settings(&crate::stores::postgres_driver_url(url), timeout)
-        .await
-    {
-        Ok(s) if s.commits_survive_failover() => Vec::new(),
-        Ok(s) => vec![Finding {
-            rule: "postgres-async-replication",
-            severity: Severity::Warning,
-            route: None,
-            message: format!(
-                "charging route(s) {routes} use a PostgreSQL server without a synchronous \
-                 standby (synchronous_standby_names = {:?}, synchronous_commit = {}): a \
-                 failover can lose a DONE record, and its retry would run again",
-                s.synchronous_standby_names, s.synchronous_commit
-            ),
-            fix,
-        }],
-        Err(e) => vec![Finding {
+    let settings =
+        idemgate_postgres::server_settings(&crate::stores::postgres_driver_url(url), timeout).await;
+    let mut findings = Vec::new();
+    match settings {
+        Ok(s) => {
+            if !charging.is_empty() && !s.commits_survive_failover() {
+                findings.push(Finding {
+                    rule: "postgres-async-replication",
+                    severity: Severity::Warning,
+                    route: None,
+                    message: format!(
+                        "charging route(s) {routes} use a PostgreSQL server without a synchronous \
+                         standby (synchronous_standby_names = {:?}, synchronous_commit = {}): a \
+                         failover can lose a DONE record, and its retry would run again",
+                        s.synchronous_standby_names, s.synchronous_commit
+                    ),
+                    fix,
+                });
+            }
+            if !s.vacuums() {
+                findings.push(Finding {
+                    rule: "postgres-autovacuum-off",
+                    severity: Severity::Warning,
+                    route: None,
+                    message: format!(
+                        "the PostgreSQL server runs with autovacuum = {}: every completion and \
+                         lease renewal leaves an old row version in the store's tables, and \
+                         nothing reclaims them, so the tables and their indexes grow without bound",
+                        s.autovacuum
+                    ),
+                    fix: "turn autovacuum on (the default), or VACUUM the store's tables on a \
+                          schedule"
+                        .to_owned(),
+                });
+            }
+        }
+        // Nothing to say about vacuuming without an answer; a charging
+        // route's need for a standby is said anyway.
+        Err(e) if !charging.is_empty() => findings.push(Finding {
             rule: "postgres-async-replication",
             severity: Severity::Info,
             route: None,
@@ -90,8 +110,10 @@ pub async fn store_findings(config: &GatewayConfig, timeout: std::time::Duration
                  ({e}); charging route(s) {routes} need one to keep answers across a failover"
             ),
             fix,
-        }],
+        }),
+        Err(_) => {}
     }
+    findings
 }
 
 /// The findings that stop [`serve()`](crate::serve()) ([`REFUSED_AT_START`]).

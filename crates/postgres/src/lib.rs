@@ -26,8 +26,9 @@
 //!   targets; not part of the API.
 //! - `pgbench` (hidden): the claim and completion as a pgbench script,
 //!   for the floor `bench/gateway.sh` measures; not part of the API.
-//! - `replication`: whether the server keeps a committed DONE across a
-//!   failover (a synchronous standby), for `idemgate check`.
+//! - `replication`: the server settings the store's promises depend on
+//!   (a synchronous standby keeps a committed DONE across a failover;
+//!   autovacuum reclaims old row versions), for `idemgate check`.
 //!
 //! # The key decision
 //! **A claim is one statement**: `INSERT … ON CONFLICT (id) DO UPDATE … WHERE
@@ -78,5 +79,5 @@ pub mod store;
 mod timeline;
 
 pub use options::PostgresOptions;
-pub use replication::{ReplicationSettings, replication_settings};
+pub use replication::{ServerSettings, server_settings};
 pub use store::PostgresStore;

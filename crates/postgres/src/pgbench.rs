@@ -64,6 +64,33 @@ pub fn fresh_key_script(opts: &PostgresOptions) -> String {
     )
 }
 
+/// A pgbench script of one lease renewal exactly as the store sends it, on
+/// a random one of `keys` PENDING records that [`renewal_rows`] wrote:
+/// record `n` has id `n`, fence `n` and the token `\x0102030405060708`.
+/// The caller defines `pending_ms` with `pgbench -D`.
+pub fn renewal_script(opts: &PostgresOptions, keys: u64) -> String {
+    let sql = Sql::for_options(opts);
+    let renew = with_variables(&sql.renew, &[":n", RENEWAL_TOKEN, ":n", ":pending_ms"]);
+    format!("\\set n random(1, {})\n{renew};\n", keys.max(1))
+}
+
+/// The token of every record [`renewal_rows`] writes, as an SQL literal.
+const RENEWAL_TOKEN: &str = "'\\x0102030405060708'::bytea";
+
+/// The statement that writes `keys` PENDING records for
+/// [`renewal_script`], leased for an hour.
+pub fn renewal_rows(opts: &PostgresOptions, keys: u64) -> String {
+    format!(
+        "INSERT INTO {schema}.{records} (id, tenant, namespace, client_key, fingerprint, state, \
+           token, fence, expires_at) \
+         SELECT n::text, 'bench', '/', n::text, decode(repeat('ab', 32), 'hex'), 'P', \
+           {RENEWAL_TOKEN}, n, now() + interval '1 hour' \
+         FROM generate_series(1, {keys}) n",
+        schema = opts.schema,
+        records = opts.records_table,
+    )
+}
+
 /// `statement` with its parameters `$1`, `$2`… replaced by pgbench
 /// variables, the highest number first so `$1` never eats `$10`'s digit.
 fn with_variables(statement: &str, variables: &[&str]) -> String {
@@ -89,5 +116,15 @@ mod tests {
             );
         }
         assert!(script.contains("\\gset"));
+    }
+
+    #[test]
+    fn the_renewal_script_binds_every_parameter() {
+        let script = renewal_script(&PostgresOptions::default(), 500);
+        assert!(!script.contains('$'), "{script}");
+        assert!(script.starts_with("\\set n random(1, 500)\n"), "{script}");
+        for needle in [":n", ":pending_ms", RENEWAL_TOKEN] {
+            assert!(script.contains(needle), "{needle} missing: {script}");
+        }
     }
 }

@@ -96,7 +96,11 @@ impl PostgresStore {
         Self::from_pool_with(pool, PostgresOptions::default()).await
     }
 
-    /// A store over an existing pool. Creates or upgrades the schema unless
+    /// A store over an existing pool. The `Store` operations run on
+    /// connections the store opens itself, up to `opts.max_connections`,
+    /// with the pool's connect options (its `after_connect` hook is not
+    /// run on them); the pool serves the migration, the background
+    /// timeline writer, the purge and your own transactions. Creates or upgrades the schema unless
     /// `opts.migrate` is false, and starts the background purge (inside a
     /// tokio runtime) unless `opts.purge_interval` is `None`; the purge stops
     /// when the last clone of the store is dropped.
