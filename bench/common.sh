@@ -7,6 +7,24 @@
 # shellcheck disable=SC2034 # used by the scripts that source this file
 STATIC_ANSWER='{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}'
 
+bench_target() { # the cargo target directory
+  echo "${CARGO_TARGET_DIR:-$(cargo metadata --format-version 1 --no-deps \
+    | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')}"
+}
+
+# The release binaries the load scripts run: BENCH_BIN, BENCH_LOADGEN and
+# BENCH_SIM when all three are set (prebuilt), else this tree's, built
+# first. Sets TARGET, BIN, LOADGEN and SIMBIN.
+bench_binaries() {
+  TARGET=$(bench_target)
+  if [ -z "${BENCH_BIN:-}" ] || [ -z "${BENCH_LOADGEN:-}" ] || [ -z "${BENCH_SIM:-}" ]; then
+    cargo build --release -q -p idemgate -p idemgate-loadgen -p idemgate-llm-sim
+  fi
+  BIN=${BENCH_BIN:-$TARGET/release/idemgate}
+  LOADGEN=${BENCH_LOADGEN:-$TARGET/release/idemgate-loadgen}
+  SIMBIN=${BENCH_SIM:-$TARGET/release/idemgate-llm-sim}
+}
+
 wait_http() { # url log
   for _ in $(seq 1 100); do curl -s -o /dev/null "$1" && return 0; sleep 0.1; done
   echo "$1 did not come up:" >&2; cat "$2" >&2; exit 1

@@ -55,19 +55,12 @@ UP=$PORT_BASE; PROXY=$((PORT_BASE + 1)); GW=$((PORT_BASE + 2)); ADMIN=$((PORT_BA
 SIM=$((PORT_BASE + 4)); GW_SLOW=$((PORT_BASE + 5)); ADMIN_SLOW=$((PORT_BASE + 6))
 IPX=$((PORT_BASE + 7)); IPX_SLOW=$((PORT_BASE + 8))
 SIM_STREAM=$((PORT_BASE + 9)); GW_STREAM=$((PORT_BASE + 10)); ADMIN_STREAM=$((PORT_BASE + 11))
-TARGET=${CARGO_TARGET_DIR:-$(cargo metadata --format-version 1 --no-deps \
-  | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')}
-if [ -z "${BENCH_BIN:-}" ] || [ -z "${BENCH_LOADGEN:-}" ] || [ -z "${BENCH_SIM:-}" ]; then
-  cargo build --release -q -p idemgate -p idemgate-loadgen -p idemgate-llm-sim
-fi
-BIN=${BENCH_BIN:-$TARGET/release/idemgate}
-LOADGEN=${BENCH_LOADGEN:-$TARGET/release/idemgate-loadgen}
-SIMBIN=${BENCH_SIM:-$TARGET/release/idemgate-llm-sim}
+# shellcheck source=bench/common.sh
+. bench/common.sh
+bench_binaries
 IPX_BIN=${IPX_BIN:-$(command -v idempotent-proxy-server || echo "$HOME/.cargo/bin/idempotent-proxy-server")}
 IPX_REDIS_DB=${IPX_REDIS_DB:-9}
 PIDS=(); GW_PID=; IPX_PID=
-# shellcheck source=bench/common.sh
-. bench/common.sh
 cleanup() {
   for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
   [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")" 2>/dev/null || true

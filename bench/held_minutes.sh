@@ -16,18 +16,11 @@ STORE=${1:?usage: bench/held_minutes.sh STORE_URL}
 MINUTES=${MINUTES:-10}; RATE=${RATE:-1000}; SLOW_MS=${SLOW_MS:-20}
 PORT_BASE=${PORT_BASE:-18700}
 SIM=$PORT_BASE; GW=$((PORT_BASE + 1)); ADMIN=$((PORT_BASE + 2))
-TARGET=${CARGO_TARGET_DIR:-$(cargo metadata --format-version 1 --no-deps \
-  | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')}
-if [ -z "${BENCH_BIN:-}" ] || [ -z "${BENCH_LOADGEN:-}" ] || [ -z "${BENCH_SIM:-}" ]; then
-  cargo build --release -q -p idemgate -p idemgate-loadgen -p idemgate-llm-sim
-fi
-BIN=${BENCH_BIN:-$TARGET/release/idemgate}
-LOADGEN=${BENCH_LOADGEN:-$TARGET/release/idemgate-loadgen}
-SIMBIN=${BENCH_SIM:-$TARGET/release/idemgate-llm-sim}
-WORK=$(mktemp -d)
-PIDS=()
 # shellcheck source=bench/common.sh
 . bench/common.sh
+bench_binaries
+WORK=$(mktemp -d)
+PIDS=()
 trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"' EXIT
 
 SCHEMA=

@@ -17,8 +17,7 @@ KEYS=${KEYS:-10000}; CLIENTS=${CLIENTS:-4 16 32}; DURATION=${DURATION:-15}
 SCHEMA=bench_renewals
 # shellcheck source=bench/common.sh
 . bench/common.sh
-TARGET=${CARGO_TARGET_DIR:-$(cargo metadata --format-version 1 --no-deps \
-  | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')}
+TARGET=$(bench_target)
 cargo build --release -q -p idemgate-postgres --example pgbench_script
 WORK=$(mktemp -d)
 cleanup() {

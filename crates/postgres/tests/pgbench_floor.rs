@@ -13,6 +13,31 @@ mod support;
 use idemgate_postgres::pgbench::{VARIABLES, fresh_key_script, renewal_rows, renewal_script};
 use sqlx::Row;
 
+/// Runs `script` with pgbench against the shared server, `transactions`
+/// per client on 2 clients, with `-D` `variables` (`NAME=VALUE`); fails
+/// (never skips under CI) without pgbench, and when pgbench fails.
+async fn pgbench(script: &std::path::Path, transactions: u32, variables: &[String]) {
+    let mut command = tokio::process::Command::new("pgbench");
+    command.args(["-n", "-M", "prepared", "-c", "2", "-t"]);
+    command.arg(transactions.to_string()).arg("-f").arg(script);
+    for variable in variables {
+        command.arg("-D").arg(variable);
+    }
+    let out = match command.arg(support::shared_url()).output().await {
+        Ok(out) => out,
+        Err(e) => {
+            support::require(&format!("pgbench ({e})"), false);
+            unreachable!()
+        }
+    };
+    assert!(
+        out.status.success(),
+        "pgbench failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_floor_script_completes_every_key_it_claims() {
     let store = support::shared_store().await;
@@ -39,25 +64,11 @@ async fn the_floor_script_completes_every_key_it_claims() {
         VARIABLES,
         "every variable the script reads is defined"
     );
-    let mut pgbench = tokio::process::Command::new("pgbench");
-    pgbench.args(["-n", "-M", "prepared", "-c", "2", "-t", "25", "-f"]);
-    pgbench.arg(&script);
-    for (name, value) in values {
-        pgbench.arg("-D").arg(format!("{name}={value}"));
-    }
-    let out = match pgbench.arg(support::shared_url()).output().await {
-        Ok(out) => out,
-        Err(e) => {
-            support::require(&format!("pgbench ({e})"), false);
-            unreachable!()
-        }
-    };
-    assert!(
-        out.status.success(),
-        "pgbench failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let variables: Vec<String> = values
+        .iter()
+        .map(|(name, value)| format!("{name}={value}"))
+        .collect();
+    pgbench(&script, 25, &variables).await;
     let row = sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT count(*) AS keys, \
                 count(*) FILTER (WHERE state = 'D' AND payload = '{payload}'::bytea \
@@ -101,36 +112,7 @@ async fn the_renewal_script_renews_the_leases_it_picks() {
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("renew.sql");
     std::fs::write(&script, renewal_script(store.options(), keys)).unwrap();
-    let out = tokio::process::Command::new("pgbench")
-        .args([
-            "-n",
-            "-M",
-            "prepared",
-            "-c",
-            "2",
-            "-t",
-            "10",
-            "-D",
-            "pending_ms=30000",
-            "-f",
-        ])
-        .arg(&script)
-        .arg(support::shared_url())
-        .output()
-        .await;
-    let out = match out {
-        Ok(out) => out,
-        Err(e) => {
-            support::require(&format!("pgbench ({e})"), false);
-            unreachable!()
-        }
-    };
-    assert!(
-        out.status.success(),
-        "pgbench failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    pgbench(&script, 10, &["pending_ms=30000".to_owned()]).await;
     let row = sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT count(*) FILTER (WHERE expires_at < now() + interval '1 minute') AS renewed, \
                 count(*) FILTER (WHERE state = 'P' AND fence = id::bigint) AS pending, \
