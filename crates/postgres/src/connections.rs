@@ -153,7 +153,7 @@ impl Connections {
 
 /// What became of a lent connection's operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum State {
+enum State {
     /// Still running, or abandoned mid-way when the [`Lent`] drops.
     Running,
     /// Its whole answer was read: the connection is ready for the next.
@@ -180,8 +180,21 @@ impl Lent {
             .expect("a lent connection until it is dropped")
     }
 
-    pub(crate) fn finish(&mut self, state: State) {
-        self.state = state;
+    /// Notes how the operation's `result` left the connection: ready for
+    /// the next (it succeeded, or the server answered with an error that
+    /// leaves the session open), or to be closed.
+    pub(crate) fn finish<T>(&mut self, result: &Result<T, sqlx::Error>) {
+        self.state = match result {
+            Ok(_) => State::Finished,
+            Err(e) if leaves_connection_usable(e) => State::Finished,
+            Err(_) => State::Broken,
+        };
+    }
+
+    /// Notes that the operation overran its bound: the connection may have
+    /// gone silent, so it is closed.
+    pub(crate) fn overran(&mut self) {
+        self.state = State::Broken;
     }
 }
 
@@ -213,5 +226,19 @@ impl Drop for Lent {
                 }
             }
         }
+    }
+}
+
+/// Whether a failed statement leaves its connection ready for the next:
+/// the server's own error comes with the rest of its answer, unless it is
+/// ending the session (class 57P: shutdown, crash, or the backend
+/// terminated) or the connection itself failed (class 08). Any other
+/// failure (I/O, protocol, decoding) may have left bytes on the wire.
+fn leaves_connection_usable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => !db
+            .code()
+            .is_some_and(|code| code.starts_with("57P") || code.starts_with("08")),
+        _ => false,
     }
 }

@@ -18,7 +18,7 @@ use idemgate_engine::{
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, PgConnection, Row};
 
-use crate::connections::{Connections, State, Unlent};
+use crate::connections::{Connections, Unlent};
 use crate::error::{BACKEND, map_error};
 use crate::options::PostgresOptions;
 use crate::rows::{applied, attempt_json, fence_param, ttl_param};
@@ -399,20 +399,12 @@ impl PostgresStore {
             Err(Unlent::Connect(e)) => return Err(map_error(e)),
         };
         match tokio::time::timeout_at(deadline, run(lent.conn())).await {
-            Ok(Ok(v)) => {
-                lent.finish(State::Finished);
-                Ok(v)
-            }
-            Ok(Err(e)) => {
-                lent.finish(if leaves_connection_usable(&e) {
-                    State::Finished
-                } else {
-                    State::Broken
-                });
-                Err(map_error(e))
+            Ok(result) => {
+                lent.finish(&result);
+                result.map_err(map_error)
             }
             Err(_) => {
-                lent.finish(State::Broken);
+                lent.overran();
                 Err(timed_out())
             }
         }
@@ -457,20 +449,6 @@ impl PostgresStore {
                 .await
         })
         .await
-    }
-}
-
-/// Whether a failed statement leaves its connection ready for the next:
-/// the server's own error comes with the rest of its answer, unless it is
-/// ending the session (class 57P: shutdown, crash, or the backend
-/// terminated) or the connection itself failed (class 08). Any other
-/// failure (I/O, protocol, decoding) may have left bytes on the wire.
-fn leaves_connection_usable(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Database(db) => !db
-            .code()
-            .is_some_and(|code| code.starts_with("57P") || code.starts_with("08")),
-        _ => false,
     }
 }
 
