@@ -35,6 +35,8 @@
 #      HELD_CONNS (512) SLOW_MS (20)
 #      STREAMS (50) TOKEN_MS (10)
 #      PARTS ("wrk held stream": the parts to run)
+#      TRACE_DIR (held rows also write LABEL.trace there, every request's
+#        timing, for bench/tail.py)
 #      BENCH_BIN, BENCH_LOADGEN, BENCH_SIM (prebuilt binaries; default:
 #        build the release binaries of this tree)
 #      GATEWAY_WORKERS (the gateway's --workers; default: one per core)
@@ -267,7 +269,8 @@ held() { # label url mode extra-header [pid...]: the pids' CPU is charged per re
   s0=$(cpu_ticks $(store_pids)); t0=$(cpu_ticks "$@")
   out=$("$LOADGEN" --url "$url" --rate "$HELD_RATE" --duration "$HELD_DURATION" \
     --warmup "$HELD_WARMUP" --connections "$HELD_CONNS" --mode "$mode" --label "$label" \
-    --header 'Authorization: Bearer bench-tenant' --header "$header" --format kv)
+    --header 'Authorization: Bearer bench-tenant' --header "$header" --format kv \
+    ${TRACE_DIR:+--trace "$TRACE_DIR/$label.trace"})
   # shellcheck disable=SC2046
   t1=$(cpu_ticks "$@"); s1=$(cpu_ticks $(store_pids))
   # Requests sent over the warm-up and the measured window alike.
@@ -305,6 +308,7 @@ part_held() {
   fi
   echo "store: $STORE   held $HELD_RATE req/s for $HELD_DURATION (warm-up $HELD_WARMUP), upstream answers in ${SLOW_MS} ms"
   : >"$WORK/held"
+  [ -z "${TRACE_DIR:-}" ] || mkdir -p "$TRACE_DIR"
   held direct "http://127.0.0.1:$SIM/v1/chat/completions" fresh "$UPSTREAM_PLAIN"
   held idemgate-fresh "http://127.0.0.1:$GW_SLOW/v1/chat/completions" fresh "$UPSTREAM_PLAIN" "$GW_PID"
   held idemgate-replay "http://127.0.0.1:$GW_SLOW/v1/chat/completions" replay "$UPSTREAM_PLAIN" "$GW_PID"

@@ -4,7 +4,9 @@
 # `idemgate-loadgen` run of fresh keys per minute, so each minute has its
 # own percentiles (flat latency shows as flat rows). On a PostgreSQL store
 # the store's tables' live and dead rows and sizes are printed at the
-# start and after every minute.
+# start and after every minute (its tables' and indexes' sizes apart).
+# bench/private_postgres.sh runs it against a server of its own:
+#   bash bench/private_postgres.sh -- bash bench/held_minutes.sh '@PG@?schema=bench_minutes'
 #
 # Usage: bench/held_minutes.sh STORE_URL   (e.g. postgres://postgres@127.0.0.1/test?schema=bench_minutes)
 # Env: MINUTES (10) RATE (1000) SLOW_MS (20) PORT_BASE (18700)
@@ -31,7 +33,8 @@ esac
 sizes() {
   [ -n "$SCHEMA" ] || return 0
   psql -X -At "${STORE%%\?*}" -c "SELECT string_agg(relname || ' live=' || n_live_tup || \
-    ' dead=' || n_dead_tup || ' size=' || pg_size_pretty(pg_total_relation_size(relid)) || \
+    ' dead=' || n_dead_tup || ' table=' || pg_size_pretty(pg_table_size(relid)) || \
+    ' indexes=' || pg_size_pretty(pg_indexes_size(relid)) || \
     ' autovacuums=' || autovacuum_count, '; ' ORDER BY relname) FROM pg_stat_user_tables \
     WHERE schemaname = '$SCHEMA' AND relname <> 'idemgate_schema_version'"
 }

@@ -99,6 +99,12 @@ struct Args {
     /// Output format.
     #[arg(long, value_enum, default_value = "text")]
     format: Format,
+    /// Also write every recorded request to this file, one line each:
+    /// `due_us send_delay_us latency_us status` (µs after the measurement
+    /// began; how late a connection sent it; latency from the due time;
+    /// status, 0 for no answer), in due order. `bench/tail.py` reads it.
+    #[arg(long)]
+    trace: Option<std::path::PathBuf>,
 }
 
 /// `250ms`, `8s`, `2m`, or a bare number of seconds.
@@ -139,6 +145,12 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(run::run(&args)) {
         Ok(result) => {
+            if let Some(path) = &args.trace
+                && let Err(e) = result.write_trace(path)
+            {
+                eprintln!("idemgate-loadgen: cannot write {}: {e}", path.display());
+                return ExitCode::FAILURE;
+            }
             match args.format {
                 Format::Text => print!("{}", result.text(&args)),
                 Format::Kv => println!("{}", result.kv(&args)),

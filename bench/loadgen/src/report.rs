@@ -4,6 +4,7 @@
 
 use hdrhistogram::Histogram;
 
+use crate::run::Traced;
 use crate::{Args, Mode};
 
 /// The measured part of a run.
@@ -21,6 +22,8 @@ pub(crate) struct Outcome {
     pub(crate) unsent: u64,
     /// Answers per second over the measured window.
     pub(crate) achieved: f64,
+    /// Every recorded request in due order, when `--trace` asked for it.
+    pub(crate) trace: Option<Vec<Traced>>,
 }
 
 impl Outcome {
@@ -80,5 +83,21 @@ impl Outcome {
             self.pct(0.999),
             self.hist.max(),
         )
+    }
+
+    /// Writes the trace (if any) to `path`: a header line, then one line
+    /// per recorded request, `due_us send_delay_us latency_us status`.
+    pub(crate) fn write_trace(&self, path: &std::path::Path) -> std::io::Result<()> {
+        use std::io::Write;
+        let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+        writeln!(out, "due_us send_delay_us latency_us status")?;
+        for r in self.trace.iter().flatten() {
+            writeln!(
+                out,
+                "{} {} {} {}",
+                r.due_us, r.send_delay_us, r.latency_us, r.status
+            )?;
+        }
+        out.flush()
     }
 }

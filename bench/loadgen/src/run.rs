@@ -95,9 +95,22 @@ impl Template {
     }
 }
 
+/// One recorded request, for `--trace`: when it was due (µs after the
+/// measurement began), how late a worker sent it, its latency from the due
+/// time (µs), and its status (0: no answer).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Traced {
+    pub(crate) due_us: u64,
+    pub(crate) send_delay_us: u64,
+    pub(crate) latency_us: u64,
+    pub(crate) status: u16,
+}
+
 /// What one worker saw.
 struct Tally {
     hist: Histogram<u64>,
+    /// Every recorded request, when tracing.
+    trace: Option<Vec<Traced>>,
     completed: u64,
     non_2xx: u64,
     errors: u64,
@@ -107,8 +120,9 @@ struct Tally {
 }
 
 impl Tally {
-    fn new() -> Self {
+    fn new(tracing: bool) -> Self {
         Self {
+            trace: tracing.then(Vec::new),
             // 1 µs to 1 h, 3 significant digits: constant, valid bounds.
             hist: Histogram::new_with_bounds(1, 3_600_000_000, 3)
                 .expect("constant histogram bounds are valid"),
@@ -123,6 +137,9 @@ impl Tally {
 
     fn merge(&mut self, other: Self) {
         let _ = self.hist.add(&other.hist);
+        if let (Some(mine), Some(theirs)) = (&mut self.trace, other.trace) {
+            mine.extend(theirs);
+        }
         self.completed += other.completed;
         self.non_2xx += other.non_2xx;
         self.errors += other.errors;
@@ -166,6 +183,7 @@ struct Window {
     /// far behind to finish them in reasonable time).
     give_up: Instant,
     timeout: Duration,
+    tracing: bool,
 }
 
 async fn work(
@@ -174,7 +192,7 @@ async fn work(
     template: Arc<Template>,
     window: Window,
 ) -> Tally {
-    let mut tally = Tally::new();
+    let mut tally = Tally::new(window.tracing);
     loop {
         let job = jobs.lock().await.recv().await;
         let Some(job) = job else {
@@ -189,10 +207,23 @@ async fn work(
             tally.errors += u64::from(recorded);
             continue;
         };
+        let sent = Instant::now();
         let answer = tokio::time::timeout(window.timeout, conn.send(req)).await;
         let done = Instant::now();
         if !recorded {
             continue;
+        }
+        if let Some(trace) = &mut tally.trace {
+            let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+            trace.push(Traced {
+                due_us: us(job.due.duration_since(window.measure_from)),
+                send_delay_us: us(sent.saturating_duration_since(job.due)),
+                latency_us: us(done.duration_since(job.due)),
+                status: match &answer {
+                    Ok(Answer::Status(s)) => s.as_u16(),
+                    _ => 0,
+                },
+            });
         }
         match answer {
             Ok(Answer::Status(status)) => {
@@ -230,6 +261,7 @@ pub(crate) async fn run(args: &Args) -> Result<Outcome, LoadError> {
         measure_from,
         give_up: end + args.timeout,
         timeout: args.timeout,
+        tracing: args.trace.is_some(),
     };
     let (tx, rx) = mpsc::unbounded_channel();
     let rate = args.rate;
@@ -261,7 +293,7 @@ pub(crate) async fn run(args: &Args) -> Result<Outcome, LoadError> {
     for conn in conns {
         workers.spawn(work(conn, Arc::clone(&jobs), Arc::clone(&template), window));
     }
-    let mut total = Tally::new();
+    let mut total = Tally::new(args.trace.is_some());
     while let Some(done) = workers.join_next().await {
         if let Ok(tally) = done {
             total.merge(tally);
@@ -285,5 +317,9 @@ pub(crate) async fn run(args: &Args) -> Result<Outcome, LoadError> {
         errors: total.errors,
         unsent: total.unsent,
         achieved,
+        trace: total.trace.map(|mut t| {
+            t.sort_unstable_by_key(|r| r.due_us);
+            t
+        }),
     })
 }
