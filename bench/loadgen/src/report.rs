@@ -101,3 +101,42 @@ impl Outcome {
         out.flush()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trace_is_one_line_per_request_after_its_header() {
+        let outcome = Outcome {
+            hist: Histogram::new(3).unwrap(),
+            completed: 1,
+            non_2xx: 0,
+            errors: 1,
+            unsent: 0,
+            achieved: 1.0,
+            trace: Some(vec![
+                Traced {
+                    due_us: 0,
+                    send_delay_us: 12,
+                    latency_us: 21_000,
+                    status: 200,
+                },
+                Traced {
+                    due_us: 500,
+                    send_delay_us: 3,
+                    latency_us: 10_000_000,
+                    status: 0,
+                },
+            ]),
+        };
+        let path = std::env::temp_dir().join(format!("loadgen-trace-{}", std::process::id()));
+        outcome.write_trace(&path).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(
+            text,
+            "due_us send_delay_us latency_us status\n0 12 21000 200\n500 3 10000000 0\n"
+        );
+    }
+}
