@@ -10,6 +10,10 @@ the Rayleigh test of their phases (z = n·R², about 1 for phases spread at
 random, above 10 when the slow requests keep coming back at one point of
 that period — a periodic task, a timer, a flush).
 
+One stall of a process on the path usually shows as two episodes, one
+upstream latency apart: the requests due during the stall, and the ones
+due that long before it, whose answers came back during it.
+
 Usage: bench/tail.py TRACE [TRACE ...] [--slow-ms MS] [--gap-ms MS]
 """
 
