@@ -62,7 +62,7 @@ def rayleigh(times_us, period_s):
     if n == 0:
         return 0.0, 0.0
     period_us = period_s * 1e6
-    s = sum(cmath.exp(2j * math.pi * (t % period_us) / period_us) for t in times_us)
+    s = sum(cmath.exp(2j * math.pi * t / period_us) for t in times_us)
     r = abs(s) / n
     phase = (cmath.phase(s) % (2 * math.pi)) / (2 * math.pi) * period_s
     return n * r * r, phase

@@ -213,12 +213,12 @@ async fn work(
         if !recorded {
             continue;
         }
+        let latency_us = micros(done.duration_since(job.due));
         if let Some(trace) = &mut tally.trace {
-            let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
             trace.push(Traced {
-                due_us: us(job.due.duration_since(window.measure_from)),
-                send_delay_us: us(sent.saturating_duration_since(job.due)),
-                latency_us: us(done.duration_since(job.due)),
+                due_us: micros(job.due.duration_since(window.measure_from)),
+                send_delay_us: micros(sent.saturating_duration_since(job.due)),
+                latency_us,
                 status: match &answer {
                     Ok(Answer::Status(s)) => s.as_u16(),
                     _ => 0,
@@ -227,9 +227,7 @@ async fn work(
         }
         match answer {
             Ok(Answer::Status(status)) => {
-                let us =
-                    u64::try_from(done.duration_since(job.due).as_micros()).unwrap_or(u64::MAX);
-                tally.hist.saturating_record(us.max(1));
+                tally.hist.saturating_record(latency_us.max(1));
                 tally.completed += 1;
                 tally.non_2xx += u64::from(!status.is_success());
                 tally.first_done = Some(tally.first_done.map_or(done, |f| f.min(done)));
@@ -238,6 +236,11 @@ async fn work(
             Ok(Answer::Failed) | Err(_) => tally.errors += 1,
         }
     }
+}
+
+/// Whole µs, saturating.
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// Runs the load described by `args`.
