@@ -11,7 +11,10 @@
 //! SIGSTOP past the lease) is excused, counted, and never hidden; so is a
 //! second execution after a store outage that outlasted the lease of an
 //! owner holding its result, whose client was told the result was not
-//! stored (`held`, the rule in `check/once.rs`).
+//! stored (`held`, the rule in `check/once.rs`), and one after a stall of
+//! the whole host that froze the owner past half its lease while no fault
+//! was injected (`stalled`: an overloaded machine or a paused VM freezes
+//! every replica as a `pause` freezes one; `idemgate_testkit::stall`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -82,6 +85,12 @@ pub struct Report {
     /// lose a result").
     #[serde(default)]
     pub held: usize,
+    /// Repeated executions excused because the whole host stalled for at
+    /// least half a lease between them (the run's watchdog saw it; no
+    /// fault injected it) and the first owner's client got no final
+    /// answer: a frozen owner, as a `pause` makes one (`idemgate_testkit::stall`).
+    #[serde(default)]
+    pub stalled: usize,
     /// Executions the log could not tie to a request of the history.
     pub unattributed: usize,
 }
@@ -206,6 +215,18 @@ impl<'a> Index<'a> {
             .collect();
         w.sort_unstable();
         Windows(w)
+    }
+
+    /// Whether the whole host stalled for at least half a lease at some
+    /// time in `[from, to]`: every replica was frozen, long enough to cost
+    /// an owner its lease (renewals come every third of it).
+    fn host_stalled(&self, from: u64, to: u64) -> bool {
+        let half_lease = self.history.pending_ttl_ms / 2;
+        self.history.stalls.iter().any(|s| {
+            s.end_ms.saturating_sub(s.start_ms) >= half_lease
+                && s.start_ms <= to
+                && s.end_ms >= from
+        })
     }
 
     /// Whether `replica` was frozen or killed by a fault of `kinds` at some

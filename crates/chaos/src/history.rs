@@ -265,6 +265,18 @@ pub struct Fault {
     pub detail: Option<String>,
 }
 
+/// A stall of the whole host: a thread that asked to sleep for a few
+/// milliseconds woke this much later. Every process on the host was
+/// starved alike (an overloaded machine, a paused VM), the replicas among
+/// them: for the promise, a frozen process.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stall {
+    /// When the watchdog should have woken.
+    pub start_ms: u64,
+    /// When it did.
+    pub end_ms: u64,
+}
+
 /// Everything a run recorded.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct History {
@@ -274,6 +286,11 @@ pub struct History {
     pub forgets: Vec<Forget>,
     /// Faults, in the order they were injected.
     pub faults: Vec<Fault>,
+    /// Stalls of the whole host the run observed (no fault injected
+    /// them): every process froze, the replicas among them
+    /// (`idemgate_testkit::stall`).
+    #[serde(default)]
+    pub stalls: Vec<Stall>,
     /// When the last fault ended and the final reads began.
     pub quiet_ms: u64,
     /// Routes that charge (`charges = true` in the promise being judged).

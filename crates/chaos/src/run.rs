@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 use crate::check::{self, Invariant, Report};
 use crate::cluster::{Binaries, LIBFAKETIME, Replica, ReplicaConfig, Upstream};
 use crate::error::{Error, Result};
-use crate::history::{FaultKind, History, now_ms};
+use crate::history::{FaultKind, History, Stall, now_ms};
 use crate::nemesis::Targets;
 use crate::routes::Route;
 use crate::servers::{PgPair, RedisCluster, RedisPair, Servers};
@@ -224,9 +224,17 @@ impl fmt::Display for Summary<'_> {
         }
         write!(
             f,
-            " excused={} held={} releases_logged={} verdict={}",
+            " excused={} held={} stalled={} host_stalls={} longest_stall_ms={} releases_logged={} verdict={}",
             o.report.excused,
             o.report.held,
+            o.report.stalled,
+            o.history.stalls.len(),
+            o.history
+                .stalls
+                .iter()
+                .map(|s| s.end_ms.saturating_sub(s.start_ms))
+                .max()
+                .unwrap_or(0),
             o.releases_logged,
             if o.report.is_clean() {
                 "ok"
@@ -444,6 +452,7 @@ async fn drive(
         cfg.keys_per_route,
         cfg.upstream_cuts,
     )?);
+    let watchdog = idemgate_testkit::stall::Watchdog::start()?;
     let started = Instant::now();
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut clients = JoinSet::new();
@@ -502,6 +511,14 @@ async fn drive(
             ops,
             forgets,
             faults,
+            stalls: watchdog
+                .stop()
+                .into_iter()
+                .map(|s| Stall {
+                    start_ms: s.start_ms,
+                    end_ms: s.end_ms,
+                })
+                .collect(),
             quiet_ms,
             ..History::default()
         },

@@ -18,16 +18,31 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idemgate_llm_sim::{SimConfig, SimHandle};
+use idemgate_testkit::stall::unless_host_stalled;
 use support::replicas::*;
 use tokio::task::JoinSet;
+
+/// The gateways' lease (`pending_ttl`). A stall of the whole host past
+/// half of it may cost an owner its lease, as a SIGSTOP would: such a run
+/// is inconclusive and runs again (`unless_host_stalled`).
+const LEASE: Duration = Duration::from_secs(10);
+
+/// [`LEASE`] as the gateways' configuration spells it.
+fn lease() -> String {
+    format!("{}s", LEASE.as_secs())
+}
 
 /// ≥ 64 concurrent duplicates per key, alternating between two replicas,
 /// for 10 keys in each of wait/attach × JSON/SSE: one execution per key,
 /// every answer 200 and identical, exactly one of them fresh.
 async fn split_duplicates(store: &str) {
+    unless_host_stalled(LEASE, || split_duplicates_once(store)).await;
+}
+
+async fn split_duplicates_once(store: &str) {
     let sim = Arc::new(sim().await);
-    let a = Gw::start(store, &sim.url(), "10s").await;
-    let b = Gw::start(store, &sim.url(), "10s").await;
+    let a = Gw::start(store, &sim.url(), &lease()).await;
+    let b = Gw::start(store, &sim.url(), &lease()).await;
     let client = client();
     let run = tag();
     for mode in ["wait", "attach"] {
@@ -61,6 +76,10 @@ on_shared_stores!(split_duplicates:
 /// once and every answer of a key is identical. `scripts/soak.sh` runs it
 /// at full size on every store and prints the figures.
 async fn soak(store: &str) {
+    unless_host_stalled(LEASE, || soak_once(store)).await;
+}
+
+async fn soak_once(store: &str) {
     const DUPLICATES: usize = 8;
     const KEYS_AT_ONCE: usize = 16;
     let keys: usize = std::env::var("SOAK_KEYS")
@@ -77,8 +96,8 @@ async fn soak(store: &str) {
         .await
         .unwrap(),
     );
-    let a = Arc::new(Gw::start(store, &sim.url(), "10s").await);
-    let b = Arc::new(Gw::start(store, &sim.url(), "10s").await);
+    let a = Arc::new(Gw::start(store, &sim.url(), &lease()).await);
+    let b = Arc::new(Gw::start(store, &sim.url(), &lease()).await);
     let client = client();
     let run = tag();
     let started = Instant::now();

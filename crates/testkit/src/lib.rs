@@ -38,6 +38,8 @@
 //!   directory) for the tests that restart one, count its statements or
 //!   speak TLS to it.
 //! - [`tls`]: certificates for the suites over TLS.
+//! - [`stall`]: a watchdog that records stalls of the whole host, which
+//!   freeze every process as a SIGSTOP freezes one.
 //! - [`round_trips`]: the steps of the tests that count what a store sends
 //!   to its server.
 //!
@@ -60,6 +62,7 @@ pub mod latency;
 pub mod postgres_server;
 pub mod redis_server;
 pub mod round_trips;
+pub mod stall;
 pub use blinking::{BlinkingStore, Switches};
 pub use counting::{Calls, CountingStore};
 pub use fault::FaultProxy;

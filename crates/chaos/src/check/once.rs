@@ -74,7 +74,8 @@ pub(super) fn same_answer(reference: &Op, other: &Op) -> Result<(), String> {
 /// I1: within an epoch, every final answer is the first one's bytes, and
 /// no execution of the key starts after the first final answer was
 /// received (unless its owner was frozen between its request and its
-/// start: the stalled owner the design's fencing speaks of).
+/// start: the stalled owner the design's fencing speaks of, by a `pause`,
+/// or by a stall of the whole host while its client got no final answer).
 pub(super) fn i1(ix: &Index<'_>, key: &KeyId, ops: &[&Op], windows: &Windows, report: &mut Report) {
     let refs = references(ops, windows);
     for op in ops {
@@ -115,6 +116,10 @@ pub(super) fn i1(ix: &Index<'_>, key: &KeyId, ops: &[&Op], windows: &Windows, re
             report.excused += 1;
             continue;
         }
+        if !op.answer.is_final() && ix.host_stalled(op.invoke_ms, e.started_ms) {
+            report.stalled += 1;
+            continue;
+        }
         report.push(
             Invariant::I1,
             Some(key),
@@ -132,7 +137,9 @@ pub(super) fn i1(ix: &Index<'_>, key: &KeyId, ops: &[&Op], windows: &Windows, re
 
 /// I2: on a charging route, at most one execution per key and epoch. An
 /// execution followed by another is excused only when its owner was
-/// killed or frozen between the two (at-least-once after a crash).
+/// killed or frozen between the two (at-least-once after a crash), by a
+/// fault or by a stall of the whole host while its client got no final
+/// answer, or held its result through a store outage past its lease.
 pub(super) fn i2(
     ix: &Index<'_>,
     history: &History,
@@ -157,6 +164,12 @@ pub(super) fn i2(
             let kinds = [FaultKind::Kill, FaultKind::Pause];
             if ix.faulted(owner.replica, &kinds, first.started_ms, next.started_ms) {
                 report.excused += 1;
+                continue;
+            }
+            // The whole host stalled past half the lease: the owner froze
+            // as under a `pause`. Its client was told (no final answer).
+            if !owner.answer.is_final() && ix.host_stalled(first.started_ms, next.started_ms) {
+                report.stalled += 1;
                 continue;
             }
             // A store outage outlasted the owner's lease: it held its

@@ -5,7 +5,7 @@
 use idemgate_llm_sim::Execution;
 
 use super::{Invariant, check};
-use crate::history::{Answer, EventSeen, Fault, FaultKind, Forget, History, KeyId, Op};
+use crate::history::{Answer, EventSeen, Fault, FaultKind, Forget, History, KeyId, Op, Stall};
 
 const BODY: &str = "b0";
 
@@ -191,6 +191,45 @@ fn i2_a_second_execution_of_a_charging_key_is_caught_unless_its_owner_crashed() 
     let report = check(&h, &log);
     assert!(report.is_clean(), "{report:?}");
     assert_eq!(report.excused, 1);
+}
+
+/// The whole host stalled (the run's watchdog saw it; no fault was
+/// injected): every replica froze, the owner past its lease, and the next
+/// request ran the charge again. Excused and counted as `stalled` only
+/// for a stall of at least half the lease between the two executions, and
+/// only when the owner's client got no final answer: a stored answer's
+/// loss is never excused.
+#[test]
+fn a_host_stall_past_half_the_lease_is_counted_not_hidden() {
+    let mut owner = op(1, "charged", 1_000, 1, "A", false);
+    owner.complete_ms = 6_000;
+    owner.answer = Answer {
+        status: Some(503),
+        problem: Some("lease-lost".into()),
+        complete: true,
+        ..Answer::default()
+    };
+    let mut h = history(vec![owner, op(2, "charged", 4_500, 2, "B", false)]);
+    let log = [execution(1, 1, 1_001), execution(2, 2, 4_501)];
+    assert_eq!(only(&h, &log, Invariant::I2), 1);
+    let stall = |start_ms, end_ms| Stall { start_ms, end_ms };
+    // Shorter than half the lease (1.5 s): no lease was lost to it.
+    h.stalls.push(stall(1_100, 2_500));
+    assert_eq!(only(&h, &log, Invariant::I2), 1);
+    // Long enough, but after both executions: it explains nothing.
+    h.stalls = vec![stall(5_000, 8_000)];
+    assert_eq!(only(&h, &log, Invariant::I2), 1);
+    h.stalls = vec![stall(1_100, 4_000)];
+    let report = check(&h, &log);
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(report.stalled, 1, "{report:?}");
+    assert_eq!(report.excused, 0);
+    // Had the owner's client got a final answer, the second execution
+    // lost the key's answer: never excused.
+    h.ops[0].answer = op(1, "charged", 1_000, 1, "A", false).answer;
+    let report = check(&h, &log);
+    assert_eq!(report.count(Invariant::I2), 1, "{report:?}");
+    assert_eq!(report.stalled, 0);
 }
 
 /// A held result released when a store outage outlasted its lease: the
