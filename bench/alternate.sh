@@ -28,13 +28,7 @@ WORK=$(mktemp -d)
 PIDS=()
 # shellcheck source=bench/common.sh
 . bench/common.sh
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")" 2>/dev/null || true
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+trap stop_started EXIT
 
 rcli() { redis-cli -p "$REDIS_PORT" "$@"; }
 rcli ping >/dev/null || { echo "no Redis on port $REDIS_PORT" >&2; exit 1; }
@@ -42,23 +36,7 @@ REDIS_PID=$(pgrep -f "redis-server .*:$REDIS_PORT( |$)" | head -1)
 [ -n "$REDIS_PID" ] || { echo "no redis-server process for port $REDIS_PORT" >&2; exit 1; }
 
 UP=$PORT_BASE
-cat >"$WORK/nginx.conf" <<NGX
-worker_processes 1;
-pid $WORK/nginx.pid;
-error_log $WORK/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  server {
-    listen 127.0.0.1:$UP;
-    location / {
-      default_type application/json;
-      return 200 '$STATIC_ANSWER';
-    }
-  }
-}
-NGX
-nginx -c "$WORK/nginx.conf" -p "$WORK"
+start_static_upstream "$UP"
 
 # Targets: name, url, path, pid, db.
 NAMES=(); URLS=(); PATHS=(); TPIDS=(); DBS=()

@@ -1,7 +1,7 @@
 # Helpers the bench scripts share (sourced, not run). The caller sets
-# `PIDS=()` (every process started here is added, for the caller's
-# cleanup), and `BIN` (the idemgate binary) before `start_gateway`, and
-# `IPX_BIN` before `start_ipx`.
+# `WORK` (a temporary directory) and `PIDS=()` (every process started here
+# is added, for `stop_started`), and `BIN` (the idemgate binary) before
+# `start_gateway`, and `IPX_BIN` before `start_ipx`.
 
 # The answer of the static upstream (nginx `return 200`): a chat completion.
 # shellcheck disable=SC2034 # used by the scripts that source this file
@@ -23,6 +23,35 @@ bench_binaries() {
   BIN=${BENCH_BIN:-$TARGET/release/idemgate}
   LOADGEN=${BENCH_LOADGEN:-$TARGET/release/idemgate-loadgen}
   SIMBIN=${BENCH_SIM:-$TARGET/release/idemgate-llm-sim}
+}
+
+# Stops every process in PIDS and the nginx started in WORK, then removes
+# WORK: the scripts' cleanup at exit.
+stop_started() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")" 2>/dev/null || true
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+
+start_static_upstream() { # port: nginx `return 200` with STATIC_ANSWER, its files in WORK
+  cat >"$WORK/nginx.conf" <<NGX
+worker_processes 1;
+pid $WORK/nginx.pid;
+error_log $WORK/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  server {
+    listen 127.0.0.1:$1;
+    location / {
+      default_type application/json;
+      return 200 '$STATIC_ANSWER';
+    }
+  }
+}
+NGX
+  nginx -c "$WORK/nginx.conf" -p "$WORK"
 }
 
 wait_http() { # url log

@@ -63,13 +63,7 @@ bench_binaries
 IPX_BIN=${IPX_BIN:-$(command -v idempotent-proxy-server || echo "$HOME/.cargo/bin/idempotent-proxy-server")}
 IPX_REDIS_DB=${IPX_REDIS_DB:-9}
 PIDS=(); GW_PID=; IPX_PID=
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")" 2>/dev/null || true
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+trap stop_started EXIT
 
 # idempotent-proxy-server keeps its records in Redis; it runs beside the
 # Redis store's runs only (so it shares the server idemgate uses there).

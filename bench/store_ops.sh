@@ -44,10 +44,7 @@ param() { # the value of query parameter $1 of the store URL
   tr '&' '\n' <<<"$q" | sed -n "s/^$1=//p" | head -1
 }
 cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")" 2>/dev/null || true
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
+  stop_started
   # What the run wrote: its key prefix on Redis, its schema on PostgreSQL.
   local prefix schema
   case "$STORE" in
@@ -72,20 +69,7 @@ machine() { # busy and total clock ticks of every core
   awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat
 }
 
-cat >"$WORK/nginx.conf" <<NGX
-worker_processes 1;
-pid $WORK/nginx.pid;
-error_log $WORK/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  server {
-    listen 127.0.0.1:$UP;
-    location / { default_type application/json; return 200 '$STATIC_ANSWER'; }
-  }
-}
-NGX
-nginx -c "$WORK/nginx.conf" -p "$WORK"
+start_static_upstream "$UP"
 start_gateway "http://127.0.0.1:$UP" "$GW" "$ADMIN" "$STORE" "$WORK/gw.log"
 
 case "$STORE" in
