@@ -34,7 +34,22 @@ stop_started() {
   rm -rf "$WORK"
 }
 
-start_static_upstream() { # port: nginx `return 200` with STATIC_ANSWER, its files in WORK
+# port [proxy-port]: nginx `return 200` with STATIC_ANSWER on port, and
+# with a proxy port, nginx `proxy_pass` to it there (the plain-proxy
+# floor); its files in WORK.
+start_static_upstream() {
+  local proxy=""
+  if [ -n "${2:-}" ]; then
+    proxy="upstream backend { server 127.0.0.1:$1; keepalive 64; }
+  server {
+    listen 127.0.0.1:$2;
+    location / {
+      proxy_pass http://backend;
+      proxy_http_version 1.1;
+      proxy_set_header Connection \"\";
+    }
+  }"
+  fi
   cat >"$WORK/nginx.conf" <<NGX
 worker_processes 1;
 pid $WORK/nginx.pid;
@@ -49,6 +64,7 @@ http {
       return 200 '$STATIC_ANSWER';
     }
   }
+  $proxy
 }
 NGX
   nginx -c "$WORK/nginx.conf" -p "$WORK"

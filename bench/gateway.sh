@@ -181,32 +181,7 @@ run_wrk() { # name url path script [pid...]: the pids' CPU is charged per reques
 }
 
 part_wrk() {
-  cat > "$WORK/nginx.conf" <<NGX
-worker_processes 1;
-pid $WORK/nginx.pid;
-error_log $WORK/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  upstream backend { server 127.0.0.1:$UP; keepalive 64; }
-  server {
-    listen 127.0.0.1:$UP;
-    location / {
-      default_type application/json;
-      return 200 '$STATIC_ANSWER';
-    }
-  }
-  server {
-    listen 127.0.0.1:$PROXY;
-    location / {
-      proxy_pass http://backend;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-    }
-  }
-}
-NGX
-  nginx -c "$WORK/nginx.conf" -p "$WORK"
+  start_static_upstream "$UP" "$PROXY"
   start_gateway "http://127.0.0.1:$UP" "$GW" "$ADMIN" "$STORE" "$WORK/gw.log"
   warm_replays "http://127.0.0.1:$GW" /v1/chat/completions
   if [ "$IPX_ON" = 1 ]; then

@@ -222,11 +222,10 @@ impl<'a> Index<'a> {
     /// an owner its lease (renewals come every third of it).
     fn host_stalled(&self, from: u64, to: u64) -> bool {
         let half_lease = self.history.pending_ttl_ms / 2;
-        self.history.stalls.iter().any(|s| {
-            s.end_ms.saturating_sub(s.start_ms) >= half_lease
-                && s.start_ms <= to
-                && s.end_ms >= from
-        })
+        self.history
+            .stalls
+            .iter()
+            .any(|s| s.duration_ms() >= half_lease && s.start_ms <= to && s.end_ms >= from)
     }
 
     /// Whether `replica` was frozen or killed by a fault of `kinds` at some

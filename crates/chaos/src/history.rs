@@ -277,6 +277,22 @@ pub struct Stall {
     pub end_ms: u64,
 }
 
+impl Stall {
+    /// How long it lasted, in milliseconds.
+    pub fn duration_ms(&self) -> u64 {
+        self.end_ms.saturating_sub(self.start_ms)
+    }
+}
+
+impl From<idemgate_testkit::stall::Stall> for Stall {
+    fn from(s: idemgate_testkit::stall::Stall) -> Self {
+        Self {
+            start_ms: s.start_ms,
+            end_ms: s.end_ms,
+        }
+    }
+}
+
 /// Everything a run recorded.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct History {

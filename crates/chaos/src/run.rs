@@ -232,7 +232,7 @@ impl fmt::Display for Summary<'_> {
             o.history
                 .stalls
                 .iter()
-                .map(|s| s.end_ms.saturating_sub(s.start_ms))
+                .map(Stall::duration_ms)
                 .max()
                 .unwrap_or(0),
             o.releases_logged,
@@ -511,14 +511,7 @@ async fn drive(
             ops,
             forgets,
             faults,
-            stalls: watchdog
-                .stop()
-                .into_iter()
-                .map(|s| Stall {
-                    start_ms: s.start_ms,
-                    end_ms: s.end_ms,
-                })
-                .collect(),
+            stalls: watchdog.stop().into_iter().map(Stall::from).collect(),
             quiet_ms,
             ..History::default()
         },

@@ -58,7 +58,9 @@ pub const RECORDED: Duration = Duration::from_millis(250);
 #[derive(Debug)]
 pub struct Watchdog {
     stop: Arc<AtomicBool>,
-    thread: JoinHandle<Vec<Stall>>,
+    /// Taken by [`Watchdog::stop`]; a watchdog dropped without it (its
+    /// run failed early) still ends its thread.
+    thread: Option<JoinHandle<Vec<Stall>>>,
 }
 
 impl Watchdog {
@@ -72,13 +74,25 @@ impl Watchdog {
         let thread = std::thread::Builder::new()
             .name("stall-watchdog".into())
             .spawn(move || watch(&flag))?;
-        Ok(Self { stop, thread })
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
     }
 
     /// Stops the watchdog and returns the stalls it recorded, in order.
-    pub fn stop(self) -> Vec<Stall> {
+    pub fn stop(mut self) -> Vec<Stall> {
         self.stop.store(true, Ordering::Relaxed);
-        self.thread.join().unwrap_or_default()
+        self.thread
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
     }
 }
 
