@@ -7,12 +7,15 @@
 //! | `sqlite:PATH` | [`SqliteStore`](idemgate_sqlite::SqliteStore) | in-process |
 //! | `redis://host:port[/db][?prefix=P&wait_replicas=auto\|N]`, `rediss://…` (TLS) | [`RedisStore`] | Redis Streams ([`RedisLiveEvents`]) |
 //! | `redis+cluster://host:port[?prefix=P]`, `rediss+cluster://…` (TLS) | [`RedisStore`] on a cluster (one seed node; the rest is discovered) | Redis Streams |
-//! | `postgres://user@host:port/db[?schema=S&pool=N&sslmode=M]` | [`PostgresStore`] | in-process only: a duplicate on another replica waits for DONE, then replays the whole stream (or the events after its `Last-Event-ID`) |
+//! | `postgres://user@host:port/db[?schema=S&pool=N&batches=N&sslmode=M]` | [`PostgresStore`] | in-process only: a duplicate on another replica waits for DONE, then replays the whole stream (or the events after its `Last-Event-ID`) |
 //!
 //! Query parameters the gateway reads are removed before the URL reaches
 //! the driver: `prefix` (Redis key prefix, default `idemgate`; lets several
 //! deployments or test runs share one Redis), `schema` (PostgreSQL schema,
-//! default `idemgate`), `pool` (PostgreSQL pool size, default 10) and
+//! default `idemgate`), `pool` (PostgreSQL pool size, default 10),
+//! `batches` (PostgreSQL claim and completion statements that run at once,
+//! each carrying every claim or completion waiting for it, default 2; 0
+//! gives each its own statement, see `PostgresOptions::batch_statements`) and
 //! `timeline` (`background`, the default: timeline entries of replays and
 //! conflicts are written in batches off the request path; `inline`: each is
 //! written before the request is answered, one more round trip), and, for
@@ -187,17 +190,10 @@ async fn open_backend(
                 opts = opts.schema(schema);
             }
             if let Some(pool) = param(&params, "pool") {
-                let n = pool.parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(|| {
-                    open_error(
-                        url,
-                        StoreError::new(
-                            idemgate_engine::StoreErrorKind::Rejected,
-                            "postgres",
-                            format!("pool={pool:?} is not a positive number"),
-                        ),
-                    )
-                })?;
-                opts = opts.max_connections(n);
+                opts = opts.max_connections(count(url, "pool", pool, 1)?);
+            }
+            if let Some(batches) = param(&params, "batches") {
+                opts = opts.batch_statements(count(url, "batches", batches, 0)?);
             }
             let store = PostgresStore::connect_with(&driver_url, opts)
                 .await
@@ -212,12 +208,12 @@ async fn open_backend(
 }
 
 /// The URL the PostgreSQL driver is given: without the store's own
-/// parameters (`schema`, `pool`, `timeline`).
+/// parameters (`schema`, `pool`, `batches`, `timeline`, `claim_commit`).
 pub(crate) fn postgres_driver_url(url: &Url) -> String {
     split_params(url, POSTGRES_PARAMS).0
 }
 
-const POSTGRES_PARAMS: &[&str] = &["schema", "pool", "timeline", "claim_commit"];
+const POSTGRES_PARAMS: &[&str] = &["schema", "pool", "batches", "timeline", "claim_commit"];
 
 /// The URL without the query parameters in `ours`, and those parameters.
 fn split_params(url: &Url, ours: &[&str]) -> (String, Vec<(String, String)>) {
@@ -232,6 +228,24 @@ fn split_params(url: &Url, ours: &[&str]) -> (String, Vec<(String, String)>) {
         kept.query_pairs_mut().clear().extend_pairs(theirs);
     }
     (kept.to_string(), mine)
+}
+
+/// A numeric parameter, at least `min`.
+fn count(url: &StoreUrl, name: &str, value: &str, min: u32) -> Result<u32, GatewayError> {
+    value
+        .parse::<u32>()
+        .ok()
+        .filter(|n| *n >= min)
+        .ok_or_else(|| {
+            open_error(
+                url,
+                StoreError::new(
+                    idemgate_engine::StoreErrorKind::Rejected,
+                    url.backend(),
+                    format!("{name}={value:?} is not a number of at least {min}"),
+                ),
+            )
+        })
 }
 
 /// The `timeline` parameter: whether entries are written in the background.

@@ -180,15 +180,29 @@ impl Lent {
             .expect("a lent connection until it is dropped")
     }
 
-    /// Notes how the operation's `result` left the connection: ready for
-    /// the next (it succeeded, or the server answered with an error that
-    /// leaves the session open), or to be closed.
-    pub(crate) fn finish<T>(&mut self, result: &Result<T, sqlx::Error>) {
-        self.state = match result {
-            Ok(_) => State::Finished,
-            Err(e) if leaves_connection_usable(e) => State::Finished,
-            Err(_) => State::Broken,
-        };
+    /// Notes how the operation's `result` left the connection — ready for
+    /// the next when it succeeded or the server answered with an error
+    /// that leaves the session open, else to be closed — and sorts it:
+    /// `Ok` holds the answer, the server's own error included; `Err` is a
+    /// failure of the connection.
+    pub(crate) fn finish<T>(
+        &mut self,
+        result: Result<T, sqlx::Error>,
+    ) -> Result<Result<T, sqlx::Error>, sqlx::Error> {
+        match result {
+            Ok(v) => {
+                self.state = State::Finished;
+                Ok(Ok(v))
+            }
+            Err(e) if leaves_connection_usable(&e) => {
+                self.state = State::Finished;
+                Ok(Err(e))
+            }
+            Err(e) => {
+                self.state = State::Broken;
+                Err(e)
+            }
+        }
     }
 
     /// Notes that the operation overran its bound: the connection may have

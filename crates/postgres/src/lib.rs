@@ -13,6 +13,8 @@
 //! # Layout
 //! - [`store`]: [`PostgresStore`]: connecting, migrating, the bounded
 //!   connection use, [`PostgresStore::complete_in`] and the background purge.
+//! - `batch`: claims and completions of concurrent requests carried by
+//!   one statement each, when every worker is busy.
 //! - `connections`: the connections the operations run on, lent one
 //!   operation at a time and taken back with no extra round trip.
 //! - `options`: [`PostgresOptions`].
@@ -63,6 +65,7 @@
 //! (`postgres://app@db.internal/app?sslmode=verify-full&sslrootcert=/etc/idemgate/pg-ca.pem`).
 //! It is rustls (aws-lc-rs), the same TLS stack as the Redis store's.
 
+mod batch;
 mod connections;
 mod error;
 #[cfg(feature = "fuzzing")]

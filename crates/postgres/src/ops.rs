@@ -1,6 +1,7 @@
 //! The `Store` operations of [`PostgresStore`]: each one statement on a
 //! pooled connection, and the row decoding they share.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,8 +10,10 @@ use idemgate_engine::{
     Attempt, BoxFuture, Claim, Fenced, Fingerprint, Lease, Record, ScopedKey, Store, StoreError,
     StoreErrorKind,
 };
+use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, PgConnection, Row};
 
+use crate::batch::Kind;
 use crate::error::{BACKEND, map_error};
 use crate::timeline::Entry;
 
@@ -36,11 +39,17 @@ impl Store for PostgresStore {
             // committed just after makes the insert conflict (so this claim
             // cannot win) yet is invisible to the read. The statement then
             // returns nothing; running it again, with a fresh snapshot, sees it.
+            let job = ClaimJob {
+                id: key.storage_id(),
+                tenant: key.tenant.clone(),
+                namespace: key.namespace.clone(),
+                client_key: key.key.as_str().to_owned(),
+                fingerprint: *fingerprint.as_bytes(),
+                token: token.to_be_bytes(),
+                ttl_ms: ttl_param(pending_ttl),
+            };
             for _ in 0..5 {
-                let Some(row) = self
-                    .claim_once(key, fingerprint, token, pending_ttl)
-                    .await?
-                else {
+                let Some(row) = self.claim_once(&job).await? else {
                     continue;
                 };
                 let acquired: bool = row.try_get("acquired").map_err(map_error)?;
@@ -105,13 +114,23 @@ impl Store for PostgresStore {
             let Some(fence) = fence_param(lease) else {
                 return Ok(Fenced::Stale);
             };
-            let entry = attempt_json(attempt)?;
-            let written = self
-                .bounded("complete", async |c: &mut PgConnection| {
-                    self.complete_on(c, lease, fence, &payload, done_ttl, &entry)
-                        .await
-                })
-                .await?;
+            let job = CompleteJob {
+                id: lease.key.storage_id(),
+                token: lease.token.to_be_bytes(),
+                fence,
+                payload,
+                ttl_ms: ttl_param(done_ttl),
+                entry: attempt_json(attempt)?,
+            };
+            let written = match &self.inner.completions {
+                Some(batches) => batches.run(job).await?,
+                None => {
+                    self.bounded("complete", async |c: &mut PgConnection| {
+                        self.complete_on(c, &job).await
+                    })
+                    .await?
+                }
+            };
             if written == Fenced::Applied {
                 self.inner.notify.notify(&lease.key.storage_id());
             }
@@ -248,5 +267,138 @@ impl Store for PostgresStore {
                 .wait(&key.storage_id(), max.min(Duration::from_millis(50)))
                 .await;
         })
+    }
+}
+
+/// A claim's parameters, as the claim statements bind them.
+#[derive(Clone, Debug)]
+pub(crate) struct ClaimJob {
+    pub(crate) id: String,
+    pub(crate) tenant: String,
+    pub(crate) namespace: String,
+    pub(crate) client_key: String,
+    pub(crate) fingerprint: [u8; 32],
+    pub(crate) token: [u8; 16],
+    pub(crate) ttl_ms: i64,
+}
+
+/// Claims, batched: the answer is the claim statement's row for the key,
+/// or none when the claim raced a concurrent change and must run again.
+#[derive(Debug)]
+pub(crate) struct Claims;
+
+impl Kind for Claims {
+    type Job = ClaimJob;
+    type Out = Option<PgRow>;
+    const WHAT: &'static str = "claim";
+
+    fn id(job: &ClaimJob) -> &str {
+        &job.id
+    }
+
+    async fn run_one(
+        store: &PostgresStore,
+        conn: &mut PgConnection,
+        job: &ClaimJob,
+    ) -> Result<Option<PgRow>, sqlx::Error> {
+        store.claim_on(conn, job).await
+    }
+
+    async fn run_many(
+        store: &PostgresStore,
+        conn: &mut PgConnection,
+        jobs: &[&ClaimJob],
+    ) -> Result<Vec<Option<PgRow>>, sqlx::Error> {
+        let rows = sqlx::query(AssertSqlSafe(Arc::clone(&store.inner.sql.claim_batch)))
+            .bind(jobs.iter().map(|j| j.id.as_str()).collect::<Vec<_>>())
+            .bind(jobs.iter().map(|j| j.tenant.as_str()).collect::<Vec<_>>())
+            .bind(
+                jobs.iter()
+                    .map(|j| j.namespace.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                jobs.iter()
+                    .map(|j| j.client_key.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(jobs.iter().map(|j| &j.fingerprint[..]).collect::<Vec<_>>())
+            .bind(jobs.iter().map(|j| &j.token[..]).collect::<Vec<_>>())
+            .bind(jobs.iter().map(|j| j.ttl_ms).collect::<Vec<_>>())
+            .fetch_all(&mut *conn)
+            .await?;
+        let mut by_id = HashMap::with_capacity(rows.len());
+        for row in rows {
+            let id: String = row.try_get("id")?;
+            by_id.insert(id, row);
+        }
+        Ok(jobs.iter().map(|j| by_id.remove(&j.id)).collect())
+    }
+}
+
+/// A completion's parameters, as the completion statements bind them.
+#[derive(Debug)]
+pub(crate) struct CompleteJob {
+    pub(crate) id: String,
+    pub(crate) token: [u8; 16],
+    pub(crate) fence: i64,
+    pub(crate) payload: Bytes,
+    pub(crate) ttl_ms: i64,
+    pub(crate) entry: String,
+}
+
+/// Completions, batched.
+#[derive(Debug)]
+pub(crate) struct Completions;
+
+impl Kind for Completions {
+    type Job = CompleteJob;
+    type Out = Fenced;
+    const WHAT: &'static str = "complete";
+
+    fn id(job: &CompleteJob) -> &str {
+        &job.id
+    }
+
+    fn bytes(job: &CompleteJob) -> usize {
+        job.payload.len() + job.entry.len()
+    }
+
+    async fn run_one(
+        store: &PostgresStore,
+        conn: &mut PgConnection,
+        job: &CompleteJob,
+    ) -> Result<Fenced, sqlx::Error> {
+        store.complete_on(conn, job).await
+    }
+
+    /// One UPDATE for all; a job it did not complete is checked alone, as
+    /// a single completion that matched nothing is (a retry whose first
+    /// reply was lost is still applied).
+    async fn run_many(
+        store: &PostgresStore,
+        conn: &mut PgConnection,
+        jobs: &[&CompleteJob],
+    ) -> Result<Vec<Fenced>, sqlx::Error> {
+        let done: Vec<String> =
+            sqlx::query_scalar(AssertSqlSafe(Arc::clone(&store.inner.sql.complete_batch)))
+                .bind(jobs.iter().map(|j| j.id.as_str()).collect::<Vec<_>>())
+                .bind(jobs.iter().map(|j| &j.token[..]).collect::<Vec<_>>())
+                .bind(jobs.iter().map(|j| j.fence).collect::<Vec<_>>())
+                .bind(jobs.iter().map(|j| j.payload.as_ref()).collect::<Vec<_>>())
+                .bind(jobs.iter().map(|j| j.ttl_ms).collect::<Vec<_>>())
+                .bind(jobs.iter().map(|j| j.entry.as_str()).collect::<Vec<_>>())
+                .fetch_all(&mut *conn)
+                .await?;
+        let done: HashSet<String> = done.into_iter().collect();
+        let mut outs = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            outs.push(if done.contains(&job.id) {
+                Fenced::Applied
+            } else {
+                store.completed_on(conn, job).await?
+            });
+        }
+        Ok(outs)
     }
 }

@@ -10,6 +10,12 @@ use std::sync::Arc;
 
 use idemgate_engine::MAX_TIMELINE;
 
+/// How long a batch statement waits for a row lock before it gives up and
+/// its jobs run one statement each (`batch`): long enough for another
+/// batch's commit, short enough that no job waits long on a lock another
+/// job of its batch needed.
+pub(crate) const BATCH_LOCK_TIMEOUT_MS: u32 = 200;
+
 /// Newest schema version this build knows.
 pub(crate) const SCHEMA_VERSION: i32 = 2;
 
@@ -37,6 +43,10 @@ fn after_ms(param: &str) -> String {
 pub(crate) struct Sql {
     pub(crate) schema: String,
     pub(crate) claim: Arc<str>,
+    /// The claims of many keys (distinct) in one statement: `$1` ids, `$2`
+    /// tenants, `$3` namespaces, `$4` client keys, `$5` fingerprints, `$6`
+    /// tokens, `$7` lease ms; rows as `claim`'s plus `id`.
+    pub(crate) claim_batch: Arc<str>,
     pub(crate) renew: Arc<str>,
     /// Locks the owned PENDING row until the caller's transaction ends:
     /// `$1` id, `$2` token, `$3` fence.
@@ -44,6 +54,10 @@ pub(crate) struct Sql {
     /// PENDING → DONE, the attempt kept in the row: `$1` id, `$2` token,
     /// `$3` fence, `$4` payload, `$5` keep-for ms, `$6` entry.
     pub(crate) complete: Arc<str>,
+    /// The completions of many keys (distinct) in one statement: `$1` ids,
+    /// `$2` tokens, `$3` fences, `$4` payloads, `$5` keep-for ms, `$6`
+    /// entries (JSON text); returns the ids it completed.
+    pub(crate) complete_batch: Arc<str>,
     /// Whether the DONE row is the one this lease wrote with this payload
     /// (a completion retried after its reply was lost): `$1` id, `$2`
     /// token, `$3` fence, `$4` payload. Run only when `complete` matched
@@ -155,6 +169,49 @@ impl Sql {
             ins_ms = ms("expires_at"),
             cur_ms = ms("expires_at"),
         );
+        // The batch: the same statement over `unnest` of the jobs'
+        // parameters. Rows are inserted in key order, so two batches that
+        // share keys lock them in the same order and never wait on each
+        // other in a cycle. `cfg` bounds its lock waits (and, without
+        // synchronous claims, turns off its commit's flush wait); every
+        // inserted row joins it, so it is set before the first insert.
+        let batch_cfg = format!(
+            "cfg AS MATERIALIZED (SELECT set_config('lock_timeout', '{BATCH_LOCK_TIMEOUT_MS}ms', true) AS lock_timeout{sync})",
+            sync = if synchronous_claims {
+                ""
+            } else {
+                ", set_config('synchronous_commit', 'off', true) AS sync"
+            }
+        );
+        let claim_batch = format!(
+            "WITH {batch_cfg}, \
+             n AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], \
+                                        $5::bytea[], $6::bytea[], $7::bigint[]) \
+                   AS n(id, tenant, namespace, client_key, fingerprint, token, ttl_ms)), \
+             cur AS (\
+               SELECT id, fence, expires_at, fingerprint, state, payload FROM {rec} \
+               WHERE id = ANY($1::text[]) AND expires_at > now()), \
+             ins AS (\
+               INSERT INTO {rec} AS r (id, tenant, namespace, client_key, fingerprint, state, \
+                                       token, fence, expires_at, payload) \
+               SELECT n.id, n.tenant, n.namespace, n.client_key, n.fingerprint, 'P', n.token, \
+                      {fence}, {exp}, NULL \
+               FROM n CROSS JOIN cfg WHERE NOT EXISTS (SELECT 1 FROM cur WHERE cur.id = n.id) \
+               ORDER BY n.id \
+               ON CONFLICT (id) DO UPDATE SET \
+                 fingerprint = EXCLUDED.fingerprint, state = 'P', token = EXCLUDED.token, \
+                 fence = greatest(EXCLUDED.fence, r.fence + 1), \
+                 expires_at = EXCLUDED.expires_at, payload = NULL, entry = NULL \
+               WHERE r.expires_at <= now() \
+               RETURNING r.id, r.fence, r.expires_at) \
+             SELECT id, true AS acquired, fence, {ins_ms} AS exp_ms, NULL::bytea AS fingerprint, \
+                    NULL::text AS state, NULL::bytea AS payload FROM ins \
+             UNION ALL \
+             SELECT id, false, fence, {cur_ms}, fingerprint, state, payload FROM cur",
+            exp = after_ms("n.ttl_ms"),
+            ins_ms = ms("expires_at"),
+            cur_ms = ms("expires_at"),
+        );
         let owned = "id = $1 AND token = $2 AND fence = $3 AND state = 'P'";
         let renew = format!(
             "UPDATE {rec} SET expires_at = {exp} WHERE {owned} RETURNING {m} AS exp_ms",
@@ -180,6 +237,18 @@ impl Sql {
             "UPDATE {rec} SET state = 'D', payload = $4, expires_at = {exp}, entry = $6::jsonb \
              WHERE {owned}",
             exp = after_ms("$5"),
+        );
+        let complete_batch = format!(
+            "WITH cfg AS MATERIALIZED (\
+               SELECT set_config('lock_timeout', '{BATCH_LOCK_TIMEOUT_MS}ms', true) AS lock_timeout) \
+             UPDATE {rec} r SET state = 'D', payload = n.payload, expires_at = {exp}, \
+                                entry = n.entry::jsonb \
+             FROM (SELECT u.* FROM unnest($1::text[], $2::bytea[], $3::bigint[], $4::bytea[], \
+                                          $5::bigint[], $6::text[]) \
+                     AS u(id, token, fence, payload, ttl_ms, entry) CROSS JOIN cfg) n \
+             WHERE r.id = n.id AND r.token = n.token AND r.fence = n.fence AND r.state = 'P' \
+             RETURNING r.id",
+            exp = after_ms("n.ttl_ms"),
         );
         let completed = format!(
             "SELECT count(*) AS applied FROM {rec} WHERE id = $1 AND token = $2 AND fence = $3 \
@@ -311,9 +380,11 @@ impl Sql {
         Self {
             schema: schema.to_owned(),
             claim: claim.into(),
+            claim_batch: claim_batch.into(),
             renew: renew.into(),
             lock: lock.into(),
             complete: complete.into(),
+            complete_batch: complete_batch.into(),
             completed: completed.into(),
             release: release.into(),
             forget: forget.into(),

@@ -12,14 +12,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idemgate_engine::backend::KeyedNotify;
-use idemgate_engine::{
-    Attempt, Fenced, Fingerprint, Lease, LeaseGuard, ScopedKey, StoreError, StoreErrorKind,
-};
+use idemgate_engine::{Attempt, Fenced, Lease, LeaseGuard, StoreError, StoreErrorKind};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, PgConnection, Row};
 
+use crate::batch::Batcher;
 use crate::connections::{Connections, Unlent};
 use crate::error::{BACKEND, map_error};
+use crate::ops::{ClaimJob, Claims, CompleteJob, Completions};
 use crate::options::PostgresOptions;
 use crate::rows::{applied, attempt_json, fence_param, ttl_param};
 use crate::sql::{SCHEMA_VERSION, Sql, valid_identifier};
@@ -52,6 +52,10 @@ pub(crate) struct Inner {
     pub(crate) notify: KeyedNotify,
     /// Background writer of timeline entries that change no record.
     pub(crate) timeline: Option<TimelineWriter>,
+    /// The queues of batched claims and completions (`batch`); `None`
+    /// when batching is off (each runs its own statement).
+    pub(crate) claims: Option<Batcher<Claims>>,
+    pub(crate) completions: Option<Batcher<Completions>>,
 }
 
 impl PostgresStore {
@@ -135,6 +139,21 @@ impl PostgresStore {
         } else {
             None
         };
+        // Batch workers need a runtime to run on, as the purge does.
+        let batch_workers = usize::try_from(opts.batch_statements).unwrap_or(0);
+        let (claims, completions) =
+            if batch_workers > 0 && tokio::runtime::Handle::try_current().is_ok() {
+                let (claims, claims_rx) = Batcher::new(opts.operation_timeout);
+                let (completions, completions_rx) = Batcher::new(opts.operation_timeout);
+                (
+                    Some((claims, claims_rx)),
+                    Some((completions, completions_rx)),
+                )
+            } else {
+                (None, None)
+            };
+        let (claims, claims_rx) = claims.unzip();
+        let (completions, completions_rx) = completions.unzip();
         let store = Self {
             inner: Arc::new(Inner {
                 connections: Connections::new(
@@ -147,8 +166,16 @@ impl PostgresStore {
                 opts,
                 notify: KeyedNotify::new(),
                 timeline,
+                claims,
+                completions,
             }),
         };
+        if let Some(rx) = claims_rx {
+            rx.start(Arc::downgrade(&store.inner), batch_workers);
+        }
+        if let Some(rx) = completions_rx {
+            rx.start(Arc::downgrade(&store.inner), batch_workers);
+        }
         if store.inner.opts.migrate {
             store.migrate().await?;
         }
@@ -329,10 +356,15 @@ impl PostgresStore {
         let Some(fence) = fence_param(lease) else {
             return Ok(Fenced::Stale);
         };
-        let entry = attempt_json(attempt)?;
-        self.complete_on(conn, lease, fence, &payload, done_ttl, &entry)
-            .await
-            .map_err(map_error)
+        let job = CompleteJob {
+            id: lease.key.storage_id(),
+            token: lease.token.to_be_bytes(),
+            fence,
+            payload,
+            ttl_ms: ttl_param(done_ttl),
+            entry: attempt_json(attempt)?,
+        };
+        self.complete_on(conn, &job).await.map_err(map_error)
     }
 
     /// The completion's statements on `conn`: the UPDATE, then, only when
@@ -341,31 +373,35 @@ impl PostgresStore {
     pub(crate) async fn complete_on(
         &self,
         conn: &mut PgConnection,
-        lease: &Lease,
-        fence: i64,
-        payload: &Bytes,
-        done_ttl: Duration,
-        entry: &str,
+        job: &CompleteJob,
     ) -> Result<Fenced, sqlx::Error> {
-        let id = lease.key.storage_id();
-        let token = lease.token.to_be_bytes();
         let done = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.complete)))
-            .bind(&id)
-            .bind(&token[..])
-            .bind(fence)
-            .bind(payload.as_ref())
-            .bind(ttl_param(done_ttl))
-            .bind(entry)
+            .bind(&job.id)
+            .bind(&job.token[..])
+            .bind(job.fence)
+            .bind(job.payload.as_ref())
+            .bind(job.ttl_ms)
+            .bind(&job.entry)
             .execute(&mut *conn)
             .await?;
         if done.rows_affected() > 0 {
             return Ok(Fenced::Applied);
         }
+        self.completed_on(conn, job).await
+    }
+
+    /// Whether the key's DONE row is the one `job`'s lease wrote with its
+    /// payload: a completion retried after its reply was lost is applied.
+    pub(crate) async fn completed_on(
+        &self,
+        conn: &mut PgConnection,
+        job: &CompleteJob,
+    ) -> Result<Fenced, sqlx::Error> {
         let again: i64 = sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.inner.sql.completed)))
-            .bind(&id)
-            .bind(&token[..])
-            .bind(fence)
-            .bind(payload.as_ref())
+            .bind(&job.id)
+            .bind(&job.token[..])
+            .bind(job.fence)
+            .bind(job.payload.as_ref())
             .fetch_one(&mut *conn)
             .await?;
         Ok(if again > 0 {
@@ -385,6 +421,18 @@ impl PostgresStore {
         what: &'static str,
         run: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
     ) -> Result<T, StoreError> {
+        self.bounded_answer(what, run).await?.map_err(map_error)
+    }
+
+    /// As [`PostgresStore::bounded`], but an error the server answered
+    /// with, on a connection that stays usable, comes back as the inner
+    /// `Err` (a batch then runs its jobs one by one); the outer `Err` is
+    /// everything else: no connection, a time-out, a failed connection.
+    pub(crate) async fn bounded_answer<T>(
+        &self,
+        what: &'static str,
+        run: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
+    ) -> Result<Result<T, sqlx::Error>, StoreError> {
         let timed_out = || {
             StoreError::new(
                 StoreErrorKind::Unavailable,
@@ -399,10 +447,10 @@ impl PostgresStore {
             Err(Unlent::Connect(e)) => return Err(map_error(e)),
         };
         match tokio::time::timeout_at(deadline, run(lent.conn())).await {
-            Ok(result) => {
-                lent.finish(&result);
-                result.map_err(map_error)
-            }
+            Ok(result) => match lent.finish(result) {
+                Ok(answer) => Ok(answer),
+                Err(e) => Err(map_error(e)),
+            },
             Err(_) => {
                 lent.overran();
                 Err(timed_out())
@@ -421,6 +469,14 @@ impl PostgresStore {
         self.bounded("a test's statement", run).await
     }
 
+    /// Claims and completions so far that shared their statement with
+    /// another (for tests that must see batches form).
+    #[doc(hidden)]
+    pub fn batched_jobs(&self) -> u64 {
+        self.inner.claims.as_ref().map_or(0, Batcher::shared)
+            + self.inner.completions.as_ref().map_or(0, Batcher::shared)
+    }
+
     /// The store's own connections in use right now, an abandoned
     /// operation's settling included (tests wait for none before they
     /// freeze the network).
@@ -429,26 +485,36 @@ impl PostgresStore {
         self.inner.connections.busy()
     }
 
-    pub(crate) async fn claim_once(
-        &self,
-        key: &ScopedKey,
-        fingerprint: &Fingerprint,
-        token: u128,
-        pending_ttl: Duration,
-    ) -> Result<Option<PgRow>, StoreError> {
-        self.bounded("claim", async |c: &mut PgConnection| {
-            sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.claim)))
-                .bind(key.storage_id())
-                .bind(&key.tenant)
-                .bind(&key.namespace)
-                .bind(key.key.as_str())
-                .bind(&fingerprint.as_bytes()[..])
-                .bind(token.to_be_bytes().to_vec())
-                .bind(ttl_param(pending_ttl))
-                .fetch_optional(&mut *c)
+    /// One claim: through the batch queue when batching is on. `None`
+    /// when it raced a concurrent change and must run again.
+    pub(crate) async fn claim_once(&self, job: &ClaimJob) -> Result<Option<PgRow>, StoreError> {
+        match &self.inner.claims {
+            Some(batches) => batches.run(job.clone()).await,
+            None => {
+                self.bounded("claim", async |c: &mut PgConnection| {
+                    self.claim_on(c, job).await
+                })
                 .await
-        })
-        .await
+            }
+        }
+    }
+
+    /// The single-key claim statement on `conn`.
+    pub(crate) async fn claim_on(
+        &self,
+        conn: &mut PgConnection,
+        job: &ClaimJob,
+    ) -> Result<Option<PgRow>, sqlx::Error> {
+        sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.claim)))
+            .bind(&job.id)
+            .bind(&job.tenant)
+            .bind(&job.namespace)
+            .bind(&job.client_key)
+            .bind(&job.fingerprint[..])
+            .bind(&job.token[..])
+            .bind(job.ttl_ms)
+            .fetch_optional(&mut *conn)
+            .await
     }
 }
 

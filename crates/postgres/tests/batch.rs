@@ -1,0 +1,320 @@
+//! Claims and completions of concurrent requests batched into one
+//! statement (`PostgresOptions::batch_statements`) keep every promise of
+//! the single-key statements: one winner per key, each key's own answer
+//! (never a neighbour's), takeovers with higher fences, fenced and
+//! idempotent completions — and a key whose row lock is held elsewhere
+//! holds up no other key of its batch.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use idemgate_engine::{
+    AttemptOutcome, Claim, Fenced, Lease, RecordState, ScopedKey, Store, StoreErrorKind,
+};
+use idemgate_postgres::{PostgresOptions, PostgresStore};
+use idemgate_testkit::{SHORT_TTL, acquired, attempt, fp, fresh_key};
+
+/// A lease or retention no test outlives.
+const LONG: Duration = Duration::from_secs(300);
+use sqlx::AssertSqlSafe;
+use tokio::sync::Barrier;
+
+/// A store on the shared server whose claims and completions go through
+/// `workers` batch statements of each kind: one makes batches form as soon
+/// as two requests overlap.
+async fn batching_store(workers: u32) -> Arc<PostgresStore> {
+    let shared = support::shared_store().await;
+    let opts = PostgresOptions::default()
+        .schema(support::run_schema())
+        .max_connections(8)
+        .batch_statements(workers);
+    Arc::new(
+        PostgresStore::from_pool_with(shared.pool().clone(), opts)
+            .await
+            .expect("a batching store over the shared pool"),
+    )
+}
+
+/// Claims every key `claimers` times at once (one barrier for all);
+/// per key, the claims' answers.
+async fn claim_all_at_once(
+    store: &Arc<PostgresStore>,
+    keys: &[ScopedKey],
+    claimers: usize,
+    ttl: Duration,
+) -> Vec<Vec<Claim>> {
+    let barrier = Arc::new(Barrier::new(keys.len() * claimers));
+    let mut tasks = Vec::new();
+    for (i, key) in keys.iter().enumerate() {
+        for _ in 0..claimers {
+            let (store, key, barrier) = (Arc::clone(store), key.clone(), Arc::clone(&barrier));
+            tasks.push((
+                i,
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    store.claim(&key, &fp(&format!("key-{i}")), ttl).await
+                }),
+            ));
+        }
+    }
+    let mut answers: Vec<Vec<Claim>> = keys.iter().map(|_| Vec::new()).collect();
+    for (i, task) in tasks {
+        answers[i].push(task.await.unwrap().unwrap());
+    }
+    answers
+}
+
+/// The one lease among a key's answers; every other answer is that
+/// lease's PENDING record, with the key's own fingerprint.
+fn the_winner(i: usize, answers: Vec<Claim>) -> Lease {
+    let mut winners = Vec::new();
+    let mut seen = Vec::new();
+    for answer in answers {
+        match answer {
+            Claim::Acquired(lease) => winners.push(lease),
+            Claim::Existing(record) => seen.push(record),
+        }
+    }
+    assert_eq!(winners.len(), 1, "key {i}: {} winners", winners.len());
+    let winner = winners.pop().unwrap();
+    assert_eq!(winner.fingerprint, fp(&format!("key-{i}")), "key {i}");
+    for record in seen {
+        assert_eq!(record.fingerprint, fp(&format!("key-{i}")), "key {i}");
+        assert_eq!(
+            record.state,
+            RecordState::Pending {
+                fence: winner.fence,
+                lease_expires_at_ms: winner.expires_at_ms
+            },
+            "key {i}: another claimer saw something else than the winner's lease"
+        );
+    }
+    winner
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batched_claims_keep_one_winner_and_each_keys_own_answer() {
+    let store = batching_store(1).await;
+    for _round in 0..12 {
+        let keys: Vec<ScopedKey> = (0..24).map(|_| fresh_key()).collect();
+        let answers = claim_all_at_once(&store, &keys, 6, LONG).await;
+        let mut fences: Vec<u64> = answers
+            .into_iter()
+            .enumerate()
+            .map(|(i, a)| the_winner(i, a).fence)
+            .collect();
+        fences.sort_unstable();
+        fences.dedup();
+        assert_eq!(fences.len(), keys.len(), "two keys were given one fence");
+    }
+    assert!(
+        store.batched_jobs() > 0,
+        "no two claims shared a statement: the batch path was not exercised"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batched_claims_take_expired_leases_over_and_fence_the_old_owners() {
+    let store = batching_store(1).await;
+    let keys: Vec<ScopedKey> = (0..16).map(|_| fresh_key()).collect();
+    let old: Vec<Lease> = claim_all_at_once(&store, &keys, 1, SHORT_TTL)
+        .await
+        .into_iter()
+        .enumerate()
+        .map(|(i, a)| the_winner(i, a))
+        .collect();
+    tokio::time::sleep(SHORT_TTL + Duration::from_millis(300)).await;
+    let new: Vec<Lease> = claim_all_at_once(&store, &keys, 4, LONG)
+        .await
+        .into_iter()
+        .enumerate()
+        .map(|(i, a)| the_winner(i, a))
+        .collect();
+    let ok = attempt(AttemptOutcome::Executed);
+    let mut tasks = Vec::new();
+    for (i, (old, new)) in old.iter().zip(&new).enumerate() {
+        assert!(
+            new.fence > old.fence,
+            "key {i}: the takeover's fence is not higher"
+        );
+        for (lease, body) in [(old.clone(), "old"), (new.clone(), "new")] {
+            let (store, ok) = (Arc::clone(&store), ok.clone());
+            tasks.push(tokio::spawn(async move {
+                let written = store
+                    .complete(&lease, Bytes::from(format!("{body}-{i}")), LONG, &ok)
+                    .await
+                    .unwrap();
+                (i, body, written)
+            }));
+        }
+    }
+    for task in tasks {
+        let (i, body, written) = task.await.unwrap();
+        let expected = if body == "new" {
+            Fenced::Applied
+        } else {
+            Fenced::Stale
+        };
+        assert_eq!(written, expected, "key {i}: the {body} owner's completion");
+    }
+    for (i, key) in keys.iter().enumerate() {
+        match store.get(key).await.unwrap().map(|r| r.state) {
+            Some(RecordState::Done { payload, .. }) => {
+                assert_eq!(payload, Bytes::from(format!("new-{i}")), "key {i}");
+            }
+            other => panic!("key {i}: {other:?}"),
+        }
+    }
+    assert!(store.batched_jobs() > 0, "the batch path was not exercised");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batched_completions_are_fenced_idempotent_and_keep_each_keys_payload() {
+    let store = batching_store(1).await;
+    let keys: Vec<ScopedKey> = (0..32).map(|_| fresh_key()).collect();
+    let leases: Vec<Lease> = claim_all_at_once(&store, &keys, 1, LONG)
+        .await
+        .into_iter()
+        .enumerate()
+        .map(|(i, a)| the_winner(i, a))
+        .collect();
+    let ok = attempt(AttemptOutcome::Executed);
+    let barrier = Arc::new(Barrier::new(keys.len() * 3));
+    let mut tasks = Vec::new();
+    for (i, lease) in leases.iter().enumerate() {
+        let forged = Lease {
+            token: lease.token ^ 1,
+            ..lease.clone()
+        };
+        // The completion, its retry (same lease and payload: applied
+        // either way) and a forged token's (never applied), all at once.
+        for (what, lease) in [
+            ("first", lease.clone()),
+            ("retry", lease.clone()),
+            ("forged", forged),
+        ] {
+            let (store, ok, barrier) = (Arc::clone(&store), ok.clone(), Arc::clone(&barrier));
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                let written = store
+                    .complete(&lease, Bytes::from(format!("payload-{i}")), LONG, &ok)
+                    .await
+                    .unwrap();
+                (i, what, written)
+            }));
+        }
+    }
+    let mut applied: HashMap<usize, usize> = HashMap::new();
+    for task in tasks {
+        let (i, what, written) = task.await.unwrap();
+        let expected = if what == "forged" {
+            Fenced::Stale
+        } else {
+            Fenced::Applied
+        };
+        assert_eq!(written, expected, "key {i}: the {what} completion");
+        *applied.entry(i).or_default() += usize::from(written == Fenced::Applied);
+    }
+    assert!(applied.values().all(|n| *n == 2));
+    for (i, key) in keys.iter().enumerate() {
+        match store.get(key).await.unwrap().map(|r| r.state) {
+            Some(RecordState::Done { payload, .. }) => {
+                assert_eq!(payload, Bytes::from(format!("payload-{i}")), "key {i}");
+            }
+            other => panic!("key {i}: {other:?}"),
+        }
+        let executed = store
+            .timeline(key)
+            .await
+            .unwrap()
+            .iter()
+            .filter(|a| a.outcome == AttemptOutcome::Executed)
+            .count();
+        assert_eq!(executed, 1, "key {i}: the retry wrote a second entry");
+    }
+    assert!(store.batched_jobs() > 0, "the batch path was not exercised");
+}
+
+/// A claim that must wait for a row lock (here a transaction holding the
+/// expired record of its key) is taken out of its batch: the claims of
+/// other keys, queued behind it, are answered while the lock is still
+/// held, and the waiting claim gets its answer once the lock is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_held_row_lock_holds_up_no_other_key() {
+    let store = batching_store(1).await;
+    let blocked = fresh_key();
+    let old = acquired(
+        store
+            .claim(&blocked, &fp("blocked"), SHORT_TTL)
+            .await
+            .unwrap(),
+    );
+    tokio::time::sleep(SHORT_TTL + Duration::from_millis(300)).await;
+    let mut tx = store.pool().begin().await.unwrap();
+    sqlx::query(AssertSqlSafe(format!(
+        "SELECT 1 FROM {}.records WHERE id = $1 FOR UPDATE",
+        support::run_schema()
+    )))
+    .bind(blocked.storage_id())
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+
+    let waiting = {
+        let (store, key) = (Arc::clone(&store), blocked.clone());
+        tokio::spawn(async move { store.claim(&key, &fp("blocked"), LONG).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let others: Vec<ScopedKey> = (0..20).map(|_| fresh_key()).collect();
+    for (i, answers) in claim_all_at_once(&store, &others, 1, LONG)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        the_winner(i, answers);
+    }
+    assert!(
+        !waiting.is_finished(),
+        "the claim of the locked key did not wait for the lock"
+    );
+    tx.rollback().await.unwrap();
+    let new = acquired(waiting.await.unwrap().unwrap());
+    assert!(new.fence > old.fence);
+}
+
+/// A server that cannot be reached fails every job of a batch with a
+/// temporary error, within the bound: none hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_server_fails_every_job_of_the_batch() {
+    let mut opts = PostgresOptions::default()
+        .schema(support::run_schema())
+        .max_connections(2)
+        .operation_timeout(Duration::from_millis(500))
+        .purge_interval(None)
+        .batch_statements(1);
+    opts.migrate = false;
+    // A port nothing listens on: connecting fails, and so does every claim.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_lazy("postgres://postgres@127.0.0.1:1/test")
+        .unwrap();
+    let store = Arc::new(PostgresStore::from_pool_with(pool, opts).await.unwrap());
+    let keys: Vec<ScopedKey> = (0..8).map(|_| fresh_key()).collect();
+    let mut tasks = Vec::new();
+    for key in keys {
+        let store = Arc::clone(&store);
+        tasks.push(tokio::spawn(async move {
+            store.claim(&key, &fp("x"), LONG).await
+        }));
+    }
+    for task in tasks {
+        let e = task.await.unwrap().expect_err("no server, no claim");
+        assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
+    }
+}
