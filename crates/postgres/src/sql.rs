@@ -170,7 +170,10 @@ impl Sql {
             cur_ms = ms("expires_at"),
         );
         // The batch: the same statement over `unnest` of the jobs'
-        // parameters. Rows are inserted in key order, so two batches that
+        // parameters. The keys' rows are read by key alone (`cur`, kept
+        // apart from the expiry test by `MATERIALIZED`): the plan is made
+        // once per connection, and one made while the table was small
+        // would otherwise pick the expiry index and read every live row. Rows are inserted in key order, so two batches that
         // share keys lock them in the same order and never wait on each
         // other in a cycle. `cfg` bounds its lock waits (and, without
         // synchronous claims, turns off its commit's flush wait); every
@@ -188,15 +191,16 @@ impl Sql {
              n AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], \
                                         $5::bytea[], $6::bytea[], $7::bigint[]) \
                    AS n(id, tenant, namespace, client_key, fingerprint, token, ttl_ms)), \
-             cur AS (\
+             cur AS MATERIALIZED (\
                SELECT id, fence, expires_at, fingerprint, state, payload FROM {rec} \
-               WHERE id = ANY($1::text[]) AND expires_at > now()), \
+               WHERE id = ANY($1::text[])), \
+             live AS (SELECT * FROM cur WHERE expires_at > now()), \
              ins AS (\
                INSERT INTO {rec} AS r (id, tenant, namespace, client_key, fingerprint, state, \
                                        token, fence, expires_at, payload) \
                SELECT n.id, n.tenant, n.namespace, n.client_key, n.fingerprint, 'P', n.token, \
                       {fence}, {exp}, NULL \
-               FROM n CROSS JOIN cfg WHERE NOT EXISTS (SELECT 1 FROM cur WHERE cur.id = n.id) \
+               FROM n CROSS JOIN cfg WHERE NOT EXISTS (SELECT 1 FROM live WHERE live.id = n.id) \
                ORDER BY n.id \
                ON CONFLICT (id) DO UPDATE SET \
                  fingerprint = EXCLUDED.fingerprint, state = 'P', token = EXCLUDED.token, \
@@ -207,7 +211,7 @@ impl Sql {
              SELECT id, true AS acquired, fence, {ins_ms} AS exp_ms, NULL::bytea AS fingerprint, \
                     NULL::text AS state, NULL::bytea AS payload FROM ins \
              UNION ALL \
-             SELECT id, false, fence, {cur_ms}, fingerprint, state, payload FROM cur",
+             SELECT id, false, fence, {cur_ms}, fingerprint, state, payload FROM live",
             exp = after_ms("n.ttl_ms"),
             ins_ms = ms("expires_at"),
             cur_ms = ms("expires_at"),
@@ -238,17 +242,21 @@ impl Sql {
              WHERE {owned}",
             exp = after_ms("$5"),
         );
+        // No join: a join of the jobs with the table is planned once per
+        // connection, maybe while the table is still small, and the cached
+        // plan (a scan of the whole table) would then be kept as the table
+        // grows. Each row finds its job's values by its id's position.
+        let job = "array_position($1::text[], r.id)";
         let complete_batch = format!(
             "WITH cfg AS MATERIALIZED (\
                SELECT set_config('lock_timeout', '{BATCH_LOCK_TIMEOUT_MS}ms', true) AS lock_timeout) \
-             UPDATE {rec} r SET state = 'D', payload = n.payload, expires_at = {exp}, \
-                                entry = n.entry::jsonb \
-             FROM (SELECT u.* FROM unnest($1::text[], $2::bytea[], $3::bigint[], $4::bytea[], \
-                                          $5::bigint[], $6::text[]) \
-                     AS u(id, token, fence, payload, ttl_ms, entry) CROSS JOIN cfg) n \
-             WHERE r.id = n.id AND r.token = n.token AND r.fence = n.fence AND r.state = 'P' \
+             UPDATE {rec} r SET state = 'D', payload = ($4::bytea[])[{job}], \
+                                expires_at = {exp}, entry = (($6::text[])[{job}])::jsonb \
+             FROM cfg \
+             WHERE r.id = ANY($1::text[]) AND r.token = ($2::bytea[])[{job}] \
+               AND r.fence = ($3::bigint[])[{job}] AND r.state = 'P' \
              RETURNING r.id",
-            exp = after_ms("n.ttl_ms"),
+            exp = after_ms(&format!("($5::bigint[])[{job}]")),
         );
         let completed = format!(
             "SELECT count(*) AS applied FROM {rec} WHERE id = $1 AND token = $2 AND fence = $3 \
