@@ -51,12 +51,12 @@ pub struct PostgresOptions {
     pub synchronous_claims: bool,
     /// How many statements of claims, and as many of completions, run at
     /// once, each carrying every claim (or completion) that was waiting
-    /// when it was sent (default 2); 0 gives every claim and completion a
-    /// statement of its own. A request that finds one free goes at once
-    /// with the single-key statement, so batching adds no wait; under
+    /// when it was sent (default 1); 0 gives every claim and completion a
+    /// statement of its own. A request that finds a worker free goes at
+    /// once, alone, so batching holds nothing back to fill a batch; under
     /// load, one statement and one commit serve many keys, which costs the
-    /// server far less CPU per key. Each takes one of the
-    /// `max_connections` while it runs.
+    /// server far less CPU per key (half or less, in BENCHMARKS.md). Each
+    /// running statement takes one of the `max_connections`.
     pub batch_statements: u32,
 }
 
@@ -73,7 +73,7 @@ impl Default for PostgresOptions {
             migrate: true,
             background_timeline: true,
             synchronous_claims: true,
-            batch_statements: 2,
+            batch_statements: 1,
         }
     }
 }
