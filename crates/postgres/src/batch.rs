@@ -35,7 +35,7 @@
 //!   answer, queueing included; a job whose caller stopped waiting before
 //!   its batch was sent is not run.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -70,6 +70,14 @@ pub(crate) trait Kind: Send + Sync + 'static {
         0
     }
 
+    /// A copy of `out` for another job of the same key that was waiting
+    /// when the batch was sent, if that job may have it: an answer that
+    /// only read the key (a claim that found it taken) is what the other
+    /// job's own statement would have read at the same moment.
+    fn share(_out: &Self::Out) -> Option<Self::Out> {
+        None
+    }
+
     /// Runs one job as the store's single-key statement (a batch the
     /// server refused runs its jobs so).
     fn run_one(
@@ -99,7 +107,16 @@ struct Waiting<K: Kind> {
 pub(crate) struct Batcher<K: Kind> {
     tx: mpsc::UnboundedSender<Waiting<K>>,
     bound: Duration,
-    shared: Arc<AtomicU64>,
+    counts: Arc<Counts>,
+}
+
+/// What the workers have done so far (for tests).
+#[derive(Debug, Default)]
+pub(crate) struct Counts {
+    /// Batch statements sent.
+    pub(crate) statements: AtomicU64,
+    /// Jobs that shared their statement with another job.
+    pub(crate) shared: AtomicU64,
 }
 
 impl<K: Kind> std::fmt::Debug for Batcher<K> {
@@ -114,27 +131,27 @@ impl<K: Kind> std::fmt::Debug for Batcher<K> {
 /// store, which holds the queue).
 pub(crate) struct Unstarted<K: Kind> {
     rx: mpsc::UnboundedReceiver<Waiting<K>>,
-    shared: Arc<AtomicU64>,
+    counts: Arc<Counts>,
 }
 
 impl<K: Kind> Batcher<K> {
     /// A queue whose callers wait at most `bound` for their answer.
     pub(crate) fn new(bound: Duration) -> (Self, Unstarted<K>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        let shared = Arc::new(AtomicU64::new(0));
+        let counts = Arc::new(Counts::default());
         (
             Self {
                 tx,
                 bound,
-                shared: Arc::clone(&shared),
+                counts: Arc::clone(&counts),
             },
-            Unstarted { rx, shared },
+            Unstarted { rx, counts },
         )
     }
 
-    /// Jobs so far that shared their statement with another job.
-    pub(crate) fn shared(&self) -> u64 {
-        self.shared.load(Ordering::Relaxed)
+    /// What the workers have done so far.
+    pub(crate) fn counts(&self) -> &Counts {
+        &self.counts
     }
 
     /// Runs `job` in the next batch and waits for its answer.
@@ -164,7 +181,7 @@ impl<K: Kind> Unstarted<K> {
             tokio::spawn(work::<K>(
                 Weak::clone(&store),
                 Arc::clone(&rx),
-                Arc::clone(&self.shared),
+                Arc::clone(&self.counts),
             ));
         }
     }
@@ -181,7 +198,7 @@ fn gone<K: Kind>() -> StoreError {
 async fn work<K: Kind>(
     store: Weak<Inner>,
     rx: Arc<Mutex<mpsc::UnboundedReceiver<Waiting<K>>>>,
-    shared: Arc<AtomicU64>,
+    counts: Arc<Counts>,
 ) {
     // Jobs that met an earlier job of their key in the batch being formed.
     let mut later = VecDeque::new();
@@ -192,10 +209,28 @@ async fn work<K: Kind>(
         let Some(inner) = store.upgrade() else {
             return;
         };
+        counts.statements.fetch_add(1, Ordering::Relaxed);
         if batch.len() > 1 {
-            shared.fetch_add(batch.len() as u64, Ordering::Relaxed);
+            counts
+                .shared
+                .fetch_add(batch.len() as u64, Ordering::Relaxed);
         }
-        run_batch::<K>(&PostgresStore { inner }, batch).await;
+        let read = run_batch::<K>(&PostgresStore { inner }, batch).await;
+        if !read.is_empty() && !later.is_empty() {
+            // Jobs held back for a key the batch only read get that answer
+            // now rather than a statement each (a retry storm on a key in
+            // flight is answered in one round trip, not one per retry).
+            let mut rest = VecDeque::with_capacity(later.len());
+            for w in later.drain(..) {
+                match read.get(K::id(&w.job)).and_then(K::share) {
+                    Some(out) => {
+                        let _ = w.reply.send(Ok(out));
+                    }
+                    None => rest.push_back(w),
+                }
+            }
+            later = rest;
+        }
     }
 }
 
@@ -278,8 +313,13 @@ async fn next_batch<K: Kind>(
     Some(forming.jobs)
 }
 
-/// Runs a batch and answers every job in it.
-async fn run_batch<K: Kind>(store: &PostgresStore, batch: Vec<Waiting<K>>) {
+/// Runs a batch and answers every job in it; returns the answers that
+/// other jobs of their keys may share ([`Kind::share`]).
+async fn run_batch<K: Kind>(
+    store: &PostgresStore,
+    batch: Vec<Waiting<K>>,
+) -> HashMap<String, K::Out> {
+    let mut read = HashMap::new();
     let jobs: Vec<&K::Job> = batch.iter().map(|w| &w.job).collect();
     let together = store
         .bounded_answer(K::WHAT, async |c: &mut PgConnection| {
@@ -290,6 +330,9 @@ async fn run_batch<K: Kind>(store: &PostgresStore, batch: Vec<Waiting<K>>) {
     match together {
         Ok(Ok(outs)) if outs.len() == batch.len() => {
             for (w, out) in batch.into_iter().zip(outs) {
+                if let Some(copy) = K::share(&out) {
+                    read.insert(K::id(&w.job).to_owned(), copy);
+                }
                 let _ = w.reply.send(Ok(out));
             }
         }
@@ -326,4 +369,5 @@ async fn run_batch<K: Kind>(store: &PostgresStore, batch: Vec<Waiting<K>>) {
             }
         }
     }
+    read
 }

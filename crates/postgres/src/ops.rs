@@ -49,20 +49,22 @@ impl Store for PostgresStore {
                 ttl_ms: ttl_param(pending_ttl),
             };
             for _ in 0..5 {
-                let Some(row) = self.claim_once(&job).await? else {
-                    continue;
-                };
-                let acquired: bool = row.try_get("acquired").map_err(map_error)?;
-                if acquired {
-                    return Ok(Claim::Acquired(Lease {
-                        key: key.clone(),
-                        token,
-                        fence: to_u64(row.try_get("fence").map_err(map_error)?, "fence")?,
-                        expires_at_ms: to_u64(row.try_get("exp_ms").map_err(map_error)?, "expiry")?,
-                        fingerprint: *fingerprint,
-                    }));
+                match self.claim_once(&job).await? {
+                    Claimed::Acquired {
+                        fence,
+                        expires_at_ms,
+                    } => {
+                        return Ok(Claim::Acquired(Lease {
+                            key: key.clone(),
+                            token,
+                            fence,
+                            expires_at_ms,
+                            fingerprint: *fingerprint,
+                        }));
+                    }
+                    Claimed::Existing(record) => return Ok(Claim::Existing(record)),
+                    Claimed::Raced => {}
                 }
-                return Ok(Claim::Existing(decode_record(&row)?));
             }
             Err(StoreError::new(
                 StoreErrorKind::Unavailable,
@@ -282,33 +284,67 @@ pub(crate) struct ClaimJob {
     pub(crate) ttl_ms: i64,
 }
 
-/// Claims, batched: the answer is the claim statement's row for the key,
-/// or none when the claim raced a concurrent change and must run again.
+/// What a claim statement said about its key.
+#[derive(Debug)]
+pub(crate) enum Claimed {
+    /// The claim took the key.
+    Acquired { fence: u64, expires_at_ms: u64 },
+    /// The key is taken, or done: its record, unchanged.
+    Existing(Record),
+    /// The statement raced a concurrent change to the key and saw neither
+    /// its own insert nor the other's row: it must run again.
+    Raced,
+}
+
+impl Claimed {
+    /// Decodes the claim statement's row for the key (none: it raced).
+    pub(crate) fn from_row(row: Option<PgRow>) -> Result<Self, StoreError> {
+        let Some(row) = row else {
+            return Ok(Self::Raced);
+        };
+        if row.try_get("acquired").map_err(map_error)? {
+            return Ok(Self::Acquired {
+                fence: to_u64(row.try_get("fence").map_err(map_error)?, "fence")?,
+                expires_at_ms: to_u64(row.try_get("exp_ms").map_err(map_error)?, "expiry")?,
+            });
+        }
+        Ok(Self::Existing(decode_record(&row)?))
+    }
+}
+
+/// Claims, batched.
 #[derive(Debug)]
 pub(crate) struct Claims;
 
 impl Kind for Claims {
     type Job = ClaimJob;
-    type Out = Option<PgRow>;
+    type Out = Result<Claimed, StoreError>;
     const WHAT: &'static str = "claim";
 
     fn id(job: &ClaimJob) -> &str {
         &job.id
     }
 
+    fn share(out: &Self::Out) -> Option<Self::Out> {
+        match out {
+            Ok(Claimed::Existing(record)) => Some(Ok(Claimed::Existing(record.clone()))),
+            _ => None,
+        }
+    }
+
     async fn run_one(
         store: &PostgresStore,
         conn: &mut PgConnection,
         job: &ClaimJob,
-    ) -> Result<Option<PgRow>, sqlx::Error> {
-        store.claim_on(conn, job).await
+    ) -> Result<Self::Out, sqlx::Error> {
+        Ok(Claimed::from_row(store.claim_on(conn, job).await?))
     }
 
     async fn run_many(
         store: &PostgresStore,
         conn: &mut PgConnection,
         jobs: &[&ClaimJob],
-    ) -> Result<Vec<Option<PgRow>>, sqlx::Error> {
+    ) -> Result<Vec<Self::Out>, sqlx::Error> {
         let rows = sqlx::query(AssertSqlSafe(Arc::clone(&store.inner.sql.claim_batch)))
             .bind(jobs.iter().map(|j| j.id.as_str()).collect::<Vec<_>>())
             .bind(jobs.iter().map(|j| j.tenant.as_str()).collect::<Vec<_>>())
@@ -332,7 +368,10 @@ impl Kind for Claims {
             let id: String = row.try_get("id")?;
             by_id.insert(id, row);
         }
-        Ok(jobs.iter().map(|j| by_id.remove(&j.id)).collect())
+        Ok(jobs
+            .iter()
+            .map(|j| Claimed::from_row(by_id.remove(&j.id)))
+            .collect())
     }
 }
 

@@ -7,6 +7,7 @@
 //! transaction stays open while the work itself runs.
 
 use std::str::FromStr;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -16,10 +17,10 @@ use idemgate_engine::{Attempt, Fenced, Lease, LeaseGuard, StoreError, StoreError
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, PgConnection, Row};
 
-use crate::batch::Batcher;
+use crate::batch::{Batcher, Counts};
 use crate::connections::{Connections, Unlent};
 use crate::error::{BACKEND, map_error};
-use crate::ops::{ClaimJob, Claims, CompleteJob, Completions};
+use crate::ops::{ClaimJob, Claimed, Claims, CompleteJob, Completions};
 use crate::options::PostgresOptions;
 use crate::rows::{applied, attempt_json, fence_param, ttl_param};
 use crate::sql::{SCHEMA_VERSION, Sql, valid_identifier};
@@ -473,8 +474,23 @@ impl PostgresStore {
     /// another (for tests that must see batches form).
     #[doc(hidden)]
     pub fn batched_jobs(&self) -> u64 {
-        self.inner.claims.as_ref().map_or(0, Batcher::shared)
-            + self.inner.completions.as_ref().map_or(0, Batcher::shared)
+        let shared = |counts: &Counts| counts.shared.load(Ordering::Relaxed);
+        self.inner.claims.as_ref().map_or(0, |b| shared(b.counts()))
+            + self
+                .inner
+                .completions
+                .as_ref()
+                .map_or(0, |b| shared(b.counts()))
+    }
+
+    /// Claim statements the batch workers have sent so far (for tests
+    /// that count round trips).
+    #[doc(hidden)]
+    pub fn claim_statements(&self) -> u64 {
+        self.inner
+            .claims
+            .as_ref()
+            .map_or(0, |b| b.counts().statements.load(Ordering::Relaxed))
     }
 
     /// The store's own connections in use right now, an abandoned
@@ -485,17 +501,16 @@ impl PostgresStore {
         self.inner.connections.busy()
     }
 
-    /// One claim: through the batch queue when batching is on. `None`
-    /// when it raced a concurrent change and must run again.
-    pub(crate) async fn claim_once(&self, job: &ClaimJob) -> Result<Option<PgRow>, StoreError> {
+    /// One claim: through the batch queue when batching is on.
+    pub(crate) async fn claim_once(&self, job: &ClaimJob) -> Result<Claimed, StoreError> {
         match &self.inner.claims {
-            Some(batches) => batches.run(job.clone()).await,
-            None => {
+            Some(batches) => batches.run(job.clone()).await?,
+            None => Claimed::from_row(
                 self.bounded("claim", async |c: &mut PgConnection| {
                     self.claim_on(c, job).await
                 })
-                .await
-            }
+                .await?,
+            ),
         }
     }
 

@@ -241,6 +241,36 @@ async fn batched_completions_are_fenced_idempotent_and_keep_each_keys_payload() 
     assert!(store.batched_jobs() > 0, "the batch path was not exercised");
 }
 
+/// A retry storm on a key in flight: every claim finds the owner's lease,
+/// and claims of the key waiting together are answered by one read, not
+/// a statement each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_storm_on_a_key_in_flight_is_answered_in_a_few_statements() {
+    const RETRIES: usize = 200;
+    let store = batching_store(1).await;
+    let key = fresh_key();
+    let owner = acquired(store.claim(&key, &fp("key-0"), LONG).await.unwrap());
+    let before = store.claim_statements();
+    let answers = claim_all_at_once(&store, std::slice::from_ref(&key), RETRIES, LONG).await;
+    let statements = store.claim_statements() - before;
+    for answer in answers.into_iter().flatten() {
+        match answer {
+            Claim::Existing(record) => assert_eq!(
+                record.state,
+                RecordState::Pending {
+                    fence: owner.fence,
+                    lease_expires_at_ms: owner.expires_at_ms
+                }
+            ),
+            Claim::Acquired(lease) => panic!("a retry took the owner's key: {lease:?}"),
+        }
+    }
+    assert!(
+        statements < 40,
+        "{RETRIES} claims of one key took {statements} statements"
+    );
+}
+
 /// A claim that must wait for a row lock (here a transaction holding the
 /// expired record of its key) is taken out of its batch: the claims of
 /// other keys, queued behind it, are answered while the lock is still
