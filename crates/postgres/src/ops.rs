@@ -113,16 +113,8 @@ impl Store for PostgresStore {
         attempt: &'a Attempt,
     ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
         Box::pin(async move {
-            let Some(fence) = fence_param(lease) else {
+            let Some(job) = CompleteJob::new(lease, payload, done_ttl, attempt)? else {
                 return Ok(Fenced::Stale);
-            };
-            let job = CompleteJob {
-                id: lease.key.storage_id(),
-                token: lease.token.to_be_bytes(),
-                fence,
-                payload,
-                ttl_ms: ttl_param(done_ttl),
-                entry: attempt_json(attempt)?,
             };
             let written = match &self.inner.completions {
                 Some(batches) => batches.run(job).await?,
@@ -384,6 +376,29 @@ pub(crate) struct CompleteJob {
     pub(crate) payload: Bytes,
     pub(crate) ttl_ms: i64,
     pub(crate) entry: String,
+}
+
+impl CompleteJob {
+    /// The completion of `lease`; `None` when its fence cannot be one of
+    /// ours (so it is stale).
+    pub(crate) fn new(
+        lease: &Lease,
+        payload: Bytes,
+        done_ttl: Duration,
+        attempt: &Attempt,
+    ) -> Result<Option<Self>, StoreError> {
+        let Some(fence) = fence_param(lease) else {
+            return Ok(None);
+        };
+        Ok(Some(Self {
+            id: lease.key.storage_id(),
+            token: lease.token.to_be_bytes(),
+            fence,
+            payload,
+            ttl_ms: ttl_param(done_ttl),
+            entry: attempt_json(attempt)?,
+        }))
+    }
 }
 
 /// Completions, batched.

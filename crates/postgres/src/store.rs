@@ -22,7 +22,7 @@ use crate::connections::{Connections, Unlent};
 use crate::error::{BACKEND, map_error};
 use crate::ops::{ClaimJob, Claimed, Claims, CompleteJob, Completions};
 use crate::options::PostgresOptions;
-use crate::rows::{applied, attempt_json, fence_param, ttl_param};
+use crate::rows::{applied, fence_param};
 use crate::sql::{SCHEMA_VERSION, Sql, valid_identifier};
 use crate::timeline::TimelineWriter;
 
@@ -354,16 +354,8 @@ impl PostgresStore {
         done_ttl: Duration,
         attempt: &Attempt,
     ) -> Result<Fenced, StoreError> {
-        let Some(fence) = fence_param(lease) else {
+        let Some(job) = CompleteJob::new(lease, payload, done_ttl, attempt)? else {
             return Ok(Fenced::Stale);
-        };
-        let job = CompleteJob {
-            id: lease.key.storage_id(),
-            token: lease.token.to_be_bytes(),
-            fence,
-            payload,
-            ttl_ms: ttl_param(done_ttl),
-            entry: attempt_json(attempt)?,
         };
         self.complete_on(conn, &job).await.map_err(map_error)
     }

@@ -98,6 +98,21 @@ fn the_winner(i: usize, answers: Vec<Claim>) -> Lease {
     winner
 }
 
+/// Claims every key `claimers` times at once; each key's one lease.
+async fn winners(
+    store: &Arc<PostgresStore>,
+    keys: &[ScopedKey],
+    claimers: usize,
+    ttl: Duration,
+) -> Vec<Lease> {
+    claim_all_at_once(store, keys, claimers, ttl)
+        .await
+        .into_iter()
+        .enumerate()
+        .map(|(i, answers)| the_winner(i, answers))
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn batched_claims_keep_one_winner_and_each_keys_own_answer() {
     let store = batching_store(1).await;
@@ -123,19 +138,9 @@ async fn batched_claims_keep_one_winner_and_each_keys_own_answer() {
 async fn batched_claims_take_expired_leases_over_and_fence_the_old_owners() {
     let store = batching_store(1).await;
     let keys: Vec<ScopedKey> = (0..16).map(|_| fresh_key()).collect();
-    let old: Vec<Lease> = claim_all_at_once(&store, &keys, 1, SHORT_TTL)
-        .await
-        .into_iter()
-        .enumerate()
-        .map(|(i, a)| the_winner(i, a))
-        .collect();
+    let old: Vec<Lease> = winners(&store, &keys, 1, SHORT_TTL).await;
     tokio::time::sleep(SHORT_TTL + Duration::from_millis(300)).await;
-    let new: Vec<Lease> = claim_all_at_once(&store, &keys, 4, LONG)
-        .await
-        .into_iter()
-        .enumerate()
-        .map(|(i, a)| the_winner(i, a))
-        .collect();
+    let new: Vec<Lease> = winners(&store, &keys, 4, LONG).await;
     let ok = attempt(AttemptOutcome::Executed);
     let mut tasks = Vec::new();
     for (i, (old, new)) in old.iter().zip(&new).enumerate() {
@@ -178,12 +183,7 @@ async fn batched_claims_take_expired_leases_over_and_fence_the_old_owners() {
 async fn batched_completions_are_fenced_idempotent_and_keep_each_keys_payload() {
     let store = batching_store(1).await;
     let keys: Vec<ScopedKey> = (0..32).map(|_| fresh_key()).collect();
-    let leases: Vec<Lease> = claim_all_at_once(&store, &keys, 1, LONG)
-        .await
-        .into_iter()
-        .enumerate()
-        .map(|(i, a)| the_winner(i, a))
-        .collect();
+    let leases: Vec<Lease> = winners(&store, &keys, 1, LONG).await;
     let ok = attempt(AttemptOutcome::Executed);
     let barrier = Arc::new(Barrier::new(keys.len() * 3));
     let mut tasks = Vec::new();
