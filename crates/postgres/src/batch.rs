@@ -41,11 +41,9 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use idemgate_engine::{StoreError, StoreErrorKind};
-use sqlx::PgConnection;
 use tokio::sync::{Mutex, mpsc, oneshot};
 
 use crate::error::BACKEND;
-use crate::store::{Inner, PostgresStore};
 
 /// Most jobs in one statement.
 pub(crate) const MAX_JOBS: usize = 64;
@@ -55,6 +53,9 @@ pub(crate) const MAX_BYTES: usize = 4 << 20;
 
 /// One kind of job the store batches, and how it runs alone or together.
 pub(crate) trait Kind: Send + Sync + 'static {
+    /// What the jobs run against (the store's shared state); the workers
+    /// hold it weakly, and end once it is gone.
+    type Owner: Send + Sync + 'static;
     /// What the caller hands in.
     type Job: Send + Sync + 'static;
     /// What the caller gets back.
@@ -78,22 +79,21 @@ pub(crate) trait Kind: Send + Sync + 'static {
         None
     }
 
-    /// Runs one job as the store's single-key statement (a batch the
-    /// server refused runs its jobs so).
+    /// Runs one job as the store's single-key statement, within the
+    /// operation bound (a batch the server refused runs its jobs so).
     fn run_one(
-        store: &PostgresStore,
-        conn: &mut PgConnection,
+        owner: &Arc<Self::Owner>,
         job: &Self::Job,
-    ) -> impl Future<Output = Result<Self::Out, sqlx::Error>> + Send;
+    ) -> impl Future<Output = Result<Self::Out, StoreError>> + Send;
 
     /// Runs jobs (distinct keys) as one statement that waits at most
-    /// [`crate::sql::BATCH_LOCK_TIMEOUT_MS`] for a row lock; the answers
-    /// in the jobs' order.
+    /// [`crate::sql::BATCH_LOCK_TIMEOUT_MS`] for a row lock, within the
+    /// operation bound: the answers in the jobs' order, or the server's
+    /// own error (inner `Err`), or the connection's failure (outer).
     fn run_many(
-        store: &PostgresStore,
-        conn: &mut PgConnection,
+        owner: &Arc<Self::Owner>,
         jobs: &[&Self::Job],
-    ) -> impl Future<Output = Result<Vec<Self::Out>, sqlx::Error>> + Send;
+    ) -> impl Future<Output = Result<Result<Vec<Self::Out>, sqlx::Error>, StoreError>> + Send;
 }
 
 type Reply<K> = oneshot::Sender<Result<<K as Kind>::Out, StoreError>>;
@@ -175,7 +175,7 @@ impl<K: Kind> Batcher<K> {
 impl<K: Kind> Unstarted<K> {
     /// Starts `workers` workers on the current runtime; they hold the store
     /// weakly and end once it is dropped and its queue is drained.
-    pub(crate) fn start(self, store: Weak<Inner>, workers: usize) {
+    pub(crate) fn start(self, store: Weak<K::Owner>, workers: usize) {
         let rx = Arc::new(Mutex::new(self.rx));
         for _ in 0..workers.max(1) {
             tokio::spawn(work::<K>(
@@ -196,7 +196,7 @@ fn gone<K: Kind>() -> StoreError {
 }
 
 async fn work<K: Kind>(
-    store: Weak<Inner>,
+    store: Weak<K::Owner>,
     rx: Arc<Mutex<mpsc::UnboundedReceiver<Waiting<K>>>>,
     counts: Arc<Counts>,
 ) {
@@ -206,7 +206,7 @@ async fn work<K: Kind>(
         let Some(batch) = next_batch(&rx, &mut later).await else {
             return;
         };
-        let Some(inner) = store.upgrade() else {
+        let Some(owner) = store.upgrade() else {
             return;
         };
         counts.statements.fetch_add(1, Ordering::Relaxed);
@@ -215,7 +215,7 @@ async fn work<K: Kind>(
                 .shared
                 .fetch_add(batch.len() as u64, Ordering::Relaxed);
         }
-        let read = run_batch::<K>(&PostgresStore { inner }, batch).await;
+        let read = run_batch::<K>(&owner, batch).await;
         if !read.is_empty() && !later.is_empty() {
             // Jobs held back for a key the batch only read get that answer
             // now rather than a statement each (a retry storm on a key in
@@ -316,16 +316,12 @@ async fn next_batch<K: Kind>(
 /// Runs a batch and answers every job in it; returns the answers that
 /// other jobs of their keys may share ([`Kind::share`]).
 async fn run_batch<K: Kind>(
-    store: &PostgresStore,
+    owner: &Arc<K::Owner>,
     batch: Vec<Waiting<K>>,
 ) -> HashMap<String, K::Out> {
     let mut read = HashMap::new();
     let jobs: Vec<&K::Job> = batch.iter().map(|w| &w.job).collect();
-    let together = store
-        .bounded_answer(K::WHAT, async |c: &mut PgConnection| {
-            K::run_many(store, c, &jobs).await
-        })
-        .await;
+    let together = K::run_many(owner, &jobs).await;
     drop(jobs);
     match together {
         Ok(Ok(outs)) if outs.len() == batch.len() => {
@@ -345,13 +341,9 @@ async fn run_batch<K: Kind>(
                 if w.reply.is_closed() {
                     continue;
                 }
-                let store = store.clone();
+                let owner = Arc::clone(owner);
                 tokio::spawn(async move {
-                    let out = store
-                        .bounded(K::WHAT, async |c: &mut PgConnection| {
-                            K::run_one(&store, c, &w.job).await
-                        })
-                        .await;
+                    let out = K::run_one(&owner, &w.job).await;
                     let _ = w.reply.send(out);
                 });
             }

@@ -6,6 +6,10 @@
 //! a single statement), so a claim stays atomic across replicas and no
 //! transaction stays open while the work itself runs.
 
+mod batched;
+
+pub(crate) use batched::{ClaimJob, Claimed, Claims, CompleteJob, Completions};
+
 use std::str::FromStr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -20,7 +24,6 @@ use sqlx::{AssertSqlSafe, PgConnection, Row};
 use crate::batch::{Batcher, Counts};
 use crate::connections::{Connections, Unlent};
 use crate::error::{BACKEND, map_error};
-use crate::ops::{ClaimJob, Claimed, Claims, CompleteJob, Completions};
 use crate::options::PostgresOptions;
 use crate::rows::{applied, fence_param};
 use crate::sql::{SCHEMA_VERSION, Sql, valid_identifier};
@@ -41,6 +44,14 @@ use crate::timeline::TimelineWriter;
 #[derive(Clone, Debug)]
 pub struct PostgresStore {
     pub(crate) inner: Arc<Inner>,
+}
+
+impl From<&Arc<Inner>> for PostgresStore {
+    fn from(inner: &Arc<Inner>) -> Self {
+        Self {
+            inner: Arc::clone(inner),
+        }
+    }
 }
 
 #[derive(Debug)]
