@@ -6,8 +6,9 @@
 //! the commit and the wake-ups around its WAL flush — not the row it
 //! writes. Under load, many requests wait for a claim or a completion at
 //! the same moment; one statement for all of them (`INSERT … SELECT FROM
-//! unnest(…)`, `UPDATE … FROM unnest(…)`) costs the server a fraction of
-//! the CPU per key that one statement each does (bench/store_ops.sh).
+//! unnest(…)`, `UPDATE … WHERE id = ANY(…)`) costs the server half the
+//! CPU per key or less (BENCHMARKS.md, "PostgreSQL: many keys in one
+//! statement").
 //!
 //! How: each kind (claims, completions) has a queue and a few workers
 //! ([`PostgresOptions::batch_statements`](crate::PostgresOptions::batch_statements)).
@@ -23,7 +24,10 @@
 //! - **One winner per key**: a batch holds each key at most once (a second
 //!   job for the same key waits for the next batch), claims insert in key
 //!   order so two batches never wait on each other in a cycle, and the
-//!   primary key still decides between concurrent claimers.
+//!   primary key still decides between concurrent claimers. A job held
+//!   back for a key the batch only read (a claim that found it taken)
+//!   gets that answer ([`Kind::share`]): its own statement, sent while it
+//!   waited, would have read the same.
 //! - **No job waits on another key's lock**: a batch statement gives up
 //!   waiting for a row lock after [`crate::sql::BATCH_LOCK_TIMEOUT_MS`]
 //!   (a claim reviving a key whose late owner's transaction still holds
