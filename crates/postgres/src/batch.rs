@@ -153,6 +153,16 @@ impl<K: Kind> Batcher<K> {
         )
     }
 
+    /// [`Batcher::new`] when `on`, else neither half.
+    pub(crate) fn unless_off(on: bool, bound: Duration) -> (Option<Self>, Option<Unstarted<K>>) {
+        if on {
+            let (batcher, unstarted) = Self::new(bound);
+            (Some(batcher), Some(unstarted))
+        } else {
+            (None, None)
+        }
+    }
+
     /// What the workers have done so far.
     pub(crate) fn counts(&self) -> &Counts {
         &self.counts

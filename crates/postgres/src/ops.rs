@@ -36,15 +36,7 @@ impl Store for PostgresStore {
             // committed just after makes the insert conflict (so this claim
             // cannot win) yet is invisible to the read. The statement then
             // returns nothing; running it again, with a fresh snapshot, sees it.
-            let job = ClaimJob {
-                id: key.storage_id(),
-                tenant: key.tenant.clone(),
-                namespace: key.namespace.clone(),
-                client_key: key.key.as_str().to_owned(),
-                fingerprint: *fingerprint.as_bytes(),
-                token: token.to_be_bytes(),
-                ttl_ms: ttl_param(pending_ttl),
-            };
+            let job = ClaimJob::new(key, fingerprint, token, pending_ttl);
             for _ in 0..5 {
                 match self.claim_once(&job).await? {
                     Claimed::Acquired {

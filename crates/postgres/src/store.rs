@@ -153,19 +153,9 @@ impl PostgresStore {
         };
         // Batch workers need a runtime to run on, as the purge does.
         let batch_workers = usize::try_from(opts.batch_statements).unwrap_or(0);
-        let (claims, completions) =
-            if batch_workers > 0 && tokio::runtime::Handle::try_current().is_ok() {
-                let (claims, claims_rx) = Batcher::new(opts.operation_timeout);
-                let (completions, completions_rx) = Batcher::new(opts.operation_timeout);
-                (
-                    Some((claims, claims_rx)),
-                    Some((completions, completions_rx)),
-                )
-            } else {
-                (None, None)
-            };
-        let (claims, claims_rx) = claims.unzip();
-        let (completions, completions_rx) = completions.unzip();
+        let batching = batch_workers > 0 && tokio::runtime::Handle::try_current().is_ok();
+        let (claims, claims_rx) = Batcher::unless_off(batching, opts.operation_timeout);
+        let (completions, completions_rx) = Batcher::unless_off(batching, opts.operation_timeout);
         let store = Self {
             inner: Arc::new(Inner {
                 connections: Connections::new(
@@ -451,10 +441,7 @@ impl PostgresStore {
             Err(Unlent::Connect(e)) => return Err(map_error(e)),
         };
         match tokio::time::timeout_at(deadline, run(lent.conn())).await {
-            Ok(result) => match lent.finish(result) {
-                Ok(answer) => Ok(answer),
-                Err(e) => Err(map_error(e)),
-            },
+            Ok(result) => lent.finish(result).map_err(map_error),
             Err(_) => {
                 lent.overran();
                 Err(timed_out())

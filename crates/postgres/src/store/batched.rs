@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idemgate_engine::{Attempt, Fenced, Lease, Record, StoreError};
+use idemgate_engine::{Attempt, Fenced, Fingerprint, Lease, Record, ScopedKey, StoreError};
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, PgConnection, Row};
 
@@ -14,6 +14,11 @@ use super::{Inner, PostgresStore};
 use crate::batch::Kind;
 use crate::error::map_error;
 use crate::rows::{attempt_json, decode_record, fence_param, to_u64, ttl_param};
+
+/// One parameter of a batch statement: `value` of every job, in order.
+fn column<'a, J, T>(jobs: &[&'a J], value: impl Fn(&'a J) -> T) -> Vec<T> {
+    jobs.iter().map(|j| value(j)).collect()
+}
 
 /// A claim's parameters, as the claim statements bind them.
 #[derive(Clone, Debug)]
@@ -25,6 +30,26 @@ pub(crate) struct ClaimJob {
     pub(crate) fingerprint: [u8; 32],
     pub(crate) token: [u8; 16],
     pub(crate) ttl_ms: i64,
+}
+
+impl ClaimJob {
+    /// The claim of `key` by a new lease with `token`.
+    pub(crate) fn new(
+        key: &ScopedKey,
+        fingerprint: &Fingerprint,
+        token: u128,
+        pending_ttl: Duration,
+    ) -> Self {
+        Self {
+            id: key.storage_id(),
+            tenant: key.tenant.clone(),
+            namespace: key.namespace.clone(),
+            client_key: key.key.as_str().to_owned(),
+            fingerprint: *fingerprint.as_bytes(),
+            token: token.to_be_bytes(),
+            ttl_ms: ttl_param(pending_ttl),
+        }
+    }
 }
 
 /// What a claim statement said about its key.
@@ -106,23 +131,14 @@ impl PostgresStore {
         conn: &mut PgConnection,
         jobs: &[&ClaimJob],
     ) -> Result<Vec<Result<Claimed, StoreError>>, sqlx::Error> {
-        let store = self;
-        let rows = sqlx::query(AssertSqlSafe(Arc::clone(&store.inner.sql.claim_batch)))
-            .bind(jobs.iter().map(|j| j.id.as_str()).collect::<Vec<_>>())
-            .bind(jobs.iter().map(|j| j.tenant.as_str()).collect::<Vec<_>>())
-            .bind(
-                jobs.iter()
-                    .map(|j| j.namespace.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                jobs.iter()
-                    .map(|j| j.client_key.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(jobs.iter().map(|j| &j.fingerprint[..]).collect::<Vec<_>>())
-            .bind(jobs.iter().map(|j| &j.token[..]).collect::<Vec<_>>())
-            .bind(jobs.iter().map(|j| j.ttl_ms).collect::<Vec<_>>())
+        let rows = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.claim_batch)))
+            .bind(column(jobs, |j| j.id.as_str()))
+            .bind(column(jobs, |j| j.tenant.as_str()))
+            .bind(column(jobs, |j| j.namespace.as_str()))
+            .bind(column(jobs, |j| j.client_key.as_str()))
+            .bind(column(jobs, |j| &j.fingerprint[..]))
+            .bind(column(jobs, |j| &j.token[..]))
+            .bind(column(jobs, |j| j.ttl_ms))
             .fetch_all(&mut *conn)
             .await?;
         let mut by_id = HashMap::with_capacity(rows.len());
@@ -220,15 +236,14 @@ impl PostgresStore {
         conn: &mut PgConnection,
         jobs: &[&CompleteJob],
     ) -> Result<Vec<Fenced>, sqlx::Error> {
-        let store = self;
         let done: Vec<String> =
-            sqlx::query_scalar(AssertSqlSafe(Arc::clone(&store.inner.sql.complete_batch)))
-                .bind(jobs.iter().map(|j| j.id.as_str()).collect::<Vec<_>>())
-                .bind(jobs.iter().map(|j| &j.token[..]).collect::<Vec<_>>())
-                .bind(jobs.iter().map(|j| j.fence).collect::<Vec<_>>())
-                .bind(jobs.iter().map(|j| j.payload.as_ref()).collect::<Vec<_>>())
-                .bind(jobs.iter().map(|j| j.ttl_ms).collect::<Vec<_>>())
-                .bind(jobs.iter().map(|j| j.entry.as_str()).collect::<Vec<_>>())
+            sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.inner.sql.complete_batch)))
+                .bind(column(jobs, |j| j.id.as_str()))
+                .bind(column(jobs, |j| &j.token[..]))
+                .bind(column(jobs, |j| j.fence))
+                .bind(column(jobs, |j| j.payload.as_ref()))
+                .bind(column(jobs, |j| j.ttl_ms))
+                .bind(column(jobs, |j| j.entry.as_str()))
                 .fetch_all(&mut *conn)
                 .await?;
         let done: HashSet<String> = done.into_iter().collect();
@@ -237,7 +252,7 @@ impl PostgresStore {
             outs.push(if done.contains(&job.id) {
                 Fenced::Applied
             } else {
-                store.completed_on(conn, job).await?
+                self.completed_on(conn, job).await?
             });
         }
         Ok(outs)
