@@ -265,7 +265,7 @@ async fn absurd_chunks(addr: String) {
     }
 }
 
-async fn pipelined_floods(addr: String) {
+async fn pipelined_floods(addr: String, admin: String) {
     // Read: a thousand requests in one write, a thousand answers back.
     let one = "GET /unrouted HTTP/1.1\r\nHost: x\r\n\r\n";
     let mut tcp = TcpStream::connect(&addr).await.expect("connect");
@@ -299,8 +299,29 @@ async fn pipelined_floods(addr: String) {
         .expect("the server keeps reading until its writes stall")
         .expect("the writer did not panic");
     // Still reading nothing: past the send timeout the server gives up on
-    // this connection (counted as `send_time`, checked by the caller).
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // this connection (counted as `send_time`, checked by the caller). On
+    // a busy machine the server may still be answering the flood for a
+    // while before its writes stall, so wait for the count rather than a
+    // fixed time: dropping the socket first would end the connection on a
+    // reset instead.
+    let client = reqwest::Client::new();
+    let counted = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let r = client.get(format!("{admin}/metrics")).send().await;
+            if let Ok(r) = r
+                && let Ok(text) = r.text().await
+                && limit_count(&text, "send_time") >= 1.0
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(
+        counted.is_ok(),
+        "the server kept a client that reads nothing"
+    );
     drop(tcp);
 }
 
@@ -424,7 +445,7 @@ async fn attacks_cost_their_own_connection_only() {
     let stop = Arc::new(AtomicBool::new(false));
 
     let attacks = {
-        let a = a.clone();
+        let (a, admin) = (a.clone(), gw.admin.clone());
         let sim = Arc::clone(&sim);
         tokio::spawn(async move {
             tokio::join!(
@@ -432,7 +453,7 @@ async fn attacks_cost_their_own_connection_only() {
                 slow_bodies(a.clone()),
                 huge_heads(a.clone()),
                 absurd_chunks(a.clone()),
-                pipelined_floods(a.clone()),
+                pipelined_floods(a.clone(), admin),
                 bad_header_bytes(a.clone()),
                 old_protocols(a.clone(), sim),
                 tls_on_the_plain_port(a.clone()),
