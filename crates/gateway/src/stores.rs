@@ -13,9 +13,9 @@
 //! the driver: `prefix` (Redis key prefix, default `idemgate`; lets several
 //! deployments or test runs share one Redis), `schema` (PostgreSQL schema,
 //! default `idemgate`), `pool` (PostgreSQL pool size, default 10),
-//! `batches` (PostgreSQL claim and completion statements that run at once,
-//! each carrying every claim or completion waiting for it, default 1; 0
-//! gives each its own statement, see `PostgresOptions::batch_statements`) and
+//! `batches` (PostgreSQL claim, completion and renewal statements that run
+//! at once, each carrying every one of its kind waiting for it, default 1;
+//! 0 gives each its own statement, see `PostgresOptions::batch_statements`) and
 //! `timeline` (`background`, the default: timeline entries of replays and
 //! conflicts are written in batches off the request path; `inline`: each is
 //! written before the request is answered, one more round trip), and, for

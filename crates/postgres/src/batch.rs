@@ -1,5 +1,6 @@
-//! Claims and completions of concurrent requests carried by one statement
-//! each: a batch is one round trip and one commit for every key in it.
+//! Claims, completions and lease renewals of concurrent requests carried
+//! by one statement each: a batch is one round trip and one commit for
+//! every key in it.
 //!
 //! Why: a fresh key is two tiny statements, and the server's cost of a
 //! statement is mostly fixed — the protocol messages, the executor start,
@@ -10,7 +11,7 @@
 //! CPU per key or less (BENCHMARKS.md, "PostgreSQL: many keys in one
 //! statement").
 //!
-//! How: each kind (claims, completions) has a queue and a few workers
+//! How: each kind (claims, completions, renewals) has a queue and a few workers
 //! ([`PostgresOptions::batch_statements`](crate::PostgresOptions::batch_statements)).
 //! A worker takes the first waiting job and every other job waiting at
 //! that moment (up to [`MAX_JOBS`]), and runs them as one statement. Jobs

@@ -13,9 +13,10 @@
 //! # Layout
 //! - [`store`]: [`PostgresStore`]: connecting, migrating, the bounded
 //!   connection use, [`PostgresStore::complete_in`] and the background purge.
-//! - `batch`: claims and completions of concurrent requests carried by
-//!   one statement each, when every worker is busy: the queue and its
-//!   workers, for any kind of job (`store::batched` has the two kinds).
+//! - `batch`: claims, completions and lease renewals of concurrent
+//!   requests carried by one statement each, when every worker is busy:
+//!   the queue and its workers, for any kind of job (`store::batched` has
+//!   the three kinds).
 //! - `connections`: the connections the operations run on, lent one
 //!   operation at a time and taken back with no extra round trip.
 //! - `options`: [`PostgresOptions`].

@@ -14,7 +14,7 @@ use sqlx::{AssertSqlSafe, PgConnection, Row};
 use crate::error::{BACKEND, map_error};
 use crate::timeline::Entry;
 
-use crate::store::{ClaimJob, Claimed, CompleteJob, PostgresStore};
+use crate::store::{ClaimJob, Claimed, CompleteJob, PostgresStore, RenewJob};
 
 use crate::rows::*;
 
@@ -69,24 +69,16 @@ impl Store for PostgresStore {
         pending_ttl: Duration,
     ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
         Box::pin(async move {
-            let Some(fence) = fence_param(lease) else {
+            let Some(job) = RenewJob::new(lease, pending_ttl) else {
                 return Ok(Fenced::Stale);
             };
-            let row = self
-                .bounded("renew", async |c: &mut PgConnection| {
-                    sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.renew)))
-                        .bind(lease.key.storage_id())
-                        .bind(lease.token.to_be_bytes().to_vec())
-                        .bind(fence)
-                        .bind(ttl_param(pending_ttl))
-                        .fetch_optional(&mut *c)
-                        .await
-                })
-                .await?;
-            match row {
-                Some(row) => {
-                    lease.expires_at_ms =
-                        to_u64(row.try_get("exp_ms").map_err(map_error)?, "expiry")?;
+            let renewed = match &self.inner.renewals {
+                Some(batches) => batches.run(job).await??,
+                None => self.renew_alone(&job).await??,
+            };
+            match renewed {
+                Some(expires_at_ms) => {
+                    lease.expires_at_ms = expires_at_ms;
                     Ok(Fenced::Applied)
                 }
                 None => Ok(Fenced::Stale),

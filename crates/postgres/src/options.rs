@@ -49,10 +49,10 @@ pub struct PostgresOptions {
     /// the default, an acknowledged claim survives the crash and the retry
     /// finds the key in flight.
     pub synchronous_claims: bool,
-    /// How many statements of claims, and as many of completions, run at
-    /// once, each carrying every claim (or completion) that was waiting
-    /// when it was sent (default 1); 0 gives every claim and completion a
-    /// statement of its own. A request that finds a worker free goes at
+    /// How many statements of claims, and as many of completions and of
+    /// lease renewals, run at once, each carrying every claim (completion,
+    /// renewal) that was waiting when it was sent (default 1); 0 gives
+    /// every one a statement of its own. A request that finds a worker free goes at
     /// once, alone, so batching holds nothing back to fill a batch; under
     /// load, one statement and one commit serve many keys, which costs the
     /// server far less CPU per key (half or less, in BENCHMARKS.md). Each
@@ -113,7 +113,7 @@ impl PostgresOptions {
     }
 
     /// Sets how many batch statements of each kind run at once (0: none,
-    /// one statement per claim and per completion).
+    /// one statement per claim, completion and renewal).
     pub fn batch_statements(mut self, n: u32) -> Self {
         self.batch_statements = n;
         self

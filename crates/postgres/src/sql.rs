@@ -48,6 +48,7 @@ pub(crate) struct Sql {
     /// tokens, `$7` lease ms; rows as `claim`'s plus `id`.
     pub(crate) claim_batch: Arc<str>,
     pub(crate) renew: Arc<str>,
+    pub(crate) renew_batch: Arc<str>,
     /// Locks the owned PENDING row until the caller's transaction ends:
     /// `$1` id, `$2` token, `$3` fence.
     pub(crate) lock: Arc<str>,
@@ -258,6 +259,17 @@ impl Sql {
              RETURNING r.id",
             exp = after_ms(&format!("($5::bigint[])[{job}]")),
         );
+        let renew_batch = format!(
+            "WITH cfg AS MATERIALIZED (\
+               SELECT set_config('lock_timeout', '{BATCH_LOCK_TIMEOUT_MS}ms', true) AS lock_timeout) \
+             UPDATE {rec} r SET expires_at = {exp} \
+             FROM cfg \
+             WHERE r.id = ANY($1::text[]) AND r.token = ($2::bytea[])[{job}] \
+               AND r.fence = ($3::bigint[])[{job}] AND r.state = 'P' \
+             RETURNING r.id, {m} AS exp_ms",
+            exp = after_ms(&format!("($4::bigint[])[{job}]")),
+            m = ms("r.expires_at"),
+        );
         let completed = format!(
             "SELECT count(*) AS applied FROM {rec} WHERE id = $1 AND token = $2 AND fence = $3 \
              AND state = 'D' AND payload = $4 AND expires_at > now()"
@@ -390,6 +402,7 @@ impl Sql {
             claim: claim.into(),
             claim_batch: claim_batch.into(),
             renew: renew.into(),
+            renew_batch: renew_batch.into(),
             lock: lock.into(),
             complete: complete.into(),
             complete_batch: complete_batch.into(),

@@ -8,7 +8,7 @@
 
 mod batched;
 
-pub(crate) use batched::{ClaimJob, Claimed, Claims, CompleteJob, Completions};
+pub(crate) use batched::{ClaimJob, Claimed, Claims, CompleteJob, Completions, RenewJob, Renewals};
 
 use std::str::FromStr;
 use std::sync::atomic::Ordering;
@@ -64,10 +64,11 @@ pub(crate) struct Inner {
     pub(crate) notify: KeyedNotify,
     /// Background writer of timeline entries that change no record.
     pub(crate) timeline: Option<TimelineWriter>,
-    /// The queues of batched claims and completions (`batch`); `None`
-    /// when batching is off (each runs its own statement).
+    /// The queues of batched claims, completions and renewals (`batch`);
+    /// `None` when batching is off (each runs its own statement).
     pub(crate) claims: Option<Batcher<Claims>>,
     pub(crate) completions: Option<Batcher<Completions>>,
+    pub(crate) renewals: Option<Batcher<Renewals>>,
 }
 
 impl PostgresStore {
@@ -156,6 +157,7 @@ impl PostgresStore {
         let batching = batch_workers > 0 && tokio::runtime::Handle::try_current().is_ok();
         let (claims, claims_rx) = Batcher::unless_off(batching, opts.operation_timeout);
         let (completions, completions_rx) = Batcher::unless_off(batching, opts.operation_timeout);
+        let (renewals, renewals_rx) = Batcher::unless_off(batching, opts.operation_timeout);
         let store = Self {
             inner: Arc::new(Inner {
                 connections: Connections::new(
@@ -170,12 +172,16 @@ impl PostgresStore {
                 timeline,
                 claims,
                 completions,
+                renewals,
             }),
         };
         if let Some(rx) = claims_rx {
             rx.start(Arc::downgrade(&store.inner), batch_workers);
         }
         if let Some(rx) = completions_rx {
+            rx.start(Arc::downgrade(&store.inner), batch_workers);
+        }
+        if let Some(rx) = renewals_rx {
             rx.start(Arc::downgrade(&store.inner), batch_workers);
         }
         if store.inner.opts.migrate {
@@ -460,8 +466,8 @@ impl PostgresStore {
         self.bounded("a test's statement", run).await
     }
 
-    /// Claims and completions so far that shared their statement with
-    /// another (for tests that must see batches form).
+    /// Claims, completions and renewals so far that shared their
+    /// statement with another (for tests that must see batches form).
     #[doc(hidden)]
     pub fn batched_jobs(&self) -> u64 {
         let shared = |counts: &Counts| counts.shared.load(Ordering::Relaxed);
@@ -471,6 +477,21 @@ impl PostgresStore {
                 .completions
                 .as_ref()
                 .map_or(0, |b| shared(b.counts()))
+            + self
+                .inner
+                .renewals
+                .as_ref()
+                .map_or(0, |b| shared(b.counts()))
+    }
+
+    /// Renewal statements the batch workers have sent so far (for tests
+    /// that count round trips).
+    #[doc(hidden)]
+    pub fn renew_statements(&self) -> u64 {
+        self.inner
+            .renewals
+            .as_ref()
+            .map_or(0, |b| b.counts().statements.load(Ordering::Relaxed))
     }
 
     /// Claim statements the batch workers have sent so far (for tests

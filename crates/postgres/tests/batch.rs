@@ -1,9 +1,9 @@
-//! Claims and completions of concurrent requests batched into one
-//! statement (`PostgresOptions::batch_statements`) keep every promise of
-//! the single-key statements: one winner per key, each key's own answer
-//! (never a neighbour's), takeovers with higher fences, fenced and
-//! idempotent completions — and a key whose row lock is held elsewhere
-//! holds up no other key of its batch.
+//! Claims, completions and lease renewals of concurrent requests batched
+//! into one statement (`PostgresOptions::batch_statements`) keep every
+//! promise of the single-key statements: one winner per key, each key's
+//! own answer (never a neighbour's), takeovers with higher fences, fenced
+//! and idempotent completions, fenced renewals — and a key whose row lock
+//! is held elsewhere holds up no other key of its batch.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -239,6 +239,90 @@ async fn batched_completions_are_fenced_idempotent_and_keep_each_keys_payload() 
         assert_eq!(executed, 1, "key {i}: the retry wrote a second entry");
     }
     assert!(store.batched_jobs() > 0, "the batch path was not exercised");
+}
+
+/// Renewals of many leases at once share statements, and each keeps the
+/// single-key promise: a current lease is extended by its own TTL (each
+/// key renews for a different one here, so a neighbour's expiry would
+/// show), a forged token, an older fence or a completed key is stale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batched_renewals_extend_each_current_lease_and_refuse_stale_ones() {
+    let store = batching_store(1).await;
+    let keys: Vec<ScopedKey> = (0..48).map(|_| fresh_key()).collect();
+    let leases: Vec<Lease> = winners(&store, &keys, 1, LONG).await;
+    // Every fourth key is done before the renewals: its lease is over.
+    let ok = attempt(AttemptOutcome::Executed);
+    for lease in leases.iter().step_by(4) {
+        let done = store.complete(lease, Bytes::from_static(b"done"), LONG, &ok);
+        assert_eq!(done.await.unwrap(), Fenced::Applied);
+    }
+    let before = store.renew_statements();
+    let barrier = Arc::new(Barrier::new(keys.len() * 3));
+    let mut tasks = Vec::new();
+    for (i, lease) in leases.iter().enumerate() {
+        let forged = Lease {
+            token: lease.token ^ 1,
+            ..lease.clone()
+        };
+        let older = Lease {
+            fence: lease.fence - 1,
+            ..lease.clone()
+        };
+        for (what, mut lease) in [("own", lease.clone()), ("forged", forged), ("older", older)] {
+            let (store, barrier) = (Arc::clone(&store), Arc::clone(&barrier));
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                let ttl = LONG + Duration::from_secs(60 * (i as u64 + 1));
+                let renewed = store.renew(&mut lease, ttl).await.unwrap();
+                (i, what, renewed, lease)
+            }));
+        }
+    }
+    let mut renewed = HashMap::new();
+    for task in tasks {
+        let (i, what, written, lease) = task.await.unwrap();
+        let current = what == "own" && i % 4 != 0;
+        let expected = if current {
+            Fenced::Applied
+        } else {
+            Fenced::Stale
+        };
+        assert_eq!(written, expected, "key {i}: the {what} renewal");
+        if current {
+            renewed.insert(i, lease);
+        }
+    }
+    let statements = store.renew_statements() - before;
+    for (i, key) in keys.iter().enumerate() {
+        let state = store.get(key).await.unwrap().map(|r| r.state);
+        let Some(lease) = renewed.get(&i) else {
+            assert!(
+                matches!(state, Some(RecordState::Done { .. })),
+                "key {i}: {state:?}"
+            );
+            continue;
+        };
+        assert_eq!(
+            state,
+            Some(RecordState::Pending {
+                fence: lease.fence,
+                lease_expires_at_ms: lease.expires_at_ms
+            }),
+            "key {i}"
+        );
+        // Its own TTL: one more minute per key than the previous key's.
+        let extended = lease.expires_at_ms - leases[i].expires_at_ms;
+        let own = 60_000 * (i as u64 + 1);
+        assert!(
+            extended.abs_diff(own) < 30_000,
+            "key {i}: extended by {extended} ms, not by its own {own} ms"
+        );
+    }
+    assert!(
+        (1..144).contains(&statements),
+        "{} renewals took {statements} batch statements",
+        keys.len() * 3
+    );
 }
 
 /// A retry storm on a key in flight: every claim finds the owner's lease,

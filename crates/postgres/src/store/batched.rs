@@ -1,5 +1,6 @@
-//! The claims and completions the store batches (`crate::batch`): their
-//! parameters, their answers, and their statements, alone and together.
+//! The claims, completions and lease renewals the store batches
+//! (`crate::batch`): their parameters, their answers, and their
+//! statements, alone and together.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -256,5 +257,111 @@ impl PostgresStore {
             });
         }
         Ok(outs)
+    }
+}
+
+/// A lease renewal's parameters, as the renewal statements bind them.
+#[derive(Debug)]
+pub(crate) struct RenewJob {
+    pub(crate) id: String,
+    pub(crate) token: [u8; 16],
+    pub(crate) fence: i64,
+    pub(crate) ttl_ms: i64,
+}
+
+impl RenewJob {
+    /// The renewal of `lease` for `pending_ttl`; `None` when its fence
+    /// cannot be one of ours (so it is stale).
+    pub(crate) fn new(lease: &Lease, pending_ttl: Duration) -> Option<Self> {
+        Some(Self {
+            id: lease.key.storage_id(),
+            token: lease.token.to_be_bytes(),
+            fence: fence_param(lease)?,
+            ttl_ms: ttl_param(pending_ttl),
+        })
+    }
+}
+
+/// The new lease expiry a renewal statement returned for its row.
+fn renewed_until(row: &PgRow) -> Result<u64, StoreError> {
+    to_u64(row.try_get("exp_ms").map_err(map_error)?, "expiry")
+}
+
+/// Lease renewals, batched: every in-flight key renews every third of its
+/// lease, so a busy replica sends many at once.
+#[derive(Debug)]
+pub(crate) struct Renewals;
+
+impl Kind for Renewals {
+    type Owner = Inner;
+    type Job = RenewJob;
+    /// The new lease expiry, or `None` when the lease is not current.
+    type Out = Result<Option<u64>, StoreError>;
+    const WHAT: &'static str = "renew";
+
+    fn id(job: &RenewJob) -> &str {
+        &job.id
+    }
+
+    async fn run_one(owner: &Arc<Inner>, job: &RenewJob) -> Result<Self::Out, StoreError> {
+        PostgresStore::from(owner).renew_alone(job).await
+    }
+
+    async fn run_many(
+        owner: &Arc<Inner>,
+        jobs: &[&RenewJob],
+    ) -> Result<Result<Vec<Self::Out>, sqlx::Error>, StoreError> {
+        let store = PostgresStore::from(owner);
+        store
+            .bounded_answer(Self::WHAT, async |c: &mut PgConnection| {
+                store.renew_many_on(c, jobs).await
+            })
+            .await
+    }
+}
+
+impl PostgresStore {
+    /// The single-key renewal statement, within the operation bound.
+    pub(crate) async fn renew_alone(
+        &self,
+        job: &RenewJob,
+    ) -> Result<Result<Option<u64>, StoreError>, StoreError> {
+        let row = self
+            .bounded(Renewals::WHAT, async |c: &mut PgConnection| {
+                sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.renew)))
+                    .bind(&job.id)
+                    .bind(&job.token[..])
+                    .bind(job.fence)
+                    .bind(job.ttl_ms)
+                    .fetch_optional(&mut *c)
+                    .await
+            })
+            .await?;
+        Ok(row.as_ref().map(renewed_until).transpose())
+    }
+
+    /// The batch renewal statement on `conn`: each job's answer, in order
+    /// (a lease the statement did not find current is stale).
+    async fn renew_many_on(
+        &self,
+        conn: &mut PgConnection,
+        jobs: &[&RenewJob],
+    ) -> Result<Vec<Result<Option<u64>, StoreError>>, sqlx::Error> {
+        let rows = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.renew_batch)))
+            .bind(column(jobs, |j| j.id.as_str()))
+            .bind(column(jobs, |j| &j.token[..]))
+            .bind(column(jobs, |j| j.fence))
+            .bind(column(jobs, |j| j.ttl_ms))
+            .fetch_all(&mut *conn)
+            .await?;
+        let mut by_id = HashMap::with_capacity(rows.len());
+        for row in rows {
+            let id: String = row.try_get("id")?;
+            by_id.insert(id, row);
+        }
+        Ok(jobs
+            .iter()
+            .map(|j| by_id.remove(&j.id).as_ref().map(renewed_until).transpose())
+            .collect())
     }
 }
