@@ -48,6 +48,8 @@ pub(crate) struct Sql {
     /// tokens, `$7` lease ms; rows as `claim`'s plus `id`.
     pub(crate) claim_batch: Arc<str>,
     pub(crate) renew: Arc<str>,
+    /// `renew` for many keys: `$1` ids, `$2` tokens, `$3` fences, `$4`
+    /// lease ms; a row (`id`, `exp_ms`) per lease still current.
     pub(crate) renew_batch: Arc<str>,
     /// Locks the owned PENDING row until the caller's transaction ends:
     /// `$1` id, `$2` token, `$3` fence.
