@@ -142,16 +142,23 @@ impl PostgresStore {
             .bind(column(jobs, |j| j.ttl_ms))
             .fetch_all(&mut *conn)
             .await?;
-        let mut by_id = HashMap::with_capacity(rows.len());
-        for row in rows {
-            let id: String = row.try_get("id")?;
-            by_id.insert(id, row);
-        }
+        let mut by_id = rows_by_id(rows)?;
         Ok(jobs
             .iter()
             .map(|j| Claimed::from_row(by_id.remove(&j.id)))
             .collect())
     }
+}
+
+/// A batch statement's rows by their `id` column: the statement returns
+/// rows in no set order, and each job takes its own key's row (or none).
+fn rows_by_id(rows: Vec<PgRow>) -> Result<HashMap<String, PgRow>, sqlx::Error> {
+    let mut by_id = HashMap::with_capacity(rows.len());
+    for row in rows {
+        let id: String = row.try_get("id")?;
+        by_id.insert(id, row);
+    }
+    Ok(by_id)
 }
 
 /// A completion's parameters, as the completion statements bind them.
@@ -354,11 +361,7 @@ impl PostgresStore {
             .bind(column(jobs, |j| j.ttl_ms))
             .fetch_all(&mut *conn)
             .await?;
-        let mut by_id = HashMap::with_capacity(rows.len());
-        for row in rows {
-            let id: String = row.try_get("id")?;
-            by_id.insert(id, row);
-        }
+        let mut by_id = rows_by_id(rows)?;
         Ok(jobs
             .iter()
             .map(|j| by_id.remove(&j.id).as_ref().map(renewed_until).transpose())
