@@ -328,6 +328,90 @@ async fn batched_renewals_extend_each_current_lease_and_refuse_stale_ones() {
 /// A retry storm on a key in flight: every claim finds the owner's lease,
 /// and claims of the key waiting together are answered by one read, not
 /// a statement each.
+/// The store's connections plan each statement once and keep that plan:
+/// a claim, completion or renewal is never planned again for its
+/// parameters. (Left to choose, the server plans the first five runs of a
+/// prepared statement for their parameters, and may keep doing so.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_stores_statements_are_planned_once_not_per_run() {
+    let shared = support::shared_store().await;
+    // One connection: every statement below runs on the one the check
+    // reads afterwards.
+    let opts = PostgresOptions::default()
+        .schema(support::run_schema())
+        .max_connections(1)
+        .purge_interval(None)
+        .background_timeline(false)
+        .batch_statements(1);
+    let store = Arc::new(
+        PostgresStore::from_pool_with(shared.pool().clone(), opts)
+            .await
+            .expect("a store of one connection"),
+    );
+    let ok = attempt(AttemptOutcome::Executed);
+    let rounds = 8;
+    for round in 0..rounds {
+        let keys: Vec<ScopedKey> = (0..3).map(|_| fresh_key()).collect();
+        for (i, mut lease) in winners(&store, &keys, 2, LONG)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            let renewed = store.renew(&mut lease, LONG).await.unwrap();
+            assert_eq!(
+                renewed,
+                Fenced::Applied,
+                "round {round}: key {i}'s own lease was not renewed"
+            );
+            let written = store
+                .complete(
+                    &lease,
+                    Bytes::from(format!("payload-{round}-{i}")),
+                    LONG,
+                    &ok,
+                )
+                .await
+                .unwrap();
+            assert_eq!(
+                written,
+                Fenced::Applied,
+                "round {round}: key {i} not completed"
+            );
+        }
+    }
+    let plans: Vec<(String, i64, i64)> = store
+        .on_own_connection(async |c: &mut sqlx::PgConnection| {
+            sqlx::query_as(
+                "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements \
+                 WHERE NOT from_sql",
+            )
+            .fetch_all(c)
+            .await
+        })
+        .await
+        .expect("the connection's prepared statements");
+    let ran = |what: &str| {
+        plans
+            .iter()
+            .filter(|(statement, ..)| statement.contains(what))
+            .map(|(_, generic, custom)| generic + custom)
+            .sum::<i64>()
+    };
+    for what in ["INSERT INTO", "SET state = 'D'", "SET expires_at"] {
+        assert!(
+            ran(what) >= rounds,
+            "a statement with `{what}` ran {} times on the connection: {plans:?}",
+            ran(what)
+        );
+    }
+    for (statement, generic, custom) in &plans {
+        assert_eq!(
+            *custom, 0,
+            "planned for its parameters {custom} times (and {generic} generic): {statement}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_storm_on_a_key_in_flight_is_answered_in_a_few_statements() {
     const RETRIES: usize = 200;
