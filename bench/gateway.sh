@@ -37,6 +37,8 @@
 #      PARTS ("wrk held stream": the parts to run)
 #      TRACE_DIR (held rows also write LABEL.trace there, every request's
 #        timing, for bench/tail.py)
+#      WAKEUPS (1: held proxy rows also count the proxy's context switches
+#        and futex calls per request, with `perf stat`)
 #      BENCH_BIN, BENCH_LOADGEN, BENCH_SIM (prebuilt binaries; default:
 #        build the release binaries of this tree)
 #      GATEWAY_WORKERS (the gateway's --workers; default: one per core)
@@ -232,8 +234,13 @@ seconds() { # 30s, 500ms, 2m -> seconds
 }
 
 held() { # label url mode extra-header [pid...]: the pids' CPU is charged per request
-  local label=$1 url=$2 mode=$3 header=$4 out t0 t1 s0 s1 sent
+  local label=$1 url=$2 mode=$3 header=$4 out t0 t1 s0 s1 sent perf_pid=
   shift 4
+  if [ "${WAKEUPS:-0}" = 1 ] && [ $# -gt 0 ]; then
+    perf stat -x, -e context-switches,syscalls:sys_enter_futex -p "$(IFS=,; echo "$*")" \
+      -o "$WORK/wakeups-$label" &
+    perf_pid=$!
+  fi
   # shellcheck disable=SC2046 # one word per pid
   s0=$(cpu_ticks $(store_pids)); t0=$(cpu_ticks "$@")
   out=$("$LOADGEN" --url "$url" --rate "$HELD_RATE" --duration "$HELD_DURATION" \
@@ -246,6 +253,13 @@ held() { # label url mode extra-header [pid...]: the pids' CPU is charged per re
   sent=$(awk -v r="$HELD_RATE" -v a="$(seconds "$HELD_WARMUP")" -v b="$(seconds "$HELD_DURATION")" \
     'BEGIN { printf "%d", r * (a + b) }')
   [ $# -gt 0 ] && out="$out cpu_us=$(us_per_req "$t0" "$t1" "$sent") store_cpu_us=$(us_per_req "$s0" "$s1" "$sent")"
+  if [ -n "$perf_pid" ]; then
+    kill -INT "$perf_pid"
+    wait "$perf_pid" || true
+    out="$out $(awk -F, -v n="$sent" '
+      $3 == "context-switches" { cs = $1 } $3 ~ /futex/ { fx = $1 }
+      END { printf "switches_per_req=%.2f futex_per_req=%.2f", cs / n, fx / n }' "$WORK/wakeups-$label")"
+  fi
   echo "$out" | tee -a "$WORK/held"
 }
 
@@ -297,6 +311,13 @@ part_held() {
         v["errors"] + v["non2xx"] + v["unsent"], v["cpu_us"] == "" ? "-" : v["cpu_us"],
         v["store_cpu_us"] == "" ? "-" : v["store_cpu_us"] }' "$WORK/held"
   done
+  if [ "${WAKEUPS:-0}" = 1 ]; then
+    echo
+    echo "the proxy's context switches and futex calls per request sent (perf stat):"
+    awk '$0 ~ /switches_per_req=/ {
+      for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+      printf "  %-24s switches %6s   futex %6s\n", substr($1, 7), v["switches_per_req"], v["futex_per_req"] }' "$WORK/held"
+  fi
   echo
   echo "added latency over the direct path at $HELD_RATE req/s (target: p99 <= 1 ms):"
   for l in idemgate-fresh idemgate-replay idempotent-proxy-fresh; do
