@@ -3,7 +3,8 @@
 //! promise of the single-key statements: one winner per key, each key's
 //! own answer (never a neighbour's), takeovers with higher fences, fenced
 //! and idempotent completions, fenced renewals — and a key whose row lock
-//! is held elsewhere holds up no other key of its batch.
+//! is held elsewhere holds up no other key of its batch. The statements
+//! are planned once per connection, never for their parameters.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -325,9 +326,6 @@ async fn batched_renewals_extend_each_current_lease_and_refuse_stale_ones() {
     );
 }
 
-/// A retry storm on a key in flight: every claim finds the owner's lease,
-/// and claims of the key waiting together are answered by one read, not
-/// a statement each.
 /// The store's connections plan each statement once and keep that plan:
 /// a claim, completion or renewal is never planned again for its
 /// parameters. (Left to choose, the server plans the first five runs of a
@@ -412,6 +410,9 @@ async fn the_stores_statements_are_planned_once_not_per_run() {
     }
 }
 
+/// A retry storm on a key in flight: every claim finds the owner's lease,
+/// and claims of the key waiting together are answered by one read, not
+/// a statement each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_storm_on_a_key_in_flight_is_answered_in_a_few_statements() {
     const RETRIES: usize = 200;
