@@ -11,7 +11,8 @@
 //! CPU per key or less (BENCHMARKS.md, "PostgreSQL: many keys in one
 //! statement").
 //!
-//! How: each kind (claims, completions, renewals) has a queue and a few workers
+//! How: each kind (claims and completions together, renewals) has a
+//! queue and a few workers
 //! ([`PostgresOptions::batch_statements`](crate::PostgresOptions::batch_statements)).
 //! A worker takes the first waiting job and every other job waiting at
 //! that moment (up to [`MAX_JOBS`]), and runs them as one statement. Jobs
@@ -23,7 +24,9 @@
 //! What a batch must not change:
 //! - **Durability**: each job is answered after its batch committed.
 //! - **One winner per key**: a batch holds each key at most once (a second
-//!   job for the same key waits for the next batch), claims insert in key
+//!   job for the same key waits for the next batch: a takeover claim and
+//!   the old owner's completion never update one row in one statement,
+//!   where one of the two updates would be dropped), claims insert in key
 //!   order so two batches never wait on each other in a cycle, and the
 //!   primary key still decides between concurrent claimers. A job held
 //!   back for a key the batch only read (a claim that found it taken)
@@ -76,11 +79,16 @@ pub(crate) trait Kind: Send + Sync + 'static {
         0
     }
 
-    /// A copy of `out` for another job of the same key that was waiting
-    /// when the batch was sent, if that job may have it: an answer that
-    /// only read the key (a claim that found it taken) is what the other
-    /// job's own statement would have read at the same moment.
-    fn share(_out: &Self::Out) -> Option<Self::Out> {
+    /// The operation `job` is, in errors (default [`Kind::WHAT`]).
+    fn what(_job: &Self::Job) -> &'static str {
+        Self::WHAT
+    }
+
+    /// A copy of `out` for `to`, another job of the same key that was
+    /// waiting when the batch was sent, if `to` may have it: an answer
+    /// that only read the key (a claim that found it taken) is what
+    /// another claim's own statement would have read at the same moment.
+    fn share(_out: &Self::Out, _to: &Self::Job) -> Option<Self::Out> {
         None
     }
 
@@ -171,6 +179,7 @@ impl<K: Kind> Batcher<K> {
 
     /// Runs `job` in the next batch and waits for its answer.
     pub(crate) async fn run(&self, job: K::Job) -> Result<K::Out, StoreError> {
+        let what = K::what(&job);
         let (reply, answer) = oneshot::channel();
         self.tx
             .send(Waiting { job, reply })
@@ -181,7 +190,7 @@ impl<K: Kind> Batcher<K> {
             Err(_) => Err(StoreError::new(
                 StoreErrorKind::Unavailable,
                 BACKEND,
-                format!("{} did not finish in time", K::WHAT),
+                format!("{what} did not finish in time"),
             )),
         }
     }
@@ -237,7 +246,10 @@ async fn work<K: Kind>(
             // flight is answered in one round trip, not one per retry).
             let mut rest = VecDeque::with_capacity(later.len());
             for w in later.drain(..) {
-                match read.get(K::id(&w.job)).and_then(K::share) {
+                match read
+                    .get(K::id(&w.job))
+                    .and_then(|out| K::share(out, &w.job))
+                {
                     Some(out) => {
                         let _ = w.reply.send(Ok(out));
                     }
@@ -341,7 +353,9 @@ async fn run_batch<K: Kind>(
     match together {
         Ok(Ok(outs)) if outs.len() == batch.len() => {
             for (w, out) in batch.into_iter().zip(outs) {
-                if let Some(copy) = K::share(&out) {
+                // A copy for a job like this one, kept for jobs of its key
+                // that were held back.
+                if let Some(copy) = K::share(&out, &w.job) {
                     read.insert(K::id(&w.job).to_owned(), copy);
                 }
                 let _ = w.reply.send(Ok(out));

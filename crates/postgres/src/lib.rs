@@ -16,7 +16,7 @@
 //! - `batch`: claims, completions and lease renewals of concurrent
 //!   requests carried by one statement each, when every worker is busy:
 //!   the queue and its workers, for any kind of job (`store::batched` has
-//!   the three kinds).
+//!   the two kinds: claims and completions together, and renewals).
 //! - `connections`: the connections the operations run on, lent one
 //!   operation at a time and taken back with no extra round trip.
 //! - `options`: [`PostgresOptions`].

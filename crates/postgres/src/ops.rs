@@ -14,7 +14,7 @@ use sqlx::{AssertSqlSafe, PgConnection, Row};
 use crate::error::{BACKEND, map_error};
 use crate::timeline::Entry;
 
-use crate::store::{ClaimJob, Claimed, CompleteJob, PostgresStore, RenewJob};
+use crate::store::{ClaimJob, Claimed, CompleteJob, PostgresStore, RenewJob, Write};
 
 use crate::rows::*;
 
@@ -97,8 +97,8 @@ impl Store for PostgresStore {
             let Some(job) = CompleteJob::new(lease, payload, done_ttl, attempt)? else {
                 return Ok(Fenced::Stale);
             };
-            let written = match &self.inner.completions {
-                Some(batches) => batches.run(job).await?,
+            let written = match &self.inner.writes {
+                Some(batches) => batches.run(Write::Complete(job)).await?.completed()?,
                 None => {
                     self.bounded("complete", async |c: &mut PgConnection| {
                         self.complete_on(c, &job).await

@@ -38,7 +38,8 @@ pub struct PostgresOptions {
     /// Whether a claim's commit waits for its WAL to be flushed (default
     /// true). `false` commits claims with `synchronous_commit = off` (in
     /// the claim's own statement, so it stays one round trip); results,
-    /// releases and forgets stay synchronous.
+    /// releases and forgets stay synchronous, and so do claims that share
+    /// a statement with completions.
     ///
     /// The trade: a database crash can lose claims acknowledged in the
     /// last moments before it (up to three `wal_writer_delay`s, 600 ms by
@@ -49,10 +50,10 @@ pub struct PostgresOptions {
     /// the default, an acknowledged claim survives the crash and the retry
     /// finds the key in flight.
     pub synchronous_claims: bool,
-    /// How many statements of claims, and as many of completions and of
-    /// lease renewals, run at once, each carrying every claim (completion,
-    /// renewal) that was waiting when it was sent (default 1); 0 gives
-    /// every one a statement of its own. A request that finds a worker free goes at
+    /// How many statements of claims and completions, and as many of
+    /// lease renewals, run at once, each carrying every claim and
+    /// completion (renewal) that was waiting when it was sent (default
+    /// 1); 0 gives every one a statement of its own. A request that finds a worker free goes at
     /// once, alone, so batching holds nothing back to fill a batch; under
     /// load, one statement and one commit serve many keys, which costs the
     /// server far less CPU per key (half or less, in BENCHMARKS.md). Each
@@ -112,8 +113,9 @@ impl PostgresOptions {
         self
     }
 
-    /// Sets how many batch statements of each kind run at once (0: none,
-    /// one statement per claim, completion and renewal).
+    /// Sets how many batch statements of claims and completions, and as
+    /// many of renewals, run at once (0: none, one statement per claim,
+    /// completion and renewal).
     pub fn batch_statements(mut self, n: u32) -> Self {
         self.batch_statements = n;
         self

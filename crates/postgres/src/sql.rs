@@ -61,6 +61,10 @@ pub(crate) struct Sql {
     /// `$2` tokens, `$3` fences, `$4` payloads, `$5` keep-for ms, `$6`
     /// entries (JSON text); returns the ids it completed.
     pub(crate) complete_batch: Arc<str>,
+    /// Claims and completions of distinct keys in one statement: `$1`…`$7`
+    /// as `claim_batch`'s, `$8`…`$13` as `complete_batch`'s; the claims'
+    /// rows as `claim_batch`'s, and an `id` row per completion applied.
+    pub(crate) write_batch: Arc<str>,
     /// Whether the DONE row is the one this lease wrote with this payload
     /// (a completion retried after its reply was lost): `$1` id, `$2`
     /// token, `$3` fence, `$4` payload. Run only when `complete` matched
@@ -189,9 +193,11 @@ impl Sql {
                 ", set_config('synchronous_commit', 'off', true) AS sync"
             }
         );
-        let claim_batch = format!(
-            "WITH {batch_cfg}, \
-             n AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], \
+        // The claim batch's CTEs (its rows: `ins` and `live`) and its
+        // answer, over the parameters `$1`…`$7`: alone or beside
+        // completions (`write_batch`).
+        let claim_ctes = format!(
+            "n AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], \
                                         $5::bytea[], $6::bytea[], $7::bigint[]) \
                    AS n(id, tenant, namespace, client_key, fingerprint, token, ttl_ms)), \
              cur AS MATERIALIZED (\
@@ -210,15 +216,18 @@ impl Sql {
                  fence = greatest(EXCLUDED.fence, r.fence + 1), \
                  expires_at = EXCLUDED.expires_at, payload = NULL, entry = NULL \
                WHERE r.expires_at <= now() \
-               RETURNING r.id, r.fence, r.expires_at) \
-             SELECT id, true AS acquired, fence, {ins_ms} AS exp_ms, NULL::bytea AS fingerprint, \
+               RETURNING r.id, r.fence, r.expires_at)",
+            exp = after_ms("n.ttl_ms"),
+        );
+        let claim_answer = format!(
+            "SELECT id, true AS acquired, fence, {ins_ms} AS exp_ms, NULL::bytea AS fingerprint, \
                     NULL::text AS state, NULL::bytea AS payload FROM ins \
              UNION ALL \
              SELECT id, false, fence, {cur_ms}, fingerprint, state, payload FROM live",
-            exp = after_ms("n.ttl_ms"),
             ins_ms = ms("expires_at"),
             cur_ms = ms("expires_at"),
         );
+        let claim_batch = format!("WITH {batch_cfg}, {claim_ctes} {claim_answer}");
         let owned = "id = $1 AND token = $2 AND fence = $3 AND state = 'P'";
         let renew = format!(
             "UPDATE {rec} SET expires_at = {exp} WHERE {owned} RETURNING {m} AS exp_ms",
@@ -250,20 +259,45 @@ impl Sql {
         // plan (a scan of the whole table) would then be kept as the table
         // grows. Each row finds its job's values by its id's position.
         let job = "array_position($1::text[], r.id)";
-        let complete_batch = format!(
-            "WITH cfg AS MATERIALIZED (\
-               SELECT set_config('lock_timeout', '{BATCH_LOCK_TIMEOUT_MS}ms', true) AS lock_timeout) \
-             UPDATE {rec} r SET state = 'D', payload = ($4::bytea[])[{job}], \
-                                expires_at = {exp}, entry = (($6::text[])[{job}])::jsonb \
-             FROM cfg \
-             WHERE r.id = ANY($1::text[]) AND r.token = ($2::bytea[])[{job}] \
-               AND r.fence = ($3::bigint[])[{job}] AND r.state = 'P' \
-             RETURNING r.id",
-            exp = after_ms(&format!("($5::bigint[])[{job}]")),
+        let lock_cfg = format!(
+            "cfg AS MATERIALIZED (\
+               SELECT set_config('lock_timeout', '{BATCH_LOCK_TIMEOUT_MS}ms', true) AS lock_timeout)"
+        );
+        // The completions' UPDATE over six parameters from `$first` on.
+        let complete_update = |first: usize| {
+            let p = |i: usize| format!("${}", first + i);
+            let job = format!("array_position({}::text[], r.id)", p(0));
+            format!(
+                "UPDATE {rec} r SET state = 'D', payload = ({payloads}::bytea[])[{job}], \
+                                    expires_at = {exp}, entry = (({entries}::text[])[{job}])::jsonb \
+                 FROM cfg \
+                 WHERE r.id = ANY({ids}::text[]) AND r.token = ({tokens}::bytea[])[{job}] \
+                   AND r.fence = ({fences}::bigint[])[{job}] AND r.state = 'P' \
+                 RETURNING r.id",
+                ids = p(0),
+                tokens = p(1),
+                fences = p(2),
+                payloads = p(3),
+                entries = p(5),
+                exp = after_ms(&format!("({}::bigint[])[{job}]", p(4))),
+            )
+        };
+        let complete_batch = format!("WITH {lock_cfg} {}", complete_update(1));
+        // Claims and completions (of other keys) in one statement: the
+        // claim batch's parameters, then the completion batch's from `$8`;
+        // the claims' rows as `claim_batch`'s, then one row (`id` only) per
+        // completion applied. Its commit is synchronous whatever the claim
+        // mode: the completions need it, and the claims lose nothing by it.
+        let write_batch = format!(
+            "WITH {lock_cfg}, {claim_ctes}, done AS ({update}) \
+             {claim_answer} \
+             UNION ALL \
+             SELECT id, NULL::boolean, NULL::bigint, NULL::bigint, NULL::bytea, NULL::text, \
+                    NULL::bytea FROM done",
+            update = complete_update(8),
         );
         let renew_batch = format!(
-            "WITH cfg AS MATERIALIZED (\
-               SELECT set_config('lock_timeout', '{BATCH_LOCK_TIMEOUT_MS}ms', true) AS lock_timeout) \
+            "WITH {lock_cfg} \
              UPDATE {rec} r SET expires_at = {exp} \
              FROM cfg \
              WHERE r.id = ANY($1::text[]) AND r.token = ($2::bytea[])[{job}] \
@@ -408,6 +442,7 @@ impl Sql {
             lock: lock.into(),
             complete: complete.into(),
             complete_batch: complete_batch.into(),
+            write_batch: write_batch.into(),
             completed: completed.into(),
             release: release.into(),
             forget: forget.into(),

@@ -8,10 +8,10 @@
 
 mod batched;
 
-pub(crate) use batched::{ClaimJob, Claimed, Claims, CompleteJob, Completions, RenewJob, Renewals};
+pub(crate) use batched::{ClaimJob, Claimed, CompleteJob, RenewJob, Renewals, Write, Writes};
 
 use std::str::FromStr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -64,11 +64,13 @@ pub(crate) struct Inner {
     pub(crate) notify: KeyedNotify,
     /// Background writer of timeline entries that change no record.
     pub(crate) timeline: Option<TimelineWriter>,
-    /// The queues of batched claims, completions and renewals (`batch`);
-    /// `None` when batching is off (each runs its own statement).
-    pub(crate) claims: Option<Batcher<Claims>>,
-    pub(crate) completions: Option<Batcher<Completions>>,
+    /// The queues of batched claims and completions (one queue) and of
+    /// renewals (`batch`); `None` when batching is off (each runs its own
+    /// statement).
+    pub(crate) writes: Option<Batcher<Writes>>,
     pub(crate) renewals: Option<Batcher<Renewals>>,
+    /// Statements that carried claims and completions together.
+    pub(crate) mixed_statements: AtomicU64,
 }
 
 impl PostgresStore {
@@ -155,8 +157,7 @@ impl PostgresStore {
         // Batch workers need a runtime to run on, as the purge does.
         let batch_workers = usize::try_from(opts.batch_statements).unwrap_or(0);
         let batching = batch_workers > 0 && tokio::runtime::Handle::try_current().is_ok();
-        let (claims, claims_rx) = Batcher::unless_off(batching, opts.operation_timeout);
-        let (completions, completions_rx) = Batcher::unless_off(batching, opts.operation_timeout);
+        let (writes, writes_rx) = Batcher::unless_off(batching, opts.operation_timeout);
         let (renewals, renewals_rx) = Batcher::unless_off(batching, opts.operation_timeout);
         let store = Self {
             inner: Arc::new(Inner {
@@ -170,15 +171,12 @@ impl PostgresStore {
                 opts,
                 notify: KeyedNotify::new(),
                 timeline,
-                claims,
-                completions,
+                writes,
                 renewals,
+                mixed_statements: AtomicU64::new(0),
             }),
         };
-        if let Some(rx) = claims_rx {
-            rx.start(Arc::downgrade(&store.inner), batch_workers);
-        }
-        if let Some(rx) = completions_rx {
+        if let Some(rx) = writes_rx {
             rx.start(Arc::downgrade(&store.inner), batch_workers);
         }
         if let Some(rx) = renewals_rx {
@@ -471,12 +469,7 @@ impl PostgresStore {
     #[doc(hidden)]
     pub fn batched_jobs(&self) -> u64 {
         let shared = |counts: &Counts| counts.shared.load(Ordering::Relaxed);
-        self.inner.claims.as_ref().map_or(0, |b| shared(b.counts()))
-            + self
-                .inner
-                .completions
-                .as_ref()
-                .map_or(0, |b| shared(b.counts()))
+        self.inner.writes.as_ref().map_or(0, |b| shared(b.counts()))
             + self
                 .inner
                 .renewals
@@ -494,14 +487,21 @@ impl PostgresStore {
             .map_or(0, |b| b.counts().statements.load(Ordering::Relaxed))
     }
 
-    /// Claim statements the batch workers have sent so far (for tests
-    /// that count round trips).
+    /// Statements of claims and completions the batch workers have sent
+    /// so far (for tests that count round trips).
     #[doc(hidden)]
-    pub fn claim_statements(&self) -> u64 {
+    pub fn write_statements(&self) -> u64 {
         self.inner
-            .claims
+            .writes
             .as_ref()
             .map_or(0, |b| b.counts().statements.load(Ordering::Relaxed))
+    }
+
+    /// Statements that carried claims and completions together so far
+    /// (for tests that must see such statements form).
+    #[doc(hidden)]
+    pub fn mixed_statements(&self) -> u64 {
+        self.inner.mixed_statements.load(Ordering::Relaxed)
     }
 
     /// The store's own connections in use right now, an abandoned
@@ -514,8 +514,8 @@ impl PostgresStore {
 
     /// One claim: through the batch queue when batching is on.
     pub(crate) async fn claim_once(&self, job: &ClaimJob) -> Result<Claimed, StoreError> {
-        match &self.inner.claims {
-            Some(batches) => batches.run(job.clone()).await?,
+        match &self.inner.writes {
+            Some(batches) => batches.run(Write::Claim(job.clone())).await?.claimed(),
             None => Claimed::from_row(
                 self.bounded("claim", async |c: &mut PgConnection| {
                     self.claim_on(c, job).await

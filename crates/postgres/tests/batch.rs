@@ -242,6 +242,153 @@ async fn batched_completions_are_fenced_idempotent_and_keep_each_keys_payload() 
     assert!(store.batched_jobs() > 0, "the batch path was not exercised");
 }
 
+/// Claims and completions waiting at the same moment share statements,
+/// and each keeps its promise: fresh keys get one winner each, current
+/// leases complete with their own payload, and where an expired owner's
+/// late completion meets a takeover claim of its key, exactly one of the
+/// two wins — the completion (the claim then reads its DONE record) or
+/// the takeover (the completion is then stale and the fence is higher).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claims_and_completions_share_statements_and_keep_every_promise() {
+    const ROUNDS: usize = 8;
+    let store = batching_store(1).await;
+    let ok = attempt(AttemptOutcome::Executed);
+    // Every round's expiring keys are claimed up front, so one wait
+    // outlasts all their leases.
+    let expiring: Vec<Vec<(ScopedKey, Lease)>> = {
+        let mut rounds = Vec::new();
+        for _ in 0..ROUNDS {
+            let keys: Vec<ScopedKey> = (0..6).map(|_| fresh_key()).collect();
+            let leases = winners(&store, &keys, 1, SHORT_TTL).await;
+            rounds.push(keys.into_iter().zip(leases).collect());
+        }
+        rounds
+    };
+    tokio::time::sleep(SHORT_TTL + Duration::from_millis(300)).await;
+    let mut current: Vec<(ScopedKey, Lease)> = Vec::new();
+    for (round, expired) in expiring.into_iter().enumerate() {
+        let fresh: Vec<ScopedKey> = (0..8).map(|_| fresh_key()).collect();
+        let barrier = Arc::new(Barrier::new(
+            current.len() + 2 * expired.len() + 2 * fresh.len(),
+        ));
+        let mut completions = Vec::new();
+        for (i, (_, lease)) in current.iter().enumerate() {
+            let (store, ok, barrier, lease) = (
+                Arc::clone(&store),
+                ok.clone(),
+                Arc::clone(&barrier),
+                lease.clone(),
+            );
+            completions.push(tokio::spawn(async move {
+                barrier.wait().await;
+                let body = Bytes::from(format!("current-{round}-{i}"));
+                store.complete(&lease, body, LONG, &ok).await.unwrap()
+            }));
+        }
+        let mut late = Vec::new();
+        for (i, (key, old)) in expired.iter().enumerate() {
+            let (store, ok, barrier, key, old) = (
+                Arc::clone(&store),
+                ok.clone(),
+                Arc::clone(&barrier),
+                key.clone(),
+                old.clone(),
+            );
+            late.push(tokio::spawn(async move {
+                let takeover = {
+                    let (store, barrier, key) =
+                        (Arc::clone(&store), Arc::clone(&barrier), key.clone());
+                    tokio::spawn(async move {
+                        barrier.wait().await;
+                        store
+                            .claim(&key, &fp(&format!("expired-{round}-{i}")), LONG)
+                            .await
+                            .unwrap()
+                    })
+                };
+                barrier.wait().await;
+                let body = Bytes::from(format!("late-{round}-{i}"));
+                let written = store.complete(&old, body, LONG, &ok).await.unwrap();
+                (written, takeover.await.unwrap(), old)
+            }));
+        }
+        let claimed = {
+            let (store, fresh, barrier) = (Arc::clone(&store), fresh.clone(), Arc::clone(&barrier));
+            tokio::spawn(async move {
+                let mut tasks = Vec::new();
+                for (i, key) in fresh.into_iter().enumerate() {
+                    for _ in 0..2 {
+                        let (store, key, barrier) =
+                            (Arc::clone(&store), key.clone(), Arc::clone(&barrier));
+                        tasks.push((
+                            i,
+                            tokio::spawn(async move {
+                                barrier.wait().await;
+                                store.claim(&key, &fp(&format!("key-{i}")), LONG).await
+                            }),
+                        ));
+                    }
+                }
+                let mut answers: Vec<Vec<Claim>> = (0..8).map(|_| Vec::new()).collect();
+                for (i, task) in tasks {
+                    answers[i].push(task.await.unwrap().unwrap());
+                }
+                answers
+            })
+        };
+        for (i, written) in completions.into_iter().enumerate() {
+            assert_eq!(
+                written.await.unwrap(),
+                Fenced::Applied,
+                "round {round}: current key {i}"
+            );
+        }
+        for (i, (key, _)) in current.iter().enumerate() {
+            match store.get(key).await.unwrap().map(|r| r.state) {
+                Some(RecordState::Done { payload, .. }) => assert_eq!(
+                    payload,
+                    Bytes::from(format!("current-{round}-{i}")),
+                    "round {round}: current key {i}"
+                ),
+                other => panic!("round {round}: current key {i}: {other:?}"),
+            }
+        }
+        for (i, task) in late.into_iter().enumerate() {
+            let (written, takeover, old) = task.await.unwrap();
+            match (written, takeover) {
+                (Fenced::Applied, Claim::Existing(record)) => match record.state {
+                    RecordState::Done { payload, .. } => assert_eq!(
+                        payload,
+                        Bytes::from(format!("late-{round}-{i}")),
+                        "round {round}: expired key {i}"
+                    ),
+                    other => panic!(
+                        "round {round}: expired key {i}: the completion applied, yet the claim read {other:?}"
+                    ),
+                },
+                (Fenced::Stale, Claim::Acquired(new)) => assert!(
+                    new.fence > old.fence,
+                    "round {round}: expired key {i}: the takeover's fence is not higher"
+                ),
+                (written, takeover) => panic!(
+                    "round {round}: expired key {i}: completion {written:?} with claim {takeover:?}"
+                ),
+            }
+        }
+        let answers = claimed.await.unwrap();
+        current = fresh
+            .into_iter()
+            .zip(answers)
+            .enumerate()
+            .map(|(i, (key, answers))| (key, the_winner(i, answers)))
+            .collect();
+    }
+    assert!(
+        store.mixed_statements() > 0,
+        "no statement carried claims and completions together"
+    );
+}
+
 /// Renewals of many leases at once share statements, and each keeps the
 /// single-key promise: a current lease is extended by its own TTL (each
 /// key renews for a different one here, so a neighbour's expiry would
@@ -348,8 +495,30 @@ async fn the_stores_statements_are_planned_once_not_per_run() {
     );
     let ok = attempt(AttemptOutcome::Executed);
     let rounds = 8;
+    let mut held: Vec<Lease> = Vec::new();
     for round in 0..rounds {
-        let keys: Vec<ScopedKey> = (0..3).map(|_| fresh_key()).collect();
+        // Each round claims new keys while the last round's complete, so
+        // statements of claims alone, of completions alone and of both
+        // together all run on the connection.
+        let keys: Vec<ScopedKey> = (0..6).map(|_| fresh_key()).collect();
+        let completing = {
+            let (store, ok, leases) = (Arc::clone(&store), ok.clone(), std::mem::take(&mut held));
+            tokio::spawn(async move {
+                let mut tasks = Vec::new();
+                for (i, lease) in leases.into_iter().enumerate() {
+                    let (store, ok) = (Arc::clone(&store), ok.clone());
+                    tasks.push(tokio::spawn(async move {
+                        let body = Bytes::from(format!("payload-{round}-{i}"));
+                        store.complete(&lease, body, LONG, &ok).await.unwrap()
+                    }));
+                }
+                let mut written = Vec::new();
+                for task in tasks {
+                    written.push(task.await.unwrap());
+                }
+                written
+            })
+        };
         for (i, mut lease) in winners(&store, &keys, 2, LONG)
             .await
             .into_iter()
@@ -361,19 +530,13 @@ async fn the_stores_statements_are_planned_once_not_per_run() {
                 Fenced::Applied,
                 "round {round}: key {i}'s own lease was not renewed"
             );
-            let written = store
-                .complete(
-                    &lease,
-                    Bytes::from(format!("payload-{round}-{i}")),
-                    LONG,
-                    &ok,
-                )
-                .await
-                .unwrap();
+            held.push(lease);
+        }
+        for (i, written) in completing.await.unwrap().into_iter().enumerate() {
             assert_eq!(
                 written,
                 Fenced::Applied,
-                "round {round}: key {i} not completed"
+                "round {round}: the last round's key {i} not completed"
             );
         }
     }
@@ -395,6 +558,10 @@ async fn the_stores_statements_are_planned_once_not_per_run() {
             .map(|(_, generic, custom)| generic + custom)
             .sum::<i64>()
     };
+    assert!(
+        ran("done AS (UPDATE") > 0,
+        "no statement carried claims and completions together: {plans:?}"
+    );
     for what in ["INSERT INTO", "SET state = 'D'", "SET expires_at"] {
         assert!(
             ran(what) >= rounds,
@@ -419,9 +586,9 @@ async fn a_storm_on_a_key_in_flight_is_answered_in_a_few_statements() {
     let store = batching_store(1).await;
     let key = fresh_key();
     let owner = acquired(store.claim(&key, &fp("key-0"), LONG).await.unwrap());
-    let before = store.claim_statements();
+    let before = store.write_statements();
     let answers = claim_all_at_once(&store, std::slice::from_ref(&key), RETRIES, LONG).await;
-    let statements = store.claim_statements() - before;
+    let statements = store.write_statements() - before;
     for answer in answers.into_iter().flatten() {
         match answer {
             Claim::Existing(record) => assert_eq!(

@@ -1,19 +1,23 @@
 //! The claims, completions and lease renewals the store batches
 //! (`crate::batch`): their parameters, their answers, and their
-//! statements, alone and together.
+//! statements, alone and together. Claims and completions share one
+//! queue ([`Writes`]); renewals have their own.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idemgate_engine::{Attempt, Fenced, Fingerprint, Lease, Record, ScopedKey, StoreError};
+use idemgate_engine::{
+    Attempt, Fenced, Fingerprint, Lease, Record, ScopedKey, StoreError, StoreErrorKind,
+};
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, PgConnection, Row};
 
 use super::{Inner, PostgresStore};
 use crate::batch::Kind;
-use crate::error::map_error;
+use crate::error::{BACKEND, map_error};
 use crate::rows::{attempt_json, decode_record, fence_param, to_u64, ttl_param};
 
 /// One parameter of a batch statement: `value` of every job, in order.
@@ -78,50 +82,6 @@ impl Claimed {
             });
         }
         Ok(Self::Existing(decode_record(&row)?))
-    }
-}
-
-/// Claims, batched.
-#[derive(Debug)]
-pub(crate) struct Claims;
-
-impl Kind for Claims {
-    type Owner = Inner;
-    type Job = ClaimJob;
-    type Out = Result<Claimed, StoreError>;
-    const WHAT: &'static str = "claim";
-
-    fn id(job: &ClaimJob) -> &str {
-        &job.id
-    }
-
-    fn share(out: &Self::Out) -> Option<Self::Out> {
-        match out {
-            Ok(Claimed::Existing(record)) => Some(Ok(Claimed::Existing(record.clone()))),
-            _ => None,
-        }
-    }
-
-    async fn run_one(owner: &Arc<Inner>, job: &ClaimJob) -> Result<Self::Out, StoreError> {
-        let store = PostgresStore::from(owner);
-        let row = store
-            .bounded(Self::WHAT, async |c: &mut PgConnection| {
-                store.claim_on(c, job).await
-            })
-            .await?;
-        Ok(Claimed::from_row(row))
-    }
-
-    async fn run_many(
-        owner: &Arc<Inner>,
-        jobs: &[&ClaimJob],
-    ) -> Result<Result<Vec<Self::Out>, sqlx::Error>, StoreError> {
-        let store = PostgresStore::from(owner);
-        store
-            .bounded_answer(Self::WHAT, async |c: &mut PgConnection| {
-                store.claim_many_on(c, jobs).await
-            })
-            .await
     }
 }
 
@@ -195,41 +155,151 @@ impl CompleteJob {
     }
 }
 
-/// Completions, batched.
+/// A claim or a completion. The two share one queue, so a statement
+/// can carry both: under load, claims of new keys and completions of
+/// keys claimed earlier wait at the same moment, and one statement (one
+/// commit, one round of wake-ups) serves them all. A key is in a batch
+/// at most once, so a claim and a completion of the same key (a takeover
+/// and the expired owner's late completion) never meet in one statement.
 #[derive(Debug)]
-pub(crate) struct Completions;
+pub(crate) enum Write {
+    Claim(ClaimJob),
+    Complete(CompleteJob),
+}
 
-impl Kind for Completions {
+/// A [`Write`]'s answer, of the same variant.
+#[derive(Debug)]
+pub(crate) enum Written {
+    Claim(Result<Claimed, StoreError>),
+    Complete(Fenced),
+}
+
+impl Written {
+    /// The claim's answer; an internal error if this answers a completion.
+    pub(crate) fn claimed(self) -> Result<Claimed, StoreError> {
+        match self {
+            Self::Claim(claimed) => claimed,
+            Self::Complete(_) => Err(mismatched("claim")),
+        }
+    }
+
+    /// The completion's answer; an internal error if this answers a claim.
+    pub(crate) fn completed(self) -> Result<Fenced, StoreError> {
+        match self {
+            Self::Complete(fenced) => Ok(fenced),
+            Self::Claim(_) => Err(mismatched("completion")),
+        }
+    }
+}
+
+/// What a caller gets should a batch answer its job with another kind's
+/// answer: never, as every path answers each job in its own kind.
+fn mismatched(what: &str) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Corrupt,
+        BACKEND,
+        format!("the batch answered a {what} with another operation's answer"),
+    )
+}
+
+/// Claims and completions, batched together.
+#[derive(Debug)]
+pub(crate) struct Writes;
+
+impl Kind for Writes {
     type Owner = Inner;
-    type Job = CompleteJob;
-    type Out = Fenced;
-    const WHAT: &'static str = "complete";
+    type Job = Write;
+    type Out = Written;
+    const WHAT: &'static str = "claim and complete";
 
-    fn id(job: &CompleteJob) -> &str {
-        &job.id
+    fn id(job: &Write) -> &str {
+        match job {
+            Write::Claim(j) => &j.id,
+            Write::Complete(j) => &j.id,
+        }
     }
 
-    fn bytes(job: &CompleteJob) -> usize {
-        job.payload.len() + job.entry.len()
+    fn what(job: &Write) -> &'static str {
+        match job {
+            Write::Claim(_) => "claim",
+            Write::Complete(_) => "complete",
+        }
     }
 
-    async fn run_one(owner: &Arc<Inner>, job: &CompleteJob) -> Result<Fenced, StoreError> {
+    fn bytes(job: &Write) -> usize {
+        match job {
+            Write::Claim(_) => 0,
+            Write::Complete(j) => j.payload.len() + j.entry.len(),
+        }
+    }
+
+    fn share(out: &Written, to: &Write) -> Option<Written> {
+        match (out, to) {
+            (Written::Claim(Ok(Claimed::Existing(record))), Write::Claim(_)) => {
+                Some(Written::Claim(Ok(Claimed::Existing(record.clone()))))
+            }
+            _ => None,
+        }
+    }
+
+    async fn run_one(owner: &Arc<Inner>, job: &Write) -> Result<Written, StoreError> {
         let store = PostgresStore::from(owner);
-        store
-            .bounded(Self::WHAT, async |c: &mut PgConnection| {
-                store.complete_on(c, job).await
-            })
-            .await
+        match job {
+            Write::Claim(job) => {
+                let row = store
+                    .bounded("claim", async |c: &mut PgConnection| {
+                        store.claim_on(c, job).await
+                    })
+                    .await?;
+                Ok(Written::Claim(Claimed::from_row(row)))
+            }
+            Write::Complete(job) => store
+                .bounded("complete", async |c: &mut PgConnection| {
+                    store.complete_on(c, job).await
+                })
+                .await
+                .map(Written::Complete),
+        }
     }
 
     async fn run_many(
         owner: &Arc<Inner>,
-        jobs: &[&CompleteJob],
-    ) -> Result<Result<Vec<Fenced>, sqlx::Error>, StoreError> {
+        jobs: &[&Write],
+    ) -> Result<Result<Vec<Written>, sqlx::Error>, StoreError> {
         let store = PostgresStore::from(owner);
+        let claims: Vec<&ClaimJob> = jobs
+            .iter()
+            .filter_map(|j| match j {
+                Write::Claim(c) => Some(c),
+                Write::Complete(_) => None,
+            })
+            .collect();
+        let completions: Vec<&CompleteJob> = jobs
+            .iter()
+            .filter_map(|j| match j {
+                Write::Complete(c) => Some(c),
+                Write::Claim(_) => None,
+            })
+            .collect();
+        if completions.is_empty() {
+            return store
+                .bounded_answer("claim", async |c: &mut PgConnection| {
+                    let outs = store.claim_many_on(c, &claims).await?;
+                    Ok(outs.into_iter().map(Written::Claim).collect())
+                })
+                .await;
+        }
+        if claims.is_empty() {
+            return store
+                .bounded_answer("complete", async |c: &mut PgConnection| {
+                    let outs = store.complete_many_on(c, &completions).await?;
+                    Ok(outs.into_iter().map(Written::Complete).collect())
+                })
+                .await;
+        }
         store
             .bounded_answer(Self::WHAT, async |c: &mut PgConnection| {
-                store.complete_many_on(c, jobs).await
+                store.write_many_on(c, jobs, &claims, &completions).await
             })
             .await
     }
@@ -261,6 +331,52 @@ impl PostgresStore {
                 Fenced::Applied
             } else {
                 self.completed_on(conn, job).await?
+            });
+        }
+        Ok(outs)
+    }
+}
+
+impl PostgresStore {
+    /// The statement of claims and completions together on `conn`: each
+    /// job's answer, in order. As in [`PostgresStore::complete_many_on`],
+    /// a completion the statement did not apply is checked alone.
+    async fn write_many_on(
+        &self,
+        conn: &mut PgConnection,
+        jobs: &[&Write],
+        claims: &[&ClaimJob],
+        completions: &[&CompleteJob],
+    ) -> Result<Vec<Written>, sqlx::Error> {
+        self.inner.mixed_statements.fetch_add(1, Ordering::Relaxed);
+        let rows = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.write_batch)))
+            .bind(column(claims, |j| j.id.as_str()))
+            .bind(column(claims, |j| j.tenant.as_str()))
+            .bind(column(claims, |j| j.namespace.as_str()))
+            .bind(column(claims, |j| j.client_key.as_str()))
+            .bind(column(claims, |j| &j.fingerprint[..]))
+            .bind(column(claims, |j| &j.token[..]))
+            .bind(column(claims, |j| j.ttl_ms))
+            .bind(column(completions, |j| j.id.as_str()))
+            .bind(column(completions, |j| &j.token[..]))
+            .bind(column(completions, |j| j.fence))
+            .bind(column(completions, |j| j.payload.as_ref()))
+            .bind(column(completions, |j| j.ttl_ms))
+            .bind(column(completions, |j| j.entry.as_str()))
+            .fetch_all(&mut *conn)
+            .await?;
+        // Keys are distinct across the batch: a claim's row and a
+        // completion's never share an id.
+        let mut by_id = rows_by_id(rows)?;
+        let mut outs = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            outs.push(match job {
+                Write::Claim(j) => Written::Claim(Claimed::from_row(by_id.remove(&j.id))),
+                Write::Complete(j) => Written::Complete(if by_id.remove(&j.id).is_some() {
+                    Fenced::Applied
+                } else {
+                    self.completed_on(conn, j).await?
+                }),
             });
         }
         Ok(outs)
