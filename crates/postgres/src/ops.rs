@@ -99,12 +99,7 @@ impl Store for PostgresStore {
             };
             let written = match &self.inner.writes {
                 Some(batches) => batches.run(Write::Complete(job)).await?.completed()?,
-                None => {
-                    self.bounded("complete", async |c: &mut PgConnection| {
-                        self.complete_on(c, &job).await
-                    })
-                    .await?
-                }
+                None => self.complete_alone(&job).await?,
             };
             if written == Fenced::Applied {
                 self.inner.notify.notify(&lease.key.storage_id());

@@ -516,13 +516,27 @@ impl PostgresStore {
     pub(crate) async fn claim_once(&self, job: &ClaimJob) -> Result<Claimed, StoreError> {
         match &self.inner.writes {
             Some(batches) => batches.run(Write::Claim(job.clone())).await?.claimed(),
-            None => Claimed::from_row(
-                self.bounded("claim", async |c: &mut PgConnection| {
-                    self.claim_on(c, job).await
-                })
-                .await?,
-            ),
+            None => self.claim_alone(job).await,
         }
+    }
+
+    /// The single-key claim statement, within the operation bound.
+    pub(crate) async fn claim_alone(&self, job: &ClaimJob) -> Result<Claimed, StoreError> {
+        let row = self
+            .bounded("claim", async |c: &mut PgConnection| {
+                self.claim_on(c, job).await
+            })
+            .await?;
+        Claimed::from_row(row)
+    }
+
+    /// The single-key completion (and, when it matched nothing, the check
+    /// of an earlier write), within the operation bound.
+    pub(crate) async fn complete_alone(&self, job: &CompleteJob) -> Result<Fenced, StoreError> {
+        self.bounded("complete", async |c: &mut PgConnection| {
+            self.complete_on(c, job).await
+        })
+        .await
     }
 
     /// The single-key claim statement on `conn`.

@@ -92,22 +92,43 @@ impl PostgresStore {
         conn: &mut PgConnection,
         jobs: &[&ClaimJob],
     ) -> Result<Vec<Result<Claimed, StoreError>>, sqlx::Error> {
-        let rows = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.claim_batch)))
-            .bind(column(jobs, |j| j.id.as_str()))
-            .bind(column(jobs, |j| j.tenant.as_str()))
-            .bind(column(jobs, |j| j.namespace.as_str()))
-            .bind(column(jobs, |j| j.client_key.as_str()))
-            .bind(column(jobs, |j| &j.fingerprint[..]))
-            .bind(column(jobs, |j| &j.token[..]))
-            .bind(column(jobs, |j| j.ttl_ms))
-            .fetch_all(&mut *conn)
-            .await?;
+        let query = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.claim_batch)));
+        let rows = bind_claims(query, jobs).fetch_all(&mut *conn).await?;
         let mut by_id = rows_by_id(rows)?;
         Ok(jobs
             .iter()
             .map(|j| Claimed::from_row(by_id.remove(&j.id)))
             .collect())
     }
+}
+
+/// A query of a batch statement.
+type BatchQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
+/// `query` with the claims' seven parameters bound, in the order the
+/// claim batch (and the claim part of the write batch) reads them.
+fn bind_claims<'q>(query: BatchQuery<'q>, jobs: &[&'q ClaimJob]) -> BatchQuery<'q> {
+    query
+        .bind(column(jobs, |j| j.id.as_str()))
+        .bind(column(jobs, |j| j.tenant.as_str()))
+        .bind(column(jobs, |j| j.namespace.as_str()))
+        .bind(column(jobs, |j| j.client_key.as_str()))
+        .bind(column(jobs, |j| &j.fingerprint[..]))
+        .bind(column(jobs, |j| &j.token[..]))
+        .bind(column(jobs, |j| j.ttl_ms))
+}
+
+/// `query` with the completions' six parameters bound, in the order the
+/// completion batch (and the completion part of the write batch) reads
+/// them.
+fn bind_completions<'q>(query: BatchQuery<'q>, jobs: &[&'q CompleteJob]) -> BatchQuery<'q> {
+    query
+        .bind(column(jobs, |j| j.id.as_str()))
+        .bind(column(jobs, |j| &j.token[..]))
+        .bind(column(jobs, |j| j.fence))
+        .bind(column(jobs, |j| j.payload.as_ref()))
+        .bind(column(jobs, |j| j.ttl_ms))
+        .bind(column(jobs, |j| j.entry.as_str()))
 }
 
 /// A batch statement's rows by their `id` column: the statement returns
@@ -245,20 +266,8 @@ impl Kind for Writes {
     async fn run_one(owner: &Arc<Inner>, job: &Write) -> Result<Written, StoreError> {
         let store = PostgresStore::from(owner);
         match job {
-            Write::Claim(job) => {
-                let row = store
-                    .bounded("claim", async |c: &mut PgConnection| {
-                        store.claim_on(c, job).await
-                    })
-                    .await?;
-                Ok(Written::Claim(Claimed::from_row(row)))
-            }
-            Write::Complete(job) => store
-                .bounded("complete", async |c: &mut PgConnection| {
-                    store.complete_on(c, job).await
-                })
-                .await
-                .map(Written::Complete),
+            Write::Claim(job) => Ok(Written::Claim(store.claim_alone(job).await)),
+            Write::Complete(job) => store.complete_alone(job).await.map(Written::Complete),
         }
     }
 
@@ -314,17 +323,9 @@ impl PostgresStore {
         conn: &mut PgConnection,
         jobs: &[&CompleteJob],
     ) -> Result<Vec<Fenced>, sqlx::Error> {
-        let done: Vec<String> =
-            sqlx::query_scalar(AssertSqlSafe(Arc::clone(&self.inner.sql.complete_batch)))
-                .bind(column(jobs, |j| j.id.as_str()))
-                .bind(column(jobs, |j| &j.token[..]))
-                .bind(column(jobs, |j| j.fence))
-                .bind(column(jobs, |j| j.payload.as_ref()))
-                .bind(column(jobs, |j| j.ttl_ms))
-                .bind(column(jobs, |j| j.entry.as_str()))
-                .fetch_all(&mut *conn)
-                .await?;
-        let done: HashSet<String> = done.into_iter().collect();
+        let query = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.complete_batch)));
+        let rows = bind_completions(query, jobs).fetch_all(&mut *conn).await?;
+        let done: HashSet<String> = rows_by_id(rows)?.into_keys().collect();
         let mut outs = Vec::with_capacity(jobs.len());
         for job in jobs {
             outs.push(if done.contains(&job.id) {
@@ -349,20 +350,8 @@ impl PostgresStore {
         completions: &[&CompleteJob],
     ) -> Result<Vec<Written>, sqlx::Error> {
         self.inner.mixed_statements.fetch_add(1, Ordering::Relaxed);
-        let rows = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.write_batch)))
-            .bind(column(claims, |j| j.id.as_str()))
-            .bind(column(claims, |j| j.tenant.as_str()))
-            .bind(column(claims, |j| j.namespace.as_str()))
-            .bind(column(claims, |j| j.client_key.as_str()))
-            .bind(column(claims, |j| &j.fingerprint[..]))
-            .bind(column(claims, |j| &j.token[..]))
-            .bind(column(claims, |j| j.ttl_ms))
-            .bind(column(completions, |j| j.id.as_str()))
-            .bind(column(completions, |j| &j.token[..]))
-            .bind(column(completions, |j| j.fence))
-            .bind(column(completions, |j| j.payload.as_ref()))
-            .bind(column(completions, |j| j.ttl_ms))
-            .bind(column(completions, |j| j.entry.as_str()))
+        let query = sqlx::query(AssertSqlSafe(Arc::clone(&self.inner.sql.write_batch)));
+        let rows = bind_completions(bind_claims(query, claims), completions)
             .fetch_all(&mut *conn)
             .await?;
         // Keys are distinct across the batch: a claim's row and a
