@@ -111,3 +111,21 @@ cpu_ticks() {
   done
   echo "$t"
 }
+
+# url: readies a PostgreSQL server's WAL for a measurement. A server with
+# few old WAL segments (a new cluster, or one idle since its last
+# checkpoints) has none to recycle: the backend whose commit fills a
+# segment creates the next one and writes its 16 MB of zeros itself, inside
+# that commit. At 2,000 fresh keys/s on a new private server that stalled
+# every request in flight for about 50 ms every 4.7 s (three episodes of
+# ~100 slow requests in a 15 s held row), a cost a server under steady load
+# does not pay: it renames old segments instead. Two checkpoints after
+# ~300 MB of WAL leave about 20 segments to recycle (8 s here).
+pg_warm_wal() {
+  local i
+  for i in 1 2; do
+    psql -X -q "$1" -c "CREATE TABLE idemgate_warm_wal_$i AS SELECT g, repeat('x', 100) AS pad FROM generate_series(1, 2000000) g" \
+      -c "DROP TABLE idemgate_warm_wal_$i" -c "CHECKPOINT"
+  done
+  echo "PostgreSQL WAL segments ready to use: $(psql -X -At "$1" -c "SELECT count(*) FROM pg_ls_waldir()")"
+}

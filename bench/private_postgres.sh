@@ -12,10 +12,13 @@
 #   (postgres://postgres@127.0.0.1:PORT/postgres).
 # Example (ten minutes held, with autovacuum on):
 #   bash bench/private_postgres.sh -- bash bench/held_minutes.sh '@PG@?schema=bench_minutes'
-# Env: PG_PORT (18790)
+# Env: PG_PORT (18790), WARM_WAL (1: write WAL and checkpoint before the
+#      command, so the server recycles WAL segments as one that has run for
+#      a while does, see pg_warm_wal in bench/common.sh; 0: start from a
+#      new cluster's empty pg_wal)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PG_PORT=${PG_PORT:-18790}
+PG_PORT=${PG_PORT:-18790}; WARM_WAL=${WARM_WAL:-1}
 SETTINGS=()
 while [ $# -gt 0 ] && [ "$1" != -- ]; do SETTINGS+=(-c "$1"); shift; done
 [ "${1:-}" = -- ] || { echo "usage: bench/private_postgres.sh [name=value ...] -- COMMAND [ARG ...]" >&2; exit 2; }
@@ -37,6 +40,10 @@ as_postgres "$PGBIN/pg_ctl" -D "$DIR/data" -l "$DIR/log" -w \
   start >/dev/null
 URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres"
 echo "private PostgreSQL at $URL: $(psql -X -At "$URL" -c "SELECT string_agg(name || '=' || current_setting(name), ' ' ORDER BY name) FROM pg_settings WHERE name IN ('autovacuum', 'shared_buffers', 'max_wal_size', 'checkpoint_timeout', 'wal_compression', 'synchronous_commit', 'fsync', 'ssl')")"
+
+# shellcheck source=bench/common.sh
+. bench/common.sh
+[ "$WARM_WAL" != 1 ] || pg_warm_wal "$URL"
 
 ARGS=()
 for a in "$@"; do ARGS+=("${a//@PG@/$URL}"); done

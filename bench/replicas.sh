@@ -23,6 +23,8 @@ STORES=("$@"); [ ${#STORES[@]} -eq 0 ] && STORES=(sqlite redis postgres)
 # target directory so a concurrent build cannot swap them mid-run.
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
+# shellcheck source=bench/common.sh
+. bench/common.sh
 cargo build --release -q -p idemgate -p idemgate-loadgen -p idemgate-llm-sim
 TARGET=${CARGO_TARGET_DIR:-$(cargo metadata --format-version 1 --no-deps \
   | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')}
@@ -52,6 +54,7 @@ for store in "${STORES[@]}"; do
       redis-cli -h "$host" -p "$port" --scan --pattern "$tag:*" \
         | xargs -r -n 500 redis-cli -h "$host" -p "$port" del >/dev/null ;;
     postgres)
+      pg_warm_wal "$POSTGRES_URL"
       bash bench/gateway.sh "$POSTGRES_URL?schema=$tag&pool=$PG_POOL&timeline=$timeline&claim_commit=$claims&sslmode=$sslmode"
       for _ in 1 2 3; do
         psql "$POSTGRES_URL" -q -c "DROP SCHEMA IF EXISTS $tag CASCADE" 2>/dev/null && break
