@@ -45,6 +45,30 @@ async fn check_constraints(store: &PostgresStore, schema: &str) -> Vec<String> {
     .unwrap()
 }
 
+/// A fresh key claimed and completed with `body`.
+async fn done_key(store: &PostgresStore, body: &'static [u8]) -> idemgate_engine::ScopedKey {
+    let key = fresh_key();
+    let lease = acquired(store.claim(&key, &fp("a"), LONG).await.unwrap());
+    assert_eq!(
+        complete_executed(store, &lease, body, LONG).await,
+        Fenced::Applied
+    );
+    key
+}
+
+/// The stored answer of `key`'s DONE record.
+async fn payload(store: &PostgresStore, key: &idemgate_engine::ScopedKey) -> Option<Vec<u8>> {
+    let record = store.get(key).await.unwrap().expect("the DONE record");
+    record.payload().map(|p| p.to_vec())
+}
+
+async fn drop_schema(store: &PostgresStore, schema: &str) {
+    sqlx::raw_sql(AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+        .execute(store.pool())
+        .await
+        .unwrap();
+}
+
 async fn outcomes(store: &PostgresStore, key: &idemgate_engine::ScopedKey) -> Vec<AttemptOutcome> {
     let timeline = store.timeline(key).await.unwrap();
     timeline.iter().map(|a| a.outcome).collect()
@@ -55,12 +79,7 @@ async fn a_version_1_schema_is_upgraded_and_keeps_its_records() {
     let schema = format!("{}_upgrade", support::run_schema());
     let _ = support::shared_store().await; // fails, not skips, without a server under CI
     let store = connect(&schema).await;
-    let old = fresh_key();
-    let lease = acquired(store.claim(&old, &fp("a"), LONG).await.unwrap());
-    assert_eq!(
-        complete_executed(&store, &lease, b"old", LONG).await,
-        Fenced::Applied
-    );
+    let old = done_key(&store, b"old").await;
     // Back to version 1's layout: the completion's entry as a timeline row.
     sqlx::raw_sql(AssertSqlSafe(format!(
         "INSERT INTO {schema}.timeline (id, entry, keep_until) \
@@ -84,16 +103,10 @@ async fn a_version_1_schema_is_upgraded_and_keeps_its_records() {
     .unwrap();
     assert_eq!(version, 3);
     assert!(check_constraints(&store, &schema).await.is_empty());
-    let record = store.get(&old).await.unwrap().expect("the DONE record");
-    assert_eq!(record.payload().map(|p| p.to_vec()), Some(b"old".to_vec()));
+    assert_eq!(payload(&store, &old).await, Some(b"old".to_vec()));
     assert_eq!(outcomes(&store, &old).await, [AttemptOutcome::Executed]);
 
-    let new = fresh_key();
-    let lease = acquired(store.claim(&new, &fp("a"), LONG).await.unwrap());
-    assert_eq!(
-        complete_executed(&store, &lease, b"new", LONG).await,
-        Fenced::Applied
-    );
+    let new = done_key(&store, b"new").await;
     assert_eq!(outcomes(&store, &new).await, [AttemptOutcome::Executed]);
     let in_row: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
         "SELECT count(*) FROM {schema}.records WHERE id = $1 AND entry->>'outcome' = 'executed'"
@@ -103,10 +116,7 @@ async fn a_version_1_schema_is_upgraded_and_keeps_its_records() {
     .await
     .unwrap();
     assert_eq!(in_row, 1, "the new completion's entry is in its row");
-    sqlx::raw_sql(AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
-        .execute(store.pool())
-        .await
-        .unwrap();
+    drop_schema(&store, &schema).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -118,12 +128,7 @@ async fn a_version_2_schema_loses_its_check_constraints_and_keeps_its_records() 
         check_constraints(&store, &schema).await.is_empty(),
         "a new schema is created at version 3, without CHECK constraints"
     );
-    let done = fresh_key();
-    let lease = acquired(store.claim(&done, &fp("a"), LONG).await.unwrap());
-    assert_eq!(
-        complete_executed(&store, &lease, b"kept", LONG).await,
-        Fenced::Applied
-    );
+    let done = done_key(&store, b"kept").await;
     let pending = fresh_key();
     let pending_lease = acquired(store.claim(&pending, &fp("b"), LONG).await.unwrap());
     // Back to version 2: the constraints again, and no version 3 row.
@@ -142,22 +147,14 @@ async fn a_version_2_schema_loses_its_check_constraints_and_keeps_its_records() 
 
     let store = connect(&schema).await;
     assert!(check_constraints(&store, &schema).await.is_empty());
-    let record = store.get(&done).await.unwrap().expect("the DONE record");
-    assert_eq!(record.payload().map(|p| p.to_vec()), Some(b"kept".to_vec()));
+    assert_eq!(payload(&store, &done).await, Some(b"kept".to_vec()));
     // The lease taken before the upgrade still completes after it.
     assert_eq!(
         complete_executed(&store, &pending_lease, b"after", LONG).await,
         Fenced::Applied
     );
-    let record = store.get(&pending).await.unwrap().expect("the DONE record");
-    assert_eq!(
-        record.payload().map(|p| p.to_vec()),
-        Some(b"after".to_vec())
-    );
-    sqlx::raw_sql(AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
-        .execute(store.pool())
-        .await
-        .unwrap();
+    assert_eq!(payload(&store, &pending).await, Some(b"after".to_vec()));
+    drop_schema(&store, &schema).await;
 }
 
 /// Without the constraints, a row no statement of the store would write
@@ -170,8 +167,7 @@ async fn a_row_the_store_would_never_write_reads_as_corrupt() {
     let store = connect(&schema).await;
     for (state, payload) in [("X", "'\\x00'::bytea"), ("D", "NULL")] {
         let key = fresh_key();
-        let lease = acquired(store.claim(&key, &fp("a"), LONG).await.unwrap());
-        drop(lease);
+        acquired(store.claim(&key, &fp("a"), LONG).await.unwrap());
         sqlx::query(AssertSqlSafe(format!(
             "UPDATE {schema}.records SET state = '{state}', payload = {payload} WHERE id = $1"
         )))
@@ -191,8 +187,5 @@ async fn a_row_the_store_would_never_write_reads_as_corrupt() {
             .expect_err("a claim that reads a corrupt row");
         assert_eq!(err.kind(), idemgate_engine::StoreErrorKind::Corrupt);
     }
-    sqlx::raw_sql(AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
-        .execute(store.pool())
-        .await
-        .unwrap();
+    drop_schema(&store, &schema).await;
 }
