@@ -88,12 +88,15 @@ start_ipx() { # upstream-url listen-port dir redis-url; sets IPX_PID
   mkdir -p "$3"
   # It reads a .env file from its working directory (and refuses to start
   # without one); REQUEST_TIMEOUT is also how long it keeps a response.
+  # LOG_LEVEL is its default, info, unless IPX_LOG_LEVEL says otherwise: at
+  # info it writes one JSON line per request, as idemgate does at its
+  # default level, so both proxies pay for their request logs.
   cat >"$3/.env" <<ENV
 SERVER_ADDR=127.0.0.1:$2
 REDIS_URL=$4
 REQUEST_TIMEOUT=600000
 URL_BENCH=$1
-LOG_LEVEL=error
+LOG_LEVEL=${IPX_LOG_LEVEL:-info}
 ENV
   (cd "$3" && exec env ${IPX_WORKERS:+TOKIO_WORKER_THREADS="$IPX_WORKERS"} "$IPX_BIN") >"$3/log" 2>&1 &
   IPX_PID=$!

@@ -44,7 +44,9 @@
 #      GATEWAY_WORKERS (the gateway's --workers; default: one per core)
 #      IPX_BIN (idempotent-proxy-server; default: found on PATH or in
 #        $HOME/.cargo/bin, skipped when missing), IPX_REDIS_DB (9),
-#      IPX_WORKERS (its TOKIO_WORKER_THREADS; default: one per core)
+#      IPX_WORKERS (its TOKIO_WORKER_THREADS; default: one per core),
+#      IPX_LOG_LEVEL (its LOG_LEVEL; default: info, its own default, at
+#        which it logs one line per request as idemgate does)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-8s}; CONNS=${CONNS:-16}; THREADS=${THREADS:-1}
