@@ -5,13 +5,17 @@
 # server, db `test`, a random schema). Each store's keys are removed after.
 # Usage: bench/replicas.sh [sqlite] [redis] [postgres] [redis-inline]
 #                          [postgres-inline] [postgres-async] [postgres-tls]
+#                          [postgres-steady]
 #   (default: the first three; `-inline` writes replay timeline entries on the
 #   request path, as before the background writer, for comparison;
 #   `postgres-async` commits claims with synchronous_commit = off;
 #   PostgreSQL runs without TLS on loopback, as Redis does, and
-#   `postgres-tls` with `sslmode=require`)
+#   `postgres-tls` with `sslmode=require`; `postgres-steady` first gives
+#   the records table PG_SPACE_ROWS rows of freed space to reuse, as in a
+#   store past its done TTL, see pg_reusable_space in bench/common.sh)
 # Env: as bench/gateway.sh; REDIS_URL (redis://127.0.0.1:6379),
-#      POSTGRES_URL (postgres://postgres@127.0.0.1:5432/test), PG_POOL (16)
+#      POSTGRES_URL (postgres://postgres@127.0.0.1:5432/test), PG_POOL (16),
+#      PG_SPACE_ROWS (300000)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
@@ -40,11 +44,12 @@ fi
 
 tag="igbench$(od -An -N4 -tx4 /dev/urandom | tr -d ' ')"
 for store in "${STORES[@]}"; do
-  timeline=background; claims=sync; sslmode=disable
+  timeline=background; claims=sync; sslmode=disable; space=0
   case "$store" in
     *-inline) timeline=inline; store=${store%-inline} ;;
     *-async) claims=async; store=${store%-async} ;;
     *-tls) sslmode=require; store=${store%-tls} ;;
+    *-steady) space=1; store=${store%-steady} ;;
   esac
   case "$store" in
     sqlite) bash bench/gateway.sh ;;
@@ -55,7 +60,9 @@ for store in "${STORES[@]}"; do
         | xargs -r -n 500 redis-cli -h "$host" -p "$port" del >/dev/null ;;
     postgres)
       pg_warm_wal "$POSTGRES_URL"
-      bash bench/gateway.sh "$POSTGRES_URL?schema=$tag&pool=$PG_POOL&timeline=$timeline&claim_commit=$claims&sslmode=$sslmode"
+      url="$POSTGRES_URL?schema=$tag&pool=$PG_POOL&timeline=$timeline&claim_commit=$claims&sslmode=$sslmode"
+      [ "$space" = 0 ] || pg_reusable_space "$url" "${PG_SPACE_ROWS:-300000}"
+      bash bench/gateway.sh "$url"
       for _ in 1 2 3; do
         psql "$POSTGRES_URL" -q -c "DROP SCHEMA IF EXISTS $tag CASCADE" 2>/dev/null && break
         sleep 1
