@@ -43,10 +43,10 @@
 //! A claim is a Lua script (sent as `EVALSHA`) that reads the record and, if
 //! it is absent, writes PENDING with a fresh fence in the same step; renew,
 //! complete and release are scripts that check token and fence first; a
-//! record is one string, read with one `GET`. Expiry is Redis's own key
-//! TTL (PENDING key TTL = the lease, DONE key TTL = `done_ttl`) and every
-//! timestamp comes from the server's `TIME`, so replicas with skewed clocks
-//! still agree. The alternative — `WATCH`/`MULTI` transactions — costs
+//! record is one string. Expiry is Redis's own key TTL (DONE key TTL =
+//! `done_ttl`; a PENDING key lives for its lease plus the fence memory,
+//! the lease itself checked by the scripts) and every timestamp comes from
+//! the server's `TIME`, so replicas with skewed clocks still agree. The alternative — `WATCH`/`MULTI` transactions — costs
 //! several round trips and retries under contention, which is exactly when
 //! a claim must be fast.
 //!
@@ -56,8 +56,9 @@
 //! `Store` trait allows), so it costs the request no second round trip.
 //!
 //! Fences are `max(last fence + 1, server time in µs)`: strictly growing per
-//! key while the last one is remembered (a small per-key counter kept for
-//! [`RedisOptions::fence_memory`]), and still growing after it is forgotten.
+//! key while the last one is remembered (for [`RedisOptions::fence_memory`],
+//! in the PENDING record or, after a takeover, a release or a forget, in a
+//! small per-key counter), and still growing after it is forgotten.
 
 mod conn;
 mod endpoint;

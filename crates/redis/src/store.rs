@@ -29,7 +29,9 @@ use crate::timeline::{Entry, TimelineWriter};
 /// Keys of one record share a hash slot through a hash tag holding a hex
 /// hash of the scoped key's storage id:
 /// `<prefix>:{<32 hex>}:rec` (the record, one string: its layout is in
-/// `scripts`), `…:tl` (timeline list) and `…:fence` (last fence). User
+/// `scripts`), `…:tl` (timeline list, only for keys with more than one
+/// attempt) and `…:fence` (last fence, only after a takeover, a release or
+/// a forget). User
 /// text never appears in key names, so it can neither break the tagging
 /// nor leak through `KEYS`/`SCAN`.
 ///
@@ -380,7 +382,8 @@ impl Store for RedisStore {
                         .key(&k.rec)
                         .arg(token_hex(lease.token))
                         .arg(fence_arg(lease.fence))
-                        .arg(ttl_ms(pending_ttl)),
+                        .arg(ttl_ms(pending_ttl))
+                        .arg(ttl_ms(self.opts.fence_memory)),
                 )
                 .await?;
             Ok(match reply {
@@ -508,13 +511,9 @@ impl Store for RedisStore {
     fn get<'a>(&'a self, key: &'a ScopedKey) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
         Box::pin(async move {
             let k = self.keys(key);
-            let mut cmd = redis::cmd("GET");
-            cmd.arg(&k.rec);
-            let mut conn = self.conn.clone();
-            let value = self
-                .bounded_raw("get", conn.query::<Value>(&cmd))
-                .await?
-                .map_err(map_error)?;
+            // A script, not a `GET`: a PENDING record outlives its lease
+            // (see `scripts`), and the server's clock says whether it lapsed.
+            let value: Value = self.invoke("get", &self.scripts.get.key(&k.rec)).await?;
             record_value(value)
         })
     }

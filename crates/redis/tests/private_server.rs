@@ -23,9 +23,9 @@ const LONG: Duration = Duration::from_secs(300);
 
 /// Commands the Lua scripts run inside the server. `INFO commandstats`
 /// counts them too, so round trips are counted as: EVALSHA calls (only a
-/// client can send those), GET calls (sent by `get`, and run inside the
-/// scripts a known number of times: the record's value once per script that
-/// reads it, and the fence counter once in a claim that writes), LRANGE
+/// client can send those), GET calls (run inside the scripts a known number
+/// of times: the record's value once per script that reads it, and the
+/// fence counter once in a claim that writes), LRANGE
 /// calls (run inside the timeline's script only), and every other command,
 /// which must not appear at all (`HMGET` included: no record is a hash).
 const INSIDE_SCRIPTS: &[&str] = &[
@@ -96,10 +96,18 @@ async fn one_round_trip_per_operation() {
     // Store level: first execution = claim + complete; replay = claim.
     let k = fresh_key();
     let before = stats();
+    let sets = tokio::task::block_in_place(|| server.calls(&["set"]));
     assert_eq!(claim_and_complete(&store, &k, b"r").await, Fenced::Applied);
     // GETs inside: the claim's of the record and of the fence counter, the
     // completion's of the record.
     assert_eq!(delta(before, stats()), c(2, 3, 0), "first execution");
+    // Writes: the claim's PENDING record and the completion's DONE record.
+    // A fresh key has no other owner to fence, so no fence counter.
+    assert_eq!(
+        tokio::task::block_in_place(|| server.calls(&["set"])) - sets,
+        2,
+        "a first execution writes its record twice and nothing else"
+    );
 
     let before = stats();
     claim_done(&store, &k).await;
@@ -107,7 +115,11 @@ async fn one_round_trip_per_operation() {
 
     let before = stats();
     store.get(&k).await.unwrap();
-    assert_eq!(delta(before, stats()), c(0, 1, 0), "get: one GET");
+    assert_eq!(
+        delta(before, stats()),
+        c(1, 1, 0),
+        "get: one EVALSHA (the server's clock judges a PENDING lease)"
+    );
     let before = stats();
     store.timeline(&k).await.unwrap();
     assert_eq!(

@@ -169,3 +169,53 @@ async fn a_vanished_record_is_written_again_by_its_owner() {
     assert_eq!(store.get(&k).await.unwrap(), None);
     node.stop();
 }
+
+/// A PENDING record outlives its lease by the fence memory, its lease
+/// judged by the server's clock: a lapsed lease reads as absent, yet
+/// nobody else holds the key, so its owner's late renewal and completion
+/// apply and a retry replays. A fresh key is one Redis key; the fence
+/// counter appears only once a claim takes a lapsed lease over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapsed_lease_nobody_took_stays_its_owners() {
+    let (mut node, store) = lone_node(WaitReplicas::Auto).await;
+    let short = Duration::from_millis(300);
+    let past_short = Duration::from_millis(600);
+    let exists = |key: &ScopedKey, suffix: &str| {
+        let name = format!(
+            "{}:{}:{suffix}",
+            options().prefix,
+            idemgate_redis::hash_tag(key)
+        );
+        support::redis_cli(node.port, &["EXISTS", &name])
+            .unwrap()
+            .trim()
+            == "1"
+    };
+
+    let key = fresh_key();
+    let mut lease = acquired(store.claim(&key, &fp("q"), short).await.unwrap());
+    assert!(exists(&key, "rec") && !exists(&key, "fence"), "one key");
+    tokio::time::sleep(past_short).await;
+    assert_eq!(store.get(&key).await.unwrap(), None, "the lease lapsed");
+    assert!(exists(&key, "rec"), "the record outlives its lease");
+    assert_eq!(store.renew(&mut lease, TTL).await.unwrap(), Fenced::Applied);
+    assert!(store.get(&key).await.unwrap().is_some(), "renewed");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(complete(&store, &lease).await.unwrap(), Fenced::Applied);
+    let fp_q = fp("q");
+    assert!(matches!(
+        store.claim(&key, &fp_q, TTL).await.unwrap(),
+        Claim::Existing(r) if r.payload() == Some(&Bytes::from_static(b"answer"))
+    ));
+    assert!(!exists(&key, "fence"), "no takeover, no counter");
+
+    // Taken over: the counter keeps the new fence for the old owner.
+    let key = fresh_key();
+    let old = acquired(store.claim(&key, &fp("q"), short).await.unwrap());
+    tokio::time::sleep(past_short).await;
+    let new = acquired(store.claim(&key, &fp("q"), TTL).await.unwrap());
+    assert!(new.fence > old.fence);
+    assert!(exists(&key, "fence"), "a takeover remembers its fence");
+    assert_eq!(complete(&store, &old).await.unwrap(), Fenced::Stale);
+    node.stop();
+}

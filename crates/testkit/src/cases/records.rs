@@ -65,6 +65,34 @@ pub async fn takeover_after_lease_expiry(store: Arc<dyn Store>) {
     assert_only_the_new_owner_completes(&*store, &key, &old, &new).await;
 }
 
+/// An owner whose lease was taken over stays fenced after the new owner's
+/// result expired: the store remembers the newer fence past the DONE
+/// record, so the late completion neither lands nor writes a record.
+pub async fn a_taken_over_owner_stays_fenced_after_the_result_expires(store: Arc<dyn Store>) {
+    let key = fresh_key();
+    let old = acquired(store.claim(&key, &fp("a"), SHORT_TTL).await.unwrap());
+    tokio::time::sleep(PAST_SHORT_TTL).await;
+    let new = acquired(store.claim(&key, &fp("a"), LONG).await.unwrap());
+    let ok = executed();
+    assert_eq!(
+        complete(&*store, &new, b"new", SHORT_TTL, &ok).await,
+        Fenced::Applied
+    );
+    tokio::time::sleep(PAST_SHORT_TTL).await;
+    assert_eq!(store.get(&key).await.unwrap(), None, "the result expired");
+    assert_eq!(
+        complete(&*store, &old, b"old", LONG, &ok).await,
+        Fenced::Stale
+    );
+    assert_eq!(
+        store.get(&key).await.unwrap(),
+        None,
+        "a fenced completion wrote a record"
+    );
+    let next = acquired(store.claim(&key, &fp("a"), LONG).await.unwrap());
+    assert!(next.fence > new.fence, "{} -> {}", new.fence, next.fence);
+}
+
 /// Renewing the lease keeps the claim past the original expiry.
 pub async fn renewal_keeps_the_claim(store: Arc<dyn Store>) {
     let key = fresh_key();
