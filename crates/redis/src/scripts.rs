@@ -190,8 +190,11 @@ if raw then
   end
   t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  if (tonumber(string.sub(raw, 86, 105)) or 0) > now then return {0, raw} end
-  last = tonumber(string.sub(raw, 66, 85)) or 0
+  local lease_end = tonumber(string.sub(raw, 86, 105))
+  last = tonumber(string.sub(raw, 66, 85))
+  -- A live lease, or one this script cannot read: the caller gets the
+  -- record (a damaged one is its decoder's error, never taken over).
+  if not lease_end or not last or lease_end > now then return {0, raw} end
 else
   t = redis.call('TIME')
 end
@@ -228,12 +231,17 @@ return es
 
 /// Read. KEYS: record. Returns the record's value, or nil when there is
 /// none or it is PENDING with a lapsed lease (see the module docs): the
-/// server's clock decides, as in the claim.
+/// server's clock decides, as in the claim. A record whose lease expiry or
+/// fence cannot be read is returned as it is, for the decoder to report.
 const GET_LIVE: &str = r"
 local raw = load(KEYS[1])
-if raw and string.sub(raw, 1, 1) == 'P'
-  and (tonumber(string.sub(raw, 86, 105)) or 0) <= now_ms() then
-  return false
+if raw and string.sub(raw, 1, 1) == 'P' then
+  -- Hidden only when lapsed and readable, as the claim takes it over: a
+  -- damaged record goes to the caller's decoder, whose error it is.
+  local lease_end = tonumber(string.sub(raw, 86, 105))
+  if lease_end and tonumber(string.sub(raw, 66, 85)) and lease_end <= now_ms() then
+    return false
+  end
 end
 return raw
 ";

@@ -219,3 +219,39 @@ async fn a_lapsed_lease_nobody_took_stays_its_owners() {
     assert_eq!(complete(&store, &old).await.unwrap(), Fenced::Stale);
     node.stop();
 }
+
+/// A PENDING record whose lease expiry or fence cannot be read is never
+/// taken over nor hidden: a claim and a read both report it as corrupt,
+/// long after its lease would have lapsed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_pending_record_is_reported_not_taken_over() {
+    let (mut node, store) = lone_node(WaitReplicas::Auto).await;
+    let short = Duration::from_millis(200);
+    // Byte offsets of the lease expiry and of the fence (see `scripts`).
+    for (field, offset) in [("lease expiry", "85"), ("fence", "65")] {
+        let key = fresh_key();
+        acquired(store.claim(&key, &fp("q"), short).await.unwrap());
+        let rec = format!(
+            "{}:{}:rec",
+            options().prefix,
+            idemgate_redis::hash_tag(&key)
+        );
+        support::redis_cli(
+            node.port,
+            &["SETRANGE", &rec, offset, "not-a-number-at-all!"],
+        )
+        .expect("redis-cli SETRANGE");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let claimed = store.claim(&key, &fp("q"), TTL).await;
+        assert!(
+            matches!(&claimed, Err(e) if e.kind() == StoreErrorKind::Corrupt),
+            "{field}: claim gave {claimed:?}"
+        );
+        let read = store.get(&key).await;
+        assert!(
+            matches!(&read, Err(e) if e.kind() == StoreErrorKind::Corrupt),
+            "{field}: get gave {read:?}"
+        );
+    }
+    node.stop();
+}
