@@ -46,9 +46,10 @@
 //! record is one string. Expiry is Redis's own key TTL (DONE key TTL =
 //! `done_ttl`; a PENDING key lives for its lease plus the fence memory,
 //! the lease itself checked by the scripts) and every timestamp comes from
-//! the server's `TIME`, so replicas with skewed clocks still agree. The alternative — `WATCH`/`MULTI` transactions — costs
-//! several round trips and retries under contention, which is exactly when
-//! a claim must be fast.
+//! the server's `TIME`, so replicas with skewed clocks still agree. The
+//! alternative — `WATCH`/`MULTI` transactions — costs several round trips
+//! and retries under contention, which is exactly when a claim must be
+//! fast.
 //!
 //! A replay is therefore one round trip: the claim script finds DONE and
 //! returns it. The timeline entry the engine adds for it is handed to a

@@ -149,19 +149,10 @@ impl RedisStore {
         what: &'static str,
         run: impl Future<Output = Result<T, RedisError>>,
     ) -> Result<T, StoreError> {
-        self.bounded_raw(what, run).await?.map_err(map_error)
-    }
-
-    /// As [`Self::bounded`], but the driver's error comes back unmapped,
-    /// for a caller that looks at it first.
-    async fn bounded_raw<T>(
-        &self,
-        what: &'static str,
-        run: impl Future<Output = Result<T, RedisError>>,
-    ) -> Result<Result<T, RedisError>, StoreError> {
         tokio::time::timeout(self.opts.operation_timeout, run)
             .await
-            .map_err(|_| timed_out(what))
+            .map_err(|_| timed_out(what))?
+            .map_err(map_error)
     }
 }
 

@@ -55,6 +55,12 @@ async fn store(server: &Server, wanted: WaitReplicas) -> RedisStore {
     .unwrap()
 }
 
+/// The name of one of `key`'s Redis keys (`rec`, `fence`, `tl`).
+fn redis_key(key: &ScopedKey, suffix: &str) -> String {
+    let tag = idemgate_redis::hash_tag(key);
+    format!("{}:{tag}:{suffix}", options().prefix)
+}
+
 /// A node without replicas, and a store on it that waits for `wanted`.
 async fn lone_node(wanted: WaitReplicas) -> (Server, RedisStore) {
     let node = Server::start(temp_root(), false);
@@ -139,15 +145,11 @@ async fn a_vanished_record_is_written_again_by_its_owner() {
     let (mut node, store) = lone_node(WaitReplicas::Auto).await;
     let (k, lease) = claim_fresh(&store).await;
     // What a promoted replica that never had the claim looks like.
-    let tag = idemgate_redis::hash_tag(&k);
-    let prefix = options().prefix;
-    let deleted = std::process::Command::new("redis-cli")
-        .args(["-p", &node.port.to_string(), "del"])
-        .arg(format!("{prefix}:{tag}:rec"))
-        .arg(format!("{prefix}:{tag}:fence"))
-        .output()
-        .unwrap();
-    assert!(deleted.status.success());
+    let deleted = support::redis_cli(
+        node.port,
+        &["DEL", &redis_key(&k, "rec"), &redis_key(&k, "fence")],
+    );
+    assert!(deleted.is_some(), "redis-cli DEL");
     assert_eq!(store.get(&k).await.unwrap(), None);
     assert_eq!(complete(&store, &lease).await.unwrap(), Fenced::Applied);
     let rec = store.get(&k).await.unwrap().expect("DONE again");
@@ -181,12 +183,7 @@ async fn a_lapsed_lease_nobody_took_stays_its_owners() {
     let short = Duration::from_millis(300);
     let past_short = Duration::from_millis(600);
     let exists = |key: &ScopedKey, suffix: &str| {
-        let name = format!(
-            "{}:{}:{suffix}",
-            options().prefix,
-            idemgate_redis::hash_tag(key)
-        );
-        support::redis_cli(node.port, &["EXISTS", &name])
+        support::redis_cli(node.port, &["EXISTS", &redis_key(key, suffix)])
             .unwrap()
             .trim()
             == "1"
@@ -231,11 +228,7 @@ async fn a_damaged_pending_record_is_reported_not_taken_over() {
     for (field, offset) in [("lease expiry", "85"), ("fence", "65")] {
         let key = fresh_key();
         acquired(store.claim(&key, &fp("q"), short).await.unwrap());
-        let rec = format!(
-            "{}:{}:rec",
-            options().prefix,
-            idemgate_redis::hash_tag(&key)
-        );
+        let rec = redis_key(&key, "rec");
         support::redis_cli(
             node.port,
             &["SETRANGE", &rec, offset, "not-a-number-at-all!"],
